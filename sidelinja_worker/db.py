@@ -1,0 +1,107 @@
+"""Connections: which database, and asyncpg pools set up the way every query here expects."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+import orjson
+
+from sidelinja_worker.embedded import default_data_dir, start_embedded
+from sidelinja_worker.errors import UserError
+
+# jit off: the claim's cost estimate on a big table can cross jit_above_cost, and compiling
+# costs more milliseconds than the whole claim. The application name shows us in pg_stat_activity.
+SERVER_SETTINGS = {"jit": "off", "application_name": "sidelinja-worker"}
+
+
+@dataclass(frozen=True)
+class Database:
+    url: str
+    embedded: bool
+
+    def describe(self) -> str:
+        if self.embedded:
+            host = dict(p.split("=", 1) for p in urlsplit(self.url).query.split("&") if "=" in p)
+            return f"using the embedded PostgreSQL in {Path(host.get('host', '?')).parent}"
+        return f"using the database at {redact(self.url)}"
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return parts._replace(netloc=netloc).geturl()
+
+
+def resolve_database(url: str | None, data_dir: str | None) -> Database:
+    """`url` (from --database-url or DATABASE_URL) if given; else the embedded server."""
+    if url:
+        return Database(url=url, embedded=False)
+    folder = Path(data_dir) if data_dir else default_data_dir()
+    return Database(url=start_embedded(folder), embedded=True)
+
+
+async def init_connection(conn: asyncpg.Connection) -> None:
+    """JSON through orjson, in jsonb's binary format (a version byte, then the text)."""
+    await conn.set_type_codec(
+        "jsonb", schema="pg_catalog", format="binary",
+        encoder=_encode_jsonb, decoder=_decode_jsonb,
+    )
+
+
+class RawJson(bytes):
+    """JSON already encoded (the executor encodes a result once, to catch a result that is not
+    JSON while the job can still fail cleanly); the codec passes it through."""
+
+
+def _encode_jsonb(value: Any) -> bytes:
+    if type(value) is RawJson:
+        return b"\x01" + value
+    return b"\x01" + orjson.dumps(value)
+
+
+def _decode_jsonb(data: bytes) -> Any:
+    return orjson.loads(data[1:])
+
+
+async def connect(url: str, **kwargs: Any) -> asyncpg.Connection:
+    try:
+        conn = await asyncpg.connect(url, server_settings=SERVER_SETTINGS, **kwargs)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise UserError(f"cannot connect to the database at {redact(url)}: {_one_line(exc)}") from None
+    await init_connection(conn)
+    return conn
+
+
+async def create_pool(url: str, *, max_size: int = 4) -> asyncpg.Pool:
+    try:
+        pool = await asyncpg.create_pool(
+            url, min_size=1, max_size=max_size, init=init_connection,
+            server_settings=SERVER_SETTINGS,
+        )
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise UserError(f"cannot connect to the database at {redact(url)}: {_one_line(exc)}") from None
+    assert pool is not None
+    return pool
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def env_database_url() -> str | None:
+    return os.environ.get("DATABASE_URL") or None
+
+
+def say(line: str) -> None:
+    """One line to stderr: the program's remarks stay out of stdout, which scripts read."""
+    print(line, file=sys.stderr, flush=True)

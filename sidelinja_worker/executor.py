@@ -1,0 +1,92 @@
+"""One job from start to finish: find its type, validate the payload, run the handler under its
+timeout, and hand exactly one outcome to the outcome writer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import orjson
+
+from sidelinja_worker.backoff import backoff_s
+from sidelinja_worker.db import RawJson
+from sidelinja_worker.errors import Defer, PermanentError, RetryJob
+from sidelinja_worker.jobs import ClaimedJob, JobContext
+from sidelinja_worker.outcomes import OutcomeWriter
+from sidelinja_worker.registry import Registry
+from sidelinja_worker.store import Failure, Release
+
+log = logging.getLogger("sidelinja_worker.job")
+
+# Why the worker cancelled a running handler; read by the executor to record the right outcome.
+CANCEL_REQUESTED = "cancel-requested"
+SHUTDOWN = "shutdown"
+
+
+async def execute(job: ClaimedJob, registry: Registry, writer: OutcomeWriter,
+                  max_timeout_s: float, cancel_reason: Callable[[], str | None]) -> None:
+    jt = registry.get(job.job_type)
+    if jt is None:  # only when a worker was started with a type it then lost; be explicit
+        _fail(writer, job, "unknown_type", f"no handler for job type {job.job_type!r}",
+              permanent=True)
+        return
+    timeout_s = min(float(job.timeout_s or jt.timeout_s), max_timeout_s)
+    ctx = JobContext(job.id, job.workspace_id, job.job_type, job.attempt, job.max_attempts)
+    deadline = asyncio.timeout(timeout_s)
+    try:
+        payload = jt.parse_payload(job.payload)
+        async with deadline:
+            result = await jt.handler(ctx, payload)
+        writer.completed(job.id, _encode_result(result))
+        if log.isEnabledFor(logging.INFO):
+            log.info("job %s %s completed (attempt %d/%d)", job.id, job.job_type,
+                     job.attempt, job.max_attempts)
+    except RawResultError as exc:
+        _fail(writer, job, "bad_result", str(exc), permanent=True)
+    except TimeoutError:
+        if not deadline.expired():  # the handler's own TimeoutError (an HTTP read, say)
+            _fail(writer, job, "transient", "TimeoutError: a call timed out")
+        else:
+            _fail(writer, job, "timeout", f"timed out after {timeout_s:g} s")
+    except RetryJob as exc:
+        _fail(writer, job, "transient", str(exc), after_s=exc.after_s)
+    except PermanentError as exc:
+        _fail(writer, job, "permanent", str(exc), permanent=True)
+    except Defer as exc:
+        until = exc.until or datetime.now(UTC) + timedelta(seconds=exc.after_s or 0)
+        log.info("job %s deferred until %s: %s", job.id, until.isoformat(), exc)
+        writer.released(Release(job.id, until))
+    except asyncio.CancelledError:
+        asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        if cancel_reason() == CANCEL_REQUESTED:
+            writer.cancelled(job.id)
+        else:  # shutdown past the grace period: back to the queue, not a failed attempt
+            writer.released(Release(job.id, None))
+    except Exception as exc:  # a handler bug or an unclassified fault: transient, retried
+        log.warning("job %s (%s) raised %s", job.id, job.job_type, type(exc).__name__, exc_info=True)
+        _fail(writer, job, "transient", f"{type(exc).__name__}: {exc}")
+
+
+class RawResultError(Exception):
+    pass
+
+
+def _encode_result(result: object) -> RawJson:
+    try:
+        return RawJson(orjson.dumps(result))
+    except TypeError as exc:
+        raise RawResultError(f"handler returned a result that is not JSON: {exc}") from None
+
+
+def _fail(writer: OutcomeWriter, job: ClaimedJob, kind: str, message: str, *,
+          permanent: bool = False, after_s: float | None = None) -> None:
+    delay_s = after_s if after_s is not None else backoff_s(job.attempt)
+    writer.failed(Failure(job.id, kind, message or kind, permanent, delay_s))
+    if permanent or job.attempt >= job.max_attempts:
+        log.warning("job %s %s failed for good (attempt %d/%d, %s): %s", job.id, job.job_type,
+                    job.attempt, job.max_attempts, kind, message)
+    else:
+        log.warning("job %s %s failed (attempt %d/%d, %s), retry in %gs: %s", job.id,
+                    job.job_type, job.attempt, job.max_attempts, kind, delay_s, message)

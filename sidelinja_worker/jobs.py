@@ -1,0 +1,42 @@
+"""Job values: the status enum and the claimed job a handler runs. Imports nothing of ours."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+
+class JobStatus(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    ERROR = "error"
+    RETRY = "retry"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A row as the claim statement returns it; `attempt` is the one now running (1-based)."""
+
+    id: UUID
+    workspace_id: UUID
+    job_type: str
+    payload: Any
+    priority: int
+    attempt: int
+    max_attempts: int
+    timeout_s: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobContext:
+    """What a handler may know about the job it runs. Services join it in their own issues."""
+
+    job_id: UUID
+    workspace_id: UUID
+    job_type: str
+    attempt: int
+    max_attempts: int

@@ -1,0 +1,140 @@
+"""One typed async function per named query in sql/queries.sql; the only module that runs SQL
+at run time (migrate.py runs the schema files)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from sidelinja_worker.jobs import ClaimedJob
+from sidelinja_worker.queries import QUERIES as Q
+
+Conn = asyncpg.Connection | asyncpg.Pool
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    job_id: UUID
+    kind: str          # "transient" | "permanent" | "timeout" | "invalid_payload" | ...
+    message: str
+    permanent: bool
+    delay_s: float     # before the retry; ignored when the job ends in error
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    job_id: UUID
+    run_at: datetime | None  # None: due at once
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueRows:
+    """Column arrays for the `enqueue` statement, one entry per job."""
+
+    ids: list[UUID]
+    workspace_ids: list[UUID]
+    job_types: list[str]
+    payloads: list[Any]
+    priorities: list[int]
+    scheduled_for: list[datetime | None]
+    delays_s: list[float | None]
+    max_attempts: list[int]
+    unique_keys: list[str | None]
+    timeouts_s: list[int | None]
+
+
+async def claim(conn: Conn, worker_id: UUID, limit: int,
+                job_types: Sequence[str] | None) -> list[ClaimedJob]:
+    rows = await conn.fetch(Q["claim"], worker_id, limit, job_types)
+    return [ClaimedJob(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]) for r in rows]
+
+
+async def complete(conn: Conn, worker_id: UUID, done: Sequence[tuple[UUID, Any]]) -> None:
+    await conn.execute(Q["complete"], [d[0] for d in done], [d[1] for d in done], worker_id)
+
+
+async def fail(conn: Conn, worker_id: UUID, failures: Sequence[Failure]) -> None:
+    await conn.execute(
+        Q["fail"], [f.job_id for f in failures], [f.kind for f in failures],
+        [f.message for f in failures], [f.permanent for f in failures],
+        [f.delay_s for f in failures], worker_id,
+    )
+
+
+async def release(conn: Conn, worker_id: UUID, releases: Sequence[Release]) -> None:
+    await conn.execute(Q["release"], [r.job_id for r in releases],
+                       [r.run_at for r in releases], worker_id)
+
+
+async def mark_cancelled(conn: Conn, worker_id: UUID, job_ids: Sequence[UUID]) -> None:
+    await conn.execute(Q["cancelled"], list(job_ids), worker_id)
+
+
+async def enqueue(conn: Conn, rows: EnqueueRows) -> set[UUID]:
+    """Inserts the rows; returns the ids actually inserted (a duplicate unique key is not)."""
+    inserted = await conn.fetch(
+        Q["enqueue"], rows.ids, rows.workspace_ids, rows.job_types, rows.payloads,
+        rows.priorities, rows.scheduled_for, rows.delays_s, rows.max_attempts,
+        rows.unique_keys, rows.timeouts_s,
+    )
+    return {r[0] for r in inserted}
+
+
+async def find_by_unique_keys(conn: Conn, keys: Sequence[str]) -> dict[str, UUID]:
+    rows = await conn.fetch(Q["find_by_unique_keys"], list(keys))
+    return {r[0]: r[1] for r in rows}
+
+
+async def register_worker(conn: Conn, worker_id: UUID, hostname: str, pid: int,
+                          job_types: Sequence[str] | None, lease_s: float) -> None:
+    await conn.execute(Q["register_worker"], worker_id, hostname, pid,
+                       list(job_types) if job_types else None, lease_s)
+
+
+async def heartbeat(conn: Conn, worker_id: UUID, lease_s: float) -> bool:
+    """Renews the lease; False if this worker was declared dead meanwhile."""
+    return await conn.fetchval(Q["heartbeat"], worker_id, lease_s) is not None
+
+
+async def cancel_requests(conn: Conn, worker_id: UUID) -> list[UUID]:
+    return [r[0] for r in await conn.fetch(Q["cancel_requests"], worker_id)]
+
+
+async def unregister_worker(conn: Conn, worker_id: UUID) -> None:
+    await conn.execute(Q["unregister_worker"], worker_id)
+
+
+async def rescue(conn: Conn, orphan_after_s: float) -> list[UUID]:
+    return [r[0] for r in await conn.fetch(Q["rescue"], orphan_after_s)]
+
+
+async def prune(conn: Conn, completed_after_s: float, error_after_s: float, batch: int) -> int:
+    status = await conn.execute(Q["prune"], completed_after_s, error_after_s, batch)
+    return int(status.split()[-1])
+
+
+async def request_cancel(conn: Conn, job_id: UUID) -> tuple[str | None, str | None]:
+    """(status after, status before); (None, None) when there is no such job."""
+    row = await conn.fetchrow(Q["request_cancel"], job_id)
+    return (row[0], row[1]) if row else (None, None)
+
+
+async def get_job(conn: Conn, job_id: UUID) -> asyncpg.Record | None:
+    return await conn.fetchrow(Q["get_job"], job_id)
+
+
+async def count_due(conn: Conn, job_types: Sequence[str] | None) -> int:
+    return int(await conn.fetchval(Q["count_due"], list(job_types) if job_types else None))
+
+
+async def ensure_workspace(conn: Conn, workspace_id: UUID, name: str) -> None:
+    await conn.execute(Q["ensure_workspace"], workspace_id, name)
+
+
+async def workspace_exists(conn: Conn, workspace_id: UUID) -> bool:
+    return bool(await conn.fetchval(Q["workspace_exists"], workspace_id))

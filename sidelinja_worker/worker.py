@@ -1,0 +1,225 @@
+"""The worker: claim loop, concurrency bound, wake-up, heartbeat, graceful stop, burst mode."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from uuid import UUID, uuid4
+
+import asyncpg
+
+from sidelinja_worker import executor, store
+from sidelinja_worker.jobs import ClaimedJob
+from sidelinja_worker.listener import Listener
+from sidelinja_worker.maintenance import DB_ERRORS, prune_loop, rescue_loop
+from sidelinja_worker.outcomes import OutcomeWriter
+from sidelinja_worker.registry import Registry
+from sidelinja_worker.settings import WorkerSettings
+
+log = logging.getLogger("sidelinja_worker.worker")
+
+CLAIM_RETRY_MAX_S = 5.0
+DRAIN_AT_EXIT_S = 10.0
+LOST_LEASE = "lost-lease"
+
+
+class Worker:
+    """Runs jobs of `settings.job_types` (default: all of `registry`) until stopped, or, in
+    burst mode, until no due job is left."""
+
+    def __init__(self, pool: asyncpg.Pool, database_url: str, registry: Registry,
+                 settings: WorkerSettings) -> None:
+        unknown = sorted(set(settings.job_types) - set(registry))
+        if unknown:
+            raise ValueError(f"unknown job types {unknown}; known: {sorted(registry)}")
+        self.settings = settings
+        self.id = uuid4()
+        self.job_types = list(settings.job_types or registry)
+        self._pool = pool
+        self._url = database_url
+        self._registry = registry
+        self._running: dict[UUID, asyncio.Task[None]] = {}
+        self._cancel_reasons: dict[UUID, str] = {}
+        self._wake = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._lease_deadline = 0.0
+        self._writer = OutcomeWriter(pool, self.id)
+        self.claimed_total = 0
+
+    # -- control ---------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop claiming; running jobs get the grace period (SIGTERM/SIGINT)."""
+        if not self._stop.is_set():
+            log.info("stopping: no new jobs; waiting up to %gs for %d running",
+                     self.settings.grace_s, len(self._running))
+        self._stop.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def running_count(self) -> int:
+        return len(self._running)
+
+    async def run(self) -> None:
+        await self._register()
+        loop_tasks = [
+            asyncio.create_task(self._writer.run(), name="outcomes"),
+            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+            asyncio.create_task(rescue_loop(self._pool, self.settings), name="rescue"),
+            asyncio.create_task(prune_loop(self._pool, self.settings), name="prune"),
+        ]
+        if self.settings.listen:
+            listener = Listener(self._url, self.wake, self._on_cancel_notice)
+            loop_tasks.append(asyncio.create_task(listener.run(), name="listen"))
+        try:
+            await self._claim_loop()
+        finally:
+            await self._shutdown(loop_tasks)
+
+    # -- claiming --------------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        retry_s = 0.05
+        loop = asyncio.get_running_loop()
+        while not self._stop.is_set():
+            free = self.settings.max_concurrent - len(self._running)
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._wait_for(self._slot_freed)
+                continue
+            if loop.time() >= self._lease_deadline:  # cannot renew: start nothing new
+                await self._wait_for(self._wake, self.settings.poll_interval_s)
+                continue
+            self._wake.clear()
+            try:
+                jobs = await store.claim(self._pool, self.id, free, self.job_types)
+                retry_s = 0.05
+            except DB_ERRORS as exc:
+                log.warning("claim failed (%s); retrying in %.2fs", exc, retry_s)
+                await self._wait_for(self._stop, retry_s)
+                retry_s = min(retry_s * 2, CLAIM_RETRY_MAX_S)
+                continue
+            for job in sorted(jobs, key=lambda j: -j.priority):
+                self._start(job)
+            if len(jobs) == free:
+                continue  # the queue has more; claim again as soon as slots are free
+            if self.settings.burst:
+                if not self._running and not jobs:
+                    return  # drained
+                # A running job may enqueue more (whisper -> srt_parse): look again when it ends.
+                self._slot_freed.clear()
+                await self._wait_for(self._slot_freed, self.settings.poll_interval_s, self._wake)
+                continue
+            await self._wait_for(self._wake, self.settings.poll_interval_s)
+
+    def _start(self, job: ClaimedJob) -> None:
+        self.claimed_total += 1
+        task = asyncio.create_task(self._execute(job))
+        self._running[job.id] = task
+
+    async def _execute(self, job: ClaimedJob) -> None:
+        try:
+            await executor.execute(job, self._registry, self._writer, self.settings.max_timeout_s,
+                                   lambda: self._cancel_reasons.get(job.id))
+        finally:
+            del self._running[job.id]
+            self._cancel_reasons.pop(job.id, None)
+            self._slot_freed.set()
+
+    async def _wait_for(self, event: asyncio.Event, timeout_s: float | None = None,
+                        also: asyncio.Event | None = None) -> None:
+        """Until `event` (or `also`, or a stop) is set, or `timeout_s` passes."""
+        waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stop.wait())]
+        if also is not None:
+            waits.append(asyncio.ensure_future(also.wait()))
+        try:
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+    # -- leases and cancellation -----------------------------------------------------------
+
+    async def _register(self) -> None:
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        await store.register_worker(self._pool, self.id, socket.gethostname(), os.getpid(),
+                                    self.job_types, self.settings.lease_s)
+        self._lease_deadline = sent + self.settings.lease_s
+        log.info("worker %s started: types %s, max %d at once",
+                 self.id, ",".join(self.job_types), self.settings.max_concurrent)
+
+    async def _heartbeat_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            sent = loop.time()
+            try:
+                if not await store.heartbeat(self._pool, self.id, self.settings.lease_s):
+                    await self._declared_dead()
+                    continue
+                self._lease_deadline = sent + self.settings.lease_s
+                for job_id in await store.cancel_requests(self._pool, self.id):
+                    self._on_cancel_notice(job_id)
+            except DB_ERRORS as exc:
+                log.warning("heartbeat failed (%s); lease runs out in %.1fs",
+                            exc, self._lease_deadline - loop.time())
+
+    async def _declared_dead(self) -> None:
+        """Another worker saw our lease expire and rescued our jobs: they may run elsewhere now,
+        so ours are abandoned, and we come back as a new worker."""
+        log.error("worker %s was declared dead (lease expired); abandoning %d running jobs",
+                  self.id, len(self._running))
+        tasks = list(self._running.values())
+        for job_id, task in list(self._running.items()):
+            self._cancel_reasons[job_id] = LOST_LEASE
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._writer.discard()
+        self.id = uuid4()
+        self._writer.worker_id = self.id
+        await self._register()
+
+    def _on_cancel_notice(self, job_id: UUID) -> None:
+        task = self._running.get(job_id)
+        if task is not None and job_id not in self._cancel_reasons:
+            log.info("job %s: cancel requested; cancelling its handler", job_id)
+            self._cancel_reasons[job_id] = executor.CANCEL_REQUESTED
+            task.cancel()
+
+    # -- stopping --------------------------------------------------------------------------
+
+    async def _shutdown(self, loop_tasks: list[asyncio.Task[None]]) -> None:
+        self._stop.set()
+        running = list(self._running.values())
+        if running:
+            _, late = await asyncio.wait(running, timeout=self.settings.grace_s)
+            if late:
+                log.warning("grace period over: giving %d unfinished jobs back to the queue",
+                            len(late))
+                for job_id, task in list(self._running.items()):
+                    self._cancel_reasons.setdefault(job_id, executor.SHUTDOWN)
+                    task.cancel()
+                await asyncio.gather(*late, return_exceptions=True)
+        drained = await self._writer.drain(DRAIN_AT_EXIT_S)
+        for task in loop_tasks:
+            task.cancel()
+        await asyncio.gather(*loop_tasks, return_exceptions=True)
+        if not drained:
+            log.error("could not write %d job outcomes before exit; those jobs will be "
+                      "rescued and run again when the lease expires", self._writer.pending())
+            return
+        try:
+            await store.unregister_worker(self._pool, self.id)
+        except DB_ERRORS as exc:
+            log.warning("could not unregister (%s); the lease will expire on its own", exc)

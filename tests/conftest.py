@@ -1,0 +1,100 @@
+"""Test databases: a real PostgreSQL (DATABASE_URL, else the embedded one); one migrated template
+per session and a fresh copy of it per test (CREATE DATABASE ... TEMPLATE), so tests are
+parallel-safe and never see each other's rows."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+from uuid import UUID, uuid4
+
+import asyncpg
+import pytest
+
+from sidelinja_worker import migrate
+from sidelinja_worker.db import connect, create_pool
+from sidelinja_worker.embedded import start_embedded
+
+
+def with_database(url: str, name: str) -> str:
+    return urlsplit(url)._replace(path=f"/{name}").geturl()
+
+
+@pytest.fixture(scope="session")
+def admin_url() -> str:
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        return url
+    folder = Path(tempfile.gettempdir()) / "sidelinja-worker-tests"
+    return start_embedded(folder)
+
+
+async def _create_template(admin_url: str, name: str) -> None:
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    conn = await connect(with_database(admin_url, name))
+    try:
+        await migrate.apply_all(conn)
+    finally:
+        await conn.close()
+
+
+async def _drop(admin_url: str, name: str) -> None:
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture(scope="session")
+def template_name(admin_url: str) -> Iterator[str]:
+    name = f"sw_tmpl_{uuid4().hex[:12]}"
+    asyncio.run(_create_template(admin_url, name))
+    yield name
+    asyncio.run(_drop(admin_url, name))
+
+
+@pytest.fixture
+async def db_url(admin_url: str, template_name: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for this test alone."""
+    name = f"sw_test_{uuid4().hex[:12]}"
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_name}"')
+    finally:
+        await admin.close()
+    yield with_database(admin_url, name)
+    await _drop(admin_url, name)
+
+
+@pytest.fixture
+async def empty_db_url(admin_url: str) -> AsyncIterator[str]:
+    """A fresh database with no schema at all."""
+    name = f"sw_empty_{uuid4().hex[:12]}"
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    yield with_database(admin_url, name)
+    await _drop(admin_url, name)
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
+    p = await create_pool(db_url, max_size=6)
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+async def workspace(pool: asyncpg.Pool) -> UUID:
+    return await pool.fetchval("INSERT INTO workspaces (name) VALUES ('test') RETURNING id")

@@ -1,0 +1,81 @@
+"""Shared test helpers: workers in-process and as real processes, and small SQL probes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import asyncpg
+from pydantic import BaseModel, ConfigDict
+
+from sidelinja_worker.handlers import REGISTRY
+from sidelinja_worker.jobs import JobContext
+from sidelinja_worker.registry import JobType, Registry
+from sidelinja_worker.settings import WorkerSettings
+from sidelinja_worker.worker import Worker
+
+
+class AnyPayload(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+def job_type(name: str, handler: Callable[[JobContext, Any], Awaitable[Any]], *,
+             timeout_s: float = 60, payload_model: type[BaseModel] = AnyPayload) -> JobType:
+    return JobType(name=name, handler=handler, payload_model=payload_model,
+                   default_priority=0, timeout_s=timeout_s, description="test type")
+
+
+async def run_burst(pool: asyncpg.Pool, url: str, registry: Registry = REGISTRY,
+                    **settings: Any) -> Worker:
+    """Runs a worker in this process until no due job is left."""
+    settings.setdefault("poll_interval_s", 0.05)
+    worker = Worker(pool, url, registry, WorkerSettings(burst=True, **settings))
+    await asyncio.wait_for(worker.run(), timeout=120)
+    return worker
+
+
+def cli(*args: str, url: str | None, env: dict[str, str] | None = None,
+        timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """`sidelinja-worker ARGS` as a real process."""
+    full_env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    if url is not None:
+        full_env["DATABASE_URL"] = url
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "sidelinja_worker", *args], env=full_env,
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def spawn(*args: str, url: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    full_env = {**os.environ, "DATABASE_URL": url, **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "sidelinja_worker", *args], env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+async def statuses(pool: asyncpg.Pool) -> dict[str, int]:
+    rows = await pool.fetch("SELECT status::text, count(*) FROM job_queue GROUP BY 1")
+    return {r[0]: r[1] for r in rows}
+
+
+async def insert_jobs(pool: asyncpg.Pool, workspace: Any, count: int, payload: str = "{}",
+                      job_type_name: str = "noop") -> None:
+    """Plain SQL, the way the web app enqueues."""
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload)"
+        " SELECT $1, $2, $3::text::jsonb FROM generate_series(1, $4)",
+        workspace, job_type_name, payload, count)
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
+    """The stderr of a failed command, checked to be one readable line without a traceback."""
+    lines = [ln for ln in proc.stderr.splitlines()
+             if ln.strip() and not ln.startswith("sidelinja-worker: using")]
+    assert proc.returncode != 0, proc
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+

@@ -1,0 +1,90 @@
+"""The migrations give the seed's schema exactly, and are safe to run twice at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+
+from sidelinja_worker import migrate
+from tests.helpers import cli
+
+SEED_COLUMNS = {
+    # column: (type, nullable, default)
+    "id": ("uuid", "NO", "gen_random_uuid()"),
+    "workspace_id": ("uuid", "NO", None),
+    "job_type": ("text", "NO", None),
+    "payload": ("jsonb", "NO", None),
+    "status": ("job_status", "NO", "'pending'::job_status"),
+    "priority": ("smallint", "NO", "0"),
+    "result": ("jsonb", "YES", None),
+    "error_msg": ("text", "YES", None),
+    "attempts": ("smallint", "NO", "0"),
+    "max_attempts": ("smallint", "NO", "3"),
+    "created_at": ("timestamp with time zone", "NO", "now()"),
+    "started_at": ("timestamp with time zone", "YES", None),
+    "completed_at": ("timestamp with time zone", "YES", None),
+    "scheduled_for": ("timestamp with time zone", "NO", "now()"),
+}
+
+
+async def test_job_queue_has_every_seed_column_exactly(pool: asyncpg.Pool) -> None:
+    rows = await pool.fetch(
+        "SELECT column_name, CASE WHEN data_type = 'USER-DEFINED' THEN udt_name ELSE data_type END,"
+        " is_nullable, column_default FROM information_schema.columns"
+        " WHERE table_name = 'job_queue'")
+    found = {r[0]: (r[1], r[2], r[3]) for r in rows}
+    for column, expected in SEED_COLUMNS.items():
+        assert found[column] == expected, column
+    enum = await pool.fetchval("SELECT enum_range(NULL::job_status)::text[]")
+    assert enum[:5] == ["pending", "running", "completed", "error", "retry"]
+    index = await pool.fetchval("SELECT indexdef FROM pg_indexes WHERE indexname = 'idx_job_queue_pending'")
+    assert index.endswith("(priority DESC, scheduled_for) WHERE (status = ANY "
+                          "(ARRAY['pending'::job_status, 'retry'::job_status]))")
+    fk = await pool.fetchval(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = 'job_queue'::regclass"
+        " AND contype = 'f'")
+    assert fk == "FOREIGN KEY (workspace_id) REFERENCES workspaces(id) ON DELETE CASCADE"
+    settings = await pool.fetchval(
+        "SELECT data_type FROM information_schema.columns"
+        " WHERE table_name = 'workspaces' AND column_name = 'settings'")
+    assert settings == "jsonb"
+
+
+async def test_migrate_twice_at_once_applies_each_migration_once(empty_db_url: str) -> None:
+    procs = await asyncio.gather(*(asyncio.to_thread(cli, "migrate", url=empty_db_url)
+                                   for _ in range(3)))
+    assert [p.returncode for p in procs] == [0, 0, 0], [p.stderr for p in procs]
+    applied = [line for p in procs for line in p.stdout.splitlines() if line.startswith("applied")]
+    shipped = migrate.shipped_migrations()
+    assert len(applied) == len(shipped)  # every migration applied by exactly one process
+    conn = await asyncpg.connect(empty_db_url)
+    try:
+        assert await conn.fetchval("SELECT count(*) FROM sidelinja_schema_migrations") == len(shipped)
+    finally:
+        await conn.close()
+
+
+async def test_migrate_check_exits_nonzero_while_pending(empty_db_url: str) -> None:
+    before = cli("migrate", "--check", url=empty_db_url)
+    assert before.returncode == 1 and "pending: 0001_job_queue" in before.stdout
+    assert cli("migrate", url=empty_db_url).returncode == 0
+    after = cli("migrate", "--check", url=empty_db_url)
+    assert after.returncode == 0, after.stdout
+
+
+async def test_migration_keeps_an_existing_platform_table(empty_db_url: str) -> None:
+    """On the real platform workspaces (and perhaps job_queue) exist already: adopt them."""
+    conn = await asyncpg.connect(empty_db_url)
+    try:
+        await conn.execute("CREATE TABLE workspaces (id UUID PRIMARY KEY DEFAULT gen_random_uuid(),"
+                           " name TEXT NOT NULL, settings JSONB NOT NULL DEFAULT '{}', slug TEXT)")
+        await conn.execute("INSERT INTO workspaces (name, slug) VALUES ('ekte', 'ekte')")
+    finally:
+        await conn.close()
+    assert cli("migrate", url=empty_db_url).returncode == 0
+    conn = await asyncpg.connect(empty_db_url)
+    try:
+        assert await conn.fetchval("SELECT slug FROM workspaces") == "ekte"
+    finally:
+        await conn.close()
