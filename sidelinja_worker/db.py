@@ -15,6 +15,13 @@ import orjson
 from sidelinja_worker.embedded import default_data_dir, start_embedded
 from sidelinja_worker.errors import UserError
 
+# What a lost or restarted database looks like to asyncpg. InternalClientError shows up when a
+# connection is cut in the middle of a protocol exchange.
+DB_ERRORS: tuple[type[BaseException], ...] = (
+    OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
+
 # jit off: the claim's cost estimate on a big table can cross jit_above_cost, and compiling
 # costs more milliseconds than the whole claim. The application name shows us in pg_stat_activity.
 SERVER_SETTINGS = {"jit": "off", "application_name": "sidelinja-worker"}

@@ -13,7 +13,7 @@ from uuid import UUID
 
 import asyncpg
 
-from sidelinja_worker.db import SERVER_SETTINGS, init_connection, redact
+from sidelinja_worker.db import DB_ERRORS, SERVER_SETTINGS, init_connection, redact
 
 log = logging.getLogger("sidelinja_worker.listener")
 
@@ -39,7 +39,7 @@ class Listener:
             try:
                 await self._listen_once()
                 delay = 0.1
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            except DB_ERRORS as exc:
                 log.warning("LISTEN connection to %s lost (%s); polling until it is back",
                             redact(self._url), exc)
             self.connected.clear()

@@ -8,12 +8,12 @@ import logging
 import asyncpg
 
 from sidelinja_worker import store
+from sidelinja_worker.db import DB_ERRORS
 from sidelinja_worker.settings import WorkerSettings
 
 log = logging.getLogger("sidelinja_worker.maintenance")
 
 PRUNE_BATCH = 1000
-DB_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
 
 
 async def rescue_loop(pool: asyncpg.Pool, settings: WorkerSettings) -> None:

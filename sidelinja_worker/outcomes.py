@@ -14,7 +14,7 @@ from uuid import UUID
 import asyncpg
 
 from sidelinja_worker import store
-from sidelinja_worker.db import RawJson
+from sidelinja_worker.db import DB_ERRORS, RawJson
 from sidelinja_worker.store import Failure, Release
 
 log = logging.getLogger("sidelinja_worker.outcomes")
@@ -31,6 +31,7 @@ class OutcomeWriter:
         self._failed: list[Failure] = []
         self._released: list[Release] = []
         self._cancelled: list[UUID] = []
+        self._inflight: set[UUID] = set()
         self._arrived = asyncio.Event()
         self._empty = asyncio.Event()
         self._empty.set()
@@ -60,6 +61,12 @@ class OutcomeWriter:
         self._done, self._failed, self._released, self._cancelled = [], [], [], []
         self._empty.set()
 
+    def owned_ids(self) -> set[UUID]:
+        """Jobs whose outcome is buffered or being written: finished here, not yet in the table."""
+        owned = {d[0] for d in self._done} | {f.job_id for f in self._failed}
+        owned |= {r.job_id for r in self._released} | set(self._cancelled) | self._inflight
+        return owned
+
     def pending(self) -> int:
         return len(self._done) + len(self._failed) + len(self._released) + len(self._cancelled)
 
@@ -72,7 +79,7 @@ class OutcomeWriter:
             try:
                 await self._flush()
                 delay = RETRY_FIRST_S
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            except DB_ERRORS as exc:
                 log.warning("writing %d job outcomes failed (%s); retrying in %.2fs",
                             self.pending(), exc, delay)
                 await asyncio.sleep(delay)
@@ -93,6 +100,8 @@ class OutcomeWriter:
         failed, self._failed = self._failed, []
         released, self._released = self._released, []
         cancelled, self._cancelled = self._cancelled, []
+        self._inflight = ({d[0] for d in done} | {f.job_id for f in failed}
+                          | {r.job_id for r in released} | set(cancelled))
         try:
             async with self._pool.acquire() as conn:
                 if done:
@@ -108,6 +117,7 @@ class OutcomeWriter:
                     await store.mark_cancelled(conn, self.worker_id, cancelled)
                     cancelled = []
         finally:
+            self._inflight = set()
             # What was not written goes back to the front of the buffers for the next try.
             self._done[:0] = done
             self._failed[:0] = failed

@@ -101,8 +101,13 @@ async def heartbeat(conn: Conn, worker_id: UUID, lease_s: float) -> bool:
     return await conn.fetchval(Q["heartbeat"], worker_id, lease_s) is not None
 
 
-async def cancel_requests(conn: Conn, worker_id: UUID) -> list[UUID]:
-    return [r[0] for r in await conn.fetch(Q["cancel_requests"], worker_id)]
+async def held_jobs(conn: Conn, worker_id: UUID) -> dict[UUID, bool]:
+    """Job id -> cancel requested, for every job the database has running under this worker."""
+    return {r[0]: r[1] for r in await conn.fetch(Q["held_jobs"], worker_id)}
+
+
+async def release_held(conn: Conn, worker_id: UUID) -> list[UUID]:
+    return [r[0] for r in await conn.fetch(Q["release_held"], worker_id)]
 
 
 async def unregister_worker(conn: Conn, worker_id: UUID) -> None:

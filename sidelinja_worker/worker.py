@@ -13,10 +13,12 @@ import asyncpg
 from sidelinja_worker import executor, store
 from sidelinja_worker.jobs import ClaimedJob
 from sidelinja_worker.listener import Listener
-from sidelinja_worker.maintenance import DB_ERRORS, prune_loop, rescue_loop
+from sidelinja_worker.db import DB_ERRORS
+from sidelinja_worker.maintenance import prune_loop, rescue_loop
 from sidelinja_worker.outcomes import OutcomeWriter
 from sidelinja_worker.registry import Registry
 from sidelinja_worker.settings import WorkerSettings
+from sidelinja_worker.store import Release
 
 log = logging.getLogger("sidelinja_worker.worker")
 
@@ -46,6 +48,9 @@ class Worker:
         self._slot_freed = asyncio.Event()
         self._stop = asyncio.Event()
         self._lease_deadline = 0.0
+        # Held while a claim is in flight and its jobs are being started, so the heartbeat's
+        # reconciliation never mistakes a job on its way here for a lost one.
+        self._claim_lock = asyncio.Lock()
         self._writer = OutcomeWriter(pool, self.id)
         self.claimed_total = 0
 
@@ -102,25 +107,34 @@ class Worker:
                 continue
             self._wake.clear()
             try:
-                jobs = await store.claim(self._pool, self.id, free, self.job_types)
+                jobs = await self._claim(free)
+                # Drained in burst mode, once nothing we hold was lost on the way here (if it
+                # was, it is due again now: run it rather than strand it).
+                if self.settings.burst and not jobs and not self._running:
+                    if not (await self._give_back_lost())[0]:
+                        return
+                    continue
                 retry_s = 0.05
             except DB_ERRORS as exc:
                 log.warning("claim failed (%s); retrying in %.2fs", exc, retry_s)
                 await self._wait_for(self._stop, retry_s)
                 retry_s = min(retry_s * 2, CLAIM_RETRY_MAX_S)
                 continue
-            for job in sorted(jobs, key=lambda j: -j.priority):
-                self._start(job)
             if len(jobs) == free:
                 continue  # the queue has more; claim again as soon as slots are free
             if self.settings.burst:
-                if not self._running and not jobs:
-                    return  # drained
                 # A running job may enqueue more (whisper -> srt_parse): look again when it ends.
                 self._slot_freed.clear()
                 await self._wait_for(self._slot_freed, self.settings.poll_interval_s, self._wake)
                 continue
             await self._wait_for(self._wake, self.settings.poll_interval_s)
+
+    async def _claim(self, free: int) -> list[ClaimedJob]:
+        async with self._claim_lock:
+            jobs = await store.claim(self._pool, self.id, free, self.job_types)
+            for job in sorted(jobs, key=lambda j: -j.priority):
+                self._start(job)
+        return jobs
 
     def _start(self, job: ClaimedJob) -> None:
         self.claimed_total += 1
@@ -169,11 +183,32 @@ class Worker:
                     await self._declared_dead()
                     continue
                 self._lease_deadline = sent + self.settings.lease_s
-                for job_id in await store.cancel_requests(self._pool, self.id):
-                    self._on_cancel_notice(job_id)
+                await self._reconcile()
             except DB_ERRORS as exc:
                 log.warning("heartbeat failed (%s); lease runs out in %.1fs",
                             exc, self._lease_deadline - loop.time())
+
+    async def _reconcile(self) -> None:
+        """Compares what the database says we run with what we do run. A job we hold but never
+        got (the connection died while a claim's answer was on its way) goes back to the queue;
+        a job whose cancellation was requested is cancelled."""
+        _, held = await self._give_back_lost()
+        for job_id, cancel_requested in held.items():
+            if cancel_requested:
+                self._on_cancel_notice(job_id)
+
+    async def _give_back_lost(self) -> tuple[int, dict[UUID, bool]]:
+        """Releases held-but-unknown jobs. Returns how many, and the jobs still held (with
+        whether their cancellation was requested)."""
+        async with self._claim_lock:
+            held = await store.held_jobs(self._pool, self.id)
+            known = self._running.keys() | self._writer.owned_ids()
+            lost = [job_id for job_id in held if job_id not in known]
+            if lost:
+                log.warning("giving back %d jobs claimed for this worker that never reached it",
+                            len(lost))
+                await store.release(self._pool, self.id, [Release(j, None) for j in lost])
+        return len(lost), {job_id: c for job_id, c in held.items() if job_id not in lost}
 
     async def _declared_dead(self) -> None:
         """Another worker saw our lease expire and rescued our jobs: they may run elsewhere now,
@@ -220,6 +255,10 @@ class Worker:
                       "rescued and run again when the lease expires", self._writer.pending())
             return
         try:
+            lost = await store.release_held(self._pool, self.id)
+            if lost:
+                log.warning("gave back %d jobs claimed for this worker that never reached it",
+                            len(lost))
             await store.unregister_worker(self._pool, self.id)
         except DB_ERRORS as exc:
             log.warning("could not unregister (%s); the lease will expire on its own", exc)

@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 
 from sidelinja_worker import migrate
-from sidelinja_worker.db import connect, create_pool
+from sidelinja_worker.db import connect, init_connection
 from sidelinja_worker.embedded import start_embedded
 
 
@@ -90,7 +90,9 @@ async def empty_db_url(admin_url: str) -> AsyncIterator[str]:
 
 @pytest.fixture
 async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
-    p = await create_pool(db_url, max_size=6)
+    # Its own application_name, so a test can kill the workers' connections and not its own.
+    p = await asyncpg.create_pool(db_url, min_size=1, max_size=6, init=init_connection,
+                                  server_settings={"application_name": "sidelinja-tests"})
     yield p
     await p.close()
 

@@ -122,14 +122,27 @@ SET expires_at = now() + make_interval(secs => $2)
 WHERE id = $1
 RETURNING id;
 
--- name: cancel_requests
--- Running jobs of this worker whose cancellation was requested (the fallback for a lost
--- notification, and the path for a plain-SQL cancel).
-SELECT id
+-- name: held_jobs
+-- The jobs the database says this worker runs, and whether their cancellation was requested
+-- (the fallback for a lost notification, and the path for a plain-SQL cancel).
+SELECT id, cancel_requested_at IS NOT NULL AS cancel_requested
 FROM job_queue
 WHERE worker_id = $1
+  AND status = 'running';
+
+-- name: release_held
+-- At exit, after every outcome is written: anything still `running` under this worker was
+-- claimed but never reached it (the connection died while the claim's answer was in flight).
+-- Back to the queue, the attempt returned.
+UPDATE job_queue
+SET status = CASE WHEN attempts <= 1 THEN 'pending' ELSE 'retry' END::job_status,
+    attempts = greatest(attempts - 1, 0),
+    scheduled_for = now(),
+    started_at = NULL,
+    worker_id = NULL
+WHERE worker_id = $1
   AND status = 'running'
-  AND cancel_requested_at IS NOT NULL;
+RETURNING id;
 
 -- name: unregister_worker
 DELETE FROM job_workers WHERE id = $1;

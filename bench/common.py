@@ -1,0 +1,87 @@
+"""Benchmark plumbing: throwaway databases, worker child processes, waiting on conditions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCH_DIR / "results"
+
+
+def with_database(url: str, name: str) -> str:
+    return urlsplit(url)._replace(path=f"/{name}").geturl()
+
+
+async def create_database(admin_url: str, name: str) -> str:
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    return with_database(admin_url, name)
+
+
+async def drop_database(admin_url: str, name: str) -> None:
+    admin = await asyncpg.connect(admin_url)
+    try:
+        # FORCE: a child killed mid-run may still hold a connection.
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+async def wait_until(check: Callable[[], Awaitable[bool]], timeout_s: float,
+                     what: str, interval_s: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gave up after {timeout_s:g}s waiting for {what}")
+        await asyncio.sleep(interval_s)
+
+
+async def listening_backends(conn: asyncpg.Connection, dbname: str) -> int:
+    """Backends of `dbname` whose last statement was a LISTEN: a worker's wake-up connection."""
+    return int(await conn.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND query ILIKE 'LISTEN%'",
+        dbname,
+    ))
+
+
+@dataclass
+class Child:
+    """A worker child process started by `spawn`; `started` is for the wall time."""
+
+    proc: asyncio.subprocess.Process
+    started: float
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    async def finish(self, timeout_s: float = 300.0) -> tuple[float, dict[str, Any]]:
+        """Waits for exit; (wall seconds since spawn, the child's JSON report)."""
+        out, _ = await asyncio.wait_for(self.proc.communicate(), timeout_s)
+        wall_s = time.perf_counter() - self.started
+        if self.proc.returncode != 0:
+            raise RuntimeError(f"child {self.proc.pid} exited {self.proc.returncode}")
+        lines = out.decode().strip().splitlines()
+        return wall_s, json.loads(lines[-1])
+
+
+async def spawn(script: str, *args: str) -> Child:
+    """Runs bench/`script` with this Python; its stderr goes to ours (warnings stay visible)."""
+    started = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(BENCH_DIR / script), *args, stdout=asyncio.subprocess.PIPE,
+    )
+    return Child(proc, started)

@@ -1,0 +1,138 @@
+"""sidelinja-worker's own numbers: bulk enqueue, drain throughput per concurrency, idle memory
+and pickup latency. Every drain starts from an emptied job_queue, so each run reads only its
+own rows."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from dataclasses import dataclass
+from uuid import UUID
+
+import asyncpg
+
+from common import listening_backends, spawn, wait_until
+from procmem import Memory, read_memory
+from sidelinja_worker import migrate
+from sidelinja_worker.client import NewJob, enqueue_many
+
+LATENCY_JOBS = 200
+LATENCY_GAP_S = 0.015
+IDLE_SETTLE_S = 1.0  # after the worker listens: let start-up garbage settle before reading RSS
+SERVE_CONCURRENCY = 50
+
+
+@dataclass(frozen=True)
+class Drain:
+    concurrency: int
+    jobs: int
+    span_s: float   # max(completed_at) - min(started_at): worker start-up excluded
+    wall_s: float   # process spawn to exit: start-up, drain, shutdown
+    peak_kb: int    # the worker's VmHWM at exit
+
+    @property
+    def jobs_per_s(self) -> float:
+        return self.jobs / self.span_s
+
+
+@dataclass(frozen=True)
+class Latency:
+    jobs: int
+    p50_ms: float
+    p99_ms: float
+
+
+async def prepare(conn: asyncpg.Connection) -> UUID:
+    """Migrates the fresh database and returns the workspace every job belongs to."""
+    await migrate.apply_all(conn)
+    return await conn.fetchval("INSERT INTO workspaces (name) VALUES ('bench') RETURNING id")
+
+
+async def empty_queue(conn: asyncpg.Connection) -> None:
+    await conn.execute("TRUNCATE job_queue, job_workers")
+
+
+async def enqueue(conn: asyncpg.Connection, workspace_id: UUID, n: int) -> float:
+    """Enqueues n noop jobs in one enqueue_many call; returns jobs/s. Building the NewJob list
+    is the caller's work and is not timed."""
+    jobs = [NewJob(workspace_id, "noop", {}) for _ in range(n)]
+    started = time.perf_counter()
+    await enqueue_many(conn, jobs)
+    return n / (time.perf_counter() - started)
+
+
+async def warm_up(conn: asyncpg.Connection, workspace_id: UUID) -> None:
+    """The first enqueue on a connection prepares the statement; an app's pool is warm."""
+    await enqueue(conn, workspace_id, 100)
+    await empty_queue(conn)
+
+
+async def drain_span(conn: asyncpg.Connection) -> tuple[int, float]:
+    row = await conn.fetchrow(
+        "SELECT count(*) FILTER (WHERE status = 'completed') AS done, count(*) AS total,"
+        " extract(epoch FROM max(completed_at) - min(started_at))::float8 AS span_s"
+        " FROM job_queue"
+    )
+    if row["done"] != row["total"]:
+        raise RuntimeError(f"only {row['done']} of {row['total']} jobs completed")
+    return row["done"], row["span_s"]
+
+
+async def drain(conn: asyncpg.Connection, url: str, concurrency: int) -> Drain:
+    """Drains what is queued with one burst-mode worker process."""
+    child = await spawn("worker_child.py", url, str(concurrency))
+    wall_s, report = await child.finish()
+    jobs, span_s = await drain_span(conn)
+    return Drain(concurrency, jobs, span_s, wall_s, report["hwm_kb"])
+
+
+async def idle_and_latency(conn: asyncpg.Connection, url: str, dbname: str,
+                           workspace_id: UUID) -> tuple[Memory, Latency]:
+    """Starts a serving worker, reads its memory once it idles, then inserts single jobs by
+    plain SQL, as the web app does, and measures started_at - created_at."""
+    await empty_queue(conn)
+    child = await spawn("worker_child.py", url, str(SERVE_CONCURRENCY), "--serve")
+    try:
+        await wait_until(lambda: _ready(conn, dbname), 30, "the worker to register and LISTEN")
+        await asyncio.sleep(IDLE_SETTLE_S)
+        idle = read_memory(child.pid)
+        await insert_singles(url, workspace_id, LATENCY_JOBS, LATENCY_GAP_S)
+        await wait_until(lambda: _completed(conn, LATENCY_JOBS), 30, "the single jobs to finish")
+    finally:
+        if child.proc.returncode is None:
+            child.proc.send_signal(signal.SIGTERM)
+        await child.finish()
+    return idle, await pickup_latency(conn)
+
+
+async def _ready(conn: asyncpg.Connection, dbname: str) -> bool:
+    registered = await conn.fetchval("SELECT count(*) FROM job_workers")
+    return registered > 0 and await listening_backends(conn, dbname) > 0
+
+
+async def _completed(conn: asyncpg.Connection, n: int) -> bool:
+    return await conn.fetchval("SELECT count(*) FROM job_queue WHERE status = 'completed'") >= n
+
+
+async def insert_singles(url: str, workspace_id: UUID, n: int, gap_s: float) -> None:
+    """n one-row INSERTs, each its own transaction, `gap_s` apart, on a plain connection."""
+    conn = await asyncpg.connect(url)
+    try:
+        for _ in range(n):
+            await conn.execute(
+                "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'noop', '{}')",
+                workspace_id,
+            )
+            await asyncio.sleep(gap_s)
+    finally:
+        await conn.close()
+
+
+async def pickup_latency(conn: asyncpg.Connection) -> Latency:
+    row = await conn.fetchrow(
+        "SELECT count(*) AS n, percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP"
+        " (ORDER BY extract(epoch FROM started_at - created_at)) AS p"
+        " FROM job_queue WHERE started_at IS NOT NULL"
+    )
+    return Latency(row["n"], row["p"][0] * 1000, row["p"][1] * 1000)

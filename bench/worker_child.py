@@ -1,0 +1,49 @@
+"""One sidelinja-worker in its own process, as `sidelinja-worker run` builds it but logging at
+WARNING (the CLI has no log-level flag and logs a line per job). Prints its memory as JSON on exit.
+
+    python bench/worker_child.py URL CONCURRENCY [--serve]
+
+Without --serve it runs in burst mode (drains, exits); with it, it runs until SIGTERM.
+Poll interval 1 s, so that an idle worker is woken by LISTEN/NOTIFY, not by polling."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from procmem import print_report
+from sidelinja_worker.db import create_pool
+from sidelinja_worker.handlers import REGISTRY
+from sidelinja_worker.settings import WorkerSettings
+from sidelinja_worker.worker import Worker
+
+POOL_SIZE = 5  # what `sidelinja-worker run` opens (commands.cmd_run)
+
+
+async def run(url: str, concurrency: int, burst: bool) -> int:
+    pool = await create_pool(url, max_size=POOL_SIZE)
+    try:
+        settings = WorkerSettings(max_concurrent=concurrency, poll_interval_s=1.0, burst=burst)
+        worker = Worker(pool, url, REGISTRY, settings)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, worker.request_stop)
+        await worker.run()
+        return worker.claimed_total
+    finally:
+        await pool.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("url")
+    parser.add_argument("concurrency", type=int)
+    parser.add_argument("--serve", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    claimed = asyncio.run(run(args.url, args.concurrency, burst=not args.serve))
+    print_report(claimed=claimed)
+
+
+if __name__ == "__main__":
+    main()
