@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on SIGTERM, wait this long for running jobs [env SIDELINJA_GRACE] (30s)")
     p.add_argument("--no-listen", action="store_true", default=_env_flag("SIDELINJA_NO_LISTEN"),
                    help="poll only, for transaction-mode poolers [env SIDELINJA_NO_LISTEN=1]")
+    p.add_argument("--max-timeout", default=_env("SIDELINJA_MAX_TIMEOUT", "6h"),
+                   help="cap on any job's timeout override [env SIDELINJA_MAX_TIMEOUT] (6h)")
     p.add_argument("--keep-completed", default=_env("SIDELINJA_KEEP_COMPLETED", "14d"),
                    help="prune completed jobs older than this [env SIDELINJA_KEEP_COMPLETED] (14d)")
     p.add_argument("--keep-errors", default=_env("SIDELINJA_KEEP_ERRORS", "90d"),

@@ -155,6 +155,7 @@ def worker_settings(args: argparse.Namespace) -> WorkerSettings:
         poll_interval_s=max(parse_duration_s(args.poll_interval), 0.01),
         job_types=types, burst=args.burst, lease_s=lease_s,
         grace_s=parse_duration_s(args.grace), listen=not args.no_listen,
+        max_timeout_s=max(parse_duration_s(args.max_timeout), 0.001),
         keep_completed_s=parse_duration_s(args.keep_completed),
         keep_errors_s=parse_duration_s(args.keep_errors),
     )
