@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -16,6 +17,7 @@ import asyncpg
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
+STOP_TIMEOUT_S = 60.0  # a SIGTERMed child finishes its running jobs and writes outcomes
 
 
 def with_database(url: str, name: str) -> str:
@@ -68,14 +70,21 @@ class Child:
     def pid(self) -> int:
         return self.proc.pid
 
-    async def finish(self, timeout_s: float = 300.0) -> tuple[float, dict[str, Any]]:
-        """Waits for exit; (wall seconds since spawn, the child's JSON report)."""
-        out, _ = await asyncio.wait_for(self.proc.communicate(), timeout_s)
+    async def finish(self, time_limit_s: float = 600.0) -> tuple[float, dict[str, Any], bool]:
+        """Waits for exit, sending SIGTERM once `time_limit_s` has passed since spawn.
+        Returns (wall seconds since spawn, the child's JSON report, whether it was stopped)."""
+        remaining_s = max(self.started + time_limit_s - time.perf_counter(), 0.1)
+        communicate = asyncio.ensure_future(self.proc.communicate())
+        done, _ = await asyncio.wait([communicate], timeout=remaining_s)
+        stopped = not done
+        if stopped:
+            self.proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.wait_for(communicate, STOP_TIMEOUT_S)
         wall_s = time.perf_counter() - self.started
         if self.proc.returncode != 0:
             raise RuntimeError(f"child {self.proc.pid} exited {self.proc.returncode}")
         lines = out.decode().strip().splitlines()
-        return wall_s, json.loads(lines[-1])
+        return wall_s, json.loads(lines[-1]), stopped
 
 
 async def spawn(script: str, *args: str) -> Child:

@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Sequence
 
 from sidelinja_worker import commands
+from sidelinja_worker.db import DB_ERRORS
 from sidelinja_worker.errors import UserError
 
 
@@ -106,6 +107,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         print(f"sidelinja-worker: error: {exc}", file=sys.stderr)
+        return 2
+    except DB_ERRORS as exc:  # the database went away where no retry loop covers it
+        if args.debug:
+            traceback.print_exc()
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        print(f"sidelinja-worker: error: database: {first}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

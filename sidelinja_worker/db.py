@@ -15,11 +15,13 @@ import orjson
 from sidelinja_worker.embedded import default_data_dir, start_embedded
 from sidelinja_worker.errors import UserError
 
-# What a lost or restarted database looks like to asyncpg. InternalClientError shows up when a
+# What a lost, restarted or overloaded database looks like to asyncpg: worth retrying. A SQL
+# error (a bug) is not in here and stops the program loudly. InternalClientError shows up when a
 # connection is cut in the middle of a protocol exchange.
 DB_ERRORS: tuple[type[BaseException], ...] = (
-    OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError,
-    asyncpg.InternalClientError,
+    OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.InternalClientError,
+    asyncpg.exceptions.PostgresConnectionError, asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError, asyncpg.exceptions.TransactionRollbackError,
 )
 
 # jit off: the claim's cost estimate on a big table can cross jit_above_cost, and compiling

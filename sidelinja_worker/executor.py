@@ -7,13 +7,15 @@ import asyncio
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from uuid import UUID
 
 import orjson
 
 from sidelinja_worker.backoff import backoff_s
 from sidelinja_worker.db import RawJson
 from sidelinja_worker.errors import Defer, PermanentError, RetryJob
-from sidelinja_worker.jobs import ClaimedJob, JobContext
+from sidelinja_worker.context import JobContext, Services
+from sidelinja_worker.jobs import ClaimedJob
 from sidelinja_worker.outcomes import OutcomeWriter
 from sidelinja_worker.registry import Registry
 from sidelinja_worker.store import Failure, Release
@@ -26,20 +28,26 @@ SHUTDOWN = "shutdown"
 
 
 async def execute(job: ClaimedJob, registry: Registry, writer: OutcomeWriter,
-                  max_timeout_s: float, cancel_reason: Callable[[], str | None]) -> None:
+                  services: Services, worker_id: UUID, max_timeout_s: float,
+                  cancel_reason: Callable[[], str | None]) -> None:
     jt = registry.get(job.job_type)
     if jt is None:  # only when a worker was started with a type it then lost; be explicit
         _fail(writer, job, "unknown_type", f"no handler for job type {job.job_type!r}",
               permanent=True)
         return
     timeout_s = min(float(job.timeout_s or jt.timeout_s), max_timeout_s)
-    ctx = JobContext(job.id, job.workspace_id, job.job_type, job.attempt, job.max_attempts)
+    ctx = JobContext(job.id, job.workspace_id, job.job_type, job.attempt, job.max_attempts,
+                     services, worker_id)
     deadline = asyncio.timeout(timeout_s)
     try:
+        missing = services.config.missing(jt.needs_settings)
+        if missing:
+            raise PermanentError(f"{', '.join(missing)} not set: configure it (env var or flag) "
+                                 f"to run {job.job_type} jobs")
         payload = jt.parse_payload(job.payload)
         async with deadline:
             result = await jt.handler(ctx, payload)
-        writer.completed(job.id, _encode_result(result))
+        writer.completed(job.id, _encode_result(result), ctx.follow_ups)
         if log.isEnabledFor(logging.INFO):
             log.info("job %s %s completed (attempt %d/%d)", job.id, job.job_type,
                      job.attempt, job.max_attempts)
@@ -57,7 +65,7 @@ async def execute(job: ClaimedJob, registry: Registry, writer: OutcomeWriter,
     except Defer as exc:
         until = exc.until or datetime.now(UTC) + timedelta(seconds=exc.after_s or 0)
         log.info("job %s deferred until %s: %s", job.id, until.isoformat(), exc)
-        writer.released(Release(job.id, until))
+        writer.released(Release(job.id, until, str(exc)))
     except asyncio.CancelledError:
         asyncio.current_task().uncancel()  # type: ignore[union-attr]
         if cancel_reason() == CANCEL_REQUESTED:

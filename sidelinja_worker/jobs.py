@@ -29,14 +29,3 @@ class ClaimedJob:
     attempt: int
     max_attempts: int
     timeout_s: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class JobContext:
-    """What a handler may know about the job it runs. Services join it in their own issues."""
-
-    job_id: UUID
-    workspace_id: UUID
-    job_type: str
-    attempt: int
-    max_attempts: int

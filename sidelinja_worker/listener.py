@@ -19,16 +19,18 @@ log = logging.getLogger("sidelinja_worker.listener")
 
 DUE_CHANNEL = "sidelinja_job_due"
 CANCEL_CHANNEL = "sidelinja_job_cancel"
+LIMITS_CHANNEL = "sidelinja_limits_changed"
 HEALTH_TIMEOUT_S = 5.0
 RECONNECT_MAX_S = 10.0
 
 
 class Listener:
     def __init__(self, url: str, on_due: Callable[[], None], on_cancel: Callable[[UUID], None],
-                 health_interval_s: float = 10.0) -> None:
+                 on_limits: Callable[[], None], health_interval_s: float = 10.0) -> None:
         self._url = url
         self._on_due = on_due
         self._on_cancel = on_cancel
+        self._on_limits = on_limits
         self._health_interval_s = health_interval_s
         self.connected = asyncio.Event()
 
@@ -54,8 +56,10 @@ class Listener:
             conn.add_termination_listener(lambda _conn: lost.set())
             await conn.add_listener(DUE_CHANNEL, self._due)
             await conn.add_listener(CANCEL_CHANNEL, self._cancel)
+            await conn.add_listener(LIMITS_CHANNEL, self._limits)
             self.connected.set()
             self._on_due()  # whatever arrived while nobody listened
+            self._on_limits()
             while not lost.is_set():
                 try:
                     async with asyncio.timeout(self._health_interval_s):
@@ -70,6 +74,9 @@ class Listener:
 
     def _due(self, _conn: object, _pid: int, _channel: str, _payload: str) -> None:
         self._on_due()
+
+    def _limits(self, _conn: object, _pid: int, _channel: str, _payload: str) -> None:
+        self._on_limits()
 
     def _cancel(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         try:

@@ -14,6 +14,7 @@ from uuid import UUID
 import asyncpg
 
 from sidelinja_worker import store
+from sidelinja_worker.client import NewJob, enqueue_many
 from sidelinja_worker.db import DB_ERRORS, RawJson
 from sidelinja_worker.store import Failure, Release
 
@@ -28,6 +29,7 @@ class OutcomeWriter:
         self.worker_id = worker_id
         self._pool = pool
         self._done: list[tuple[UUID, RawJson]] = []
+        self._follow_ups: dict[UUID, list[NewJob]] = {}
         self._failed: list[Failure] = []
         self._released: list[Release] = []
         self._cancelled: list[UUID] = []
@@ -36,8 +38,10 @@ class OutcomeWriter:
         self._empty = asyncio.Event()
         self._empty.set()
 
-    def completed(self, job_id: UUID, result: RawJson) -> None:
+    def completed(self, job_id: UUID, result: RawJson, follow_ups: list[NewJob] | None = None) -> None:
         self._done.append((job_id, result))
+        if follow_ups:
+            self._follow_ups[job_id] = follow_ups
         self._note()
 
     def failed(self, failure: Failure) -> None:
@@ -56,9 +60,24 @@ class OutcomeWriter:
         self._empty.clear()
         self._arrived.set()
 
+    async def _complete(self, conn: asyncpg.Connection, done: list[tuple[UUID, RawJson]]) -> None:
+        """Completions; a job's follow-up jobs commit in the same transaction, and only for the
+        jobs this statement really completed (not one rescued from us meanwhile)."""
+        if not any(job_id in self._follow_ups for job_id, _ in done):
+            await store.complete(conn, self.worker_id, done)
+            return
+        async with conn.transaction():
+            completed = await store.complete(conn, self.worker_id, done)
+            jobs = [job for job_id in completed for job in self._follow_ups.get(job_id, ())]
+            if jobs:
+                await enqueue_many(conn, jobs)
+        for job_id, _ in done:
+            self._follow_ups.pop(job_id, None)
+
     def discard(self) -> None:
         """Forget buffered outcomes: their jobs were rescued from us and may run elsewhere."""
         self._done, self._failed, self._released, self._cancelled = [], [], [], []
+        self._follow_ups.clear()
         self._empty.set()
 
     def owned_ids(self) -> set[UUID]:
@@ -105,7 +124,7 @@ class OutcomeWriter:
         try:
             async with self._pool.acquire() as conn:
                 if done:
-                    await store.complete(conn, self.worker_id, done)
+                    await self._complete(conn, done)
                     done = []
                 if failed:
                     await store.fail(conn, self.worker_id, failed)

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from sidelinja_worker.errors import PermanentError
-from sidelinja_worker.jobs import JobContext
+from sidelinja_worker.context import JobContext
 
 Handler = Callable[[JobContext, Any], Awaitable[Any]]
 

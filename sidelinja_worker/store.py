@@ -30,6 +30,7 @@ class Failure:
 class Release:
     job_id: UUID
     run_at: datetime | None  # None: due at once
+    reason: str | None = None  # a deferral's reason, recorded in `progress`
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +55,22 @@ async def claim(conn: Conn, worker_id: UUID, limit: int,
     return [ClaimedJob(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]) for r in rows]
 
 
-async def complete(conn: Conn, worker_id: UUID, done: Sequence[tuple[UUID, Any]]) -> None:
-    await conn.execute(Q["complete"], [d[0] for d in done], [d[1] for d in done], worker_id)
+async def claim_with_limits(conn: asyncpg.Connection, worker_id: UUID, limit: int,
+                            job_types: Sequence[str], fair: bool, capped: bool) -> list[ClaimedJob]:
+    """The fair and/or capped claim; with `capped`, under the cluster-wide claim lock."""
+    if capped:
+        async with conn.transaction():
+            await conn.execute(Q["lock_limited_claims"])
+            rows = await conn.fetch(Q["claim_fair"], worker_id, limit, list(job_types), fair)
+    else:
+        rows = await conn.fetch(Q["claim_fair"], worker_id, limit, list(job_types), fair)
+    return [ClaimedJob(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]) for r in rows]
+
+
+async def complete(conn: Conn, worker_id: UUID, done: Sequence[tuple[UUID, Any]]) -> set[UUID]:
+    """Marks the jobs completed; returns those that were still ours to complete."""
+    rows = await conn.fetch(Q["complete"], [d[0] for d in done], [d[1] for d in done], worker_id)
+    return {r[0] for r in rows}
 
 
 async def fail(conn: Conn, worker_id: UUID, failures: Sequence[Failure]) -> None:
@@ -68,7 +83,7 @@ async def fail(conn: Conn, worker_id: UUID, failures: Sequence[Failure]) -> None
 
 async def release(conn: Conn, worker_id: UUID, releases: Sequence[Release]) -> None:
     await conn.execute(Q["release"], [r.job_id for r in releases],
-                       [r.run_at for r in releases], worker_id)
+                       [r.run_at for r in releases], [r.reason for r in releases], worker_id)
 
 
 async def mark_cancelled(conn: Conn, worker_id: UUID, job_ids: Sequence[UUID]) -> None:
@@ -143,3 +158,67 @@ async def ensure_workspace(conn: Conn, workspace_id: UUID, name: str) -> None:
 
 async def workspace_exists(conn: Conn, workspace_id: UUID) -> bool:
     return bool(await conn.fetchval(Q["workspace_exists"], workspace_id))
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    type_caps: dict[str, int]
+    workspace_caps: int          # how many workspaces have a cap
+    fair: bool
+    rates: dict[str, dict[str, Any]]
+
+
+async def limits(conn: Conn) -> Limits:
+    row = await conn.fetchrow(Q["limits"])
+    assert row is not None
+    return Limits(dict(row[0]), int(row[1]), bool(row[2]), dict(row[3]))
+
+
+async def rate_acquire(conn: Conn, key: str, margin_s: float) -> tuple[bool, float]:
+    row = await conn.fetchrow(Q["rate_acquire"], key, margin_s)
+    assert row is not None
+    return bool(row[0]), float(row[1])
+
+
+async def rate_pause(conn: Conn, key: str, seconds: float) -> None:
+    await conn.execute(Q["rate_pause"], key, seconds)
+
+
+async def set_type_limit(conn: Conn, job_type: str, max_running: int | None) -> None:
+    if max_running is None:
+        await conn.execute(Q["clear_type_limit"], job_type)
+    else:
+        await conn.execute(Q["set_type_limit"], job_type, max_running)
+
+
+async def set_workspace_limit(conn: Conn, workspace_id: UUID, max_running: int | None) -> None:
+    if max_running is None:
+        await conn.execute(Q["clear_workspace_limit"], workspace_id)
+    else:
+        await conn.execute(Q["set_workspace_limit"], workspace_id, max_running)
+
+
+async def set_rate_limit(conn: Conn, key: str, max_requests: int | None,
+                         per_s: float | None) -> None:
+    if max_requests is None:
+        await conn.execute(Q["clear_rate_limit"], key)
+    else:
+        await conn.execute(Q["set_rate_limit"], key, max_requests, per_s)
+
+
+async def set_queue_setting(conn: Conn, name: str, value: Any) -> None:
+    await conn.execute(Q["set_queue_setting"], name, value)
+
+
+async def list_limits(conn: Conn) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["list_limits"])
+
+
+async def report_progress(conn: Conn, job_id: UUID, worker_id: UUID, message: str,
+                          percent: float | None) -> None:
+    await conn.execute(Q["report_progress"], job_id, worker_id, message, percent)
+
+
+async def workspace_settings(conn: Conn, workspace_id: UUID) -> dict[str, Any]:
+    value = await conn.fetchval(Q["workspace_settings"], workspace_id)
+    return dict(value or {})

@@ -9,9 +9,13 @@ import socket
 from uuid import UUID, uuid4
 
 import asyncpg
+import httpx
 
 from sidelinja_worker import executor, store
+from sidelinja_worker.config import ServiceConfig
+from sidelinja_worker.context import Services
 from sidelinja_worker.jobs import ClaimedJob
+from sidelinja_worker.limits import LimitsCache, RateLimiter
 from sidelinja_worker.listener import Listener
 from sidelinja_worker.db import DB_ERRORS
 from sidelinja_worker.maintenance import prune_loop, rescue_loop
@@ -32,7 +36,7 @@ class Worker:
     burst mode, until no due job is left."""
 
     def __init__(self, pool: asyncpg.Pool, database_url: str, registry: Registry,
-                 settings: WorkerSettings) -> None:
+                 settings: WorkerSettings, config: ServiceConfig | None = None) -> None:
         unknown = sorted(set(settings.job_types) - set(registry))
         if unknown:
             raise ValueError(f"unknown job types {unknown}; known: {sorted(registry)}")
@@ -52,6 +56,9 @@ class Worker:
         # reconciliation never mistakes a job on its way here for a lost one.
         self._claim_lock = asyncio.Lock()
         self._writer = OutcomeWriter(pool, self.id)
+        self._limits = LimitsCache(pool)
+        self._config = config or ServiceConfig.from_env()
+        self._services: Services | None = None
         self.claimed_total = 0
 
     # -- control ---------------------------------------------------------------------------
@@ -76,15 +83,29 @@ class Worker:
         return len(self._running)
 
     async def run(self) -> None:
+        try:
+            await self._limits.load()
+        except DB_ERRORS as exc:  # the limits loop reads them again shortly
+            log.warning("limits not read yet (%s)", exc)
+        # One HTTP client for every handler: shared connection pools. Service clients set their
+        # own per-request timeouts (a transcription takes minutes, a research clip seconds).
+        async with httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0)) as http:
+            self._services = Services(self._pool, http, self._config,
+                                      RateLimiter(self._pool, self._limits))
+            await self._run()
+
+    async def _run(self) -> None:
         await self._register()
         loop_tasks = [
+            asyncio.create_task(self._limits.run(), name="limits"),
             asyncio.create_task(self._writer.run(), name="outcomes"),
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
             asyncio.create_task(rescue_loop(self._pool, self.settings), name="rescue"),
             asyncio.create_task(prune_loop(self._pool, self.settings), name="prune"),
         ]
         if self.settings.listen:
-            listener = Listener(self._url, self.wake, self._on_cancel_notice)
+            listener = Listener(self._url, self.wake, self._on_cancel_notice,
+                                self._limits.changed)
             loop_tasks.append(asyncio.create_task(listener.run(), name="listen"))
         try:
             await self._claim_loop()
@@ -103,7 +124,7 @@ class Worker:
                 await self._wait_for(self._slot_freed)
                 continue
             if loop.time() >= self._lease_deadline:  # cannot renew: start nothing new
-                await self._wait_for(self._wake, self.settings.poll_interval_s)
+                await self._wait_for(self._stop, self.settings.poll_interval_s)
                 continue
             self._wake.clear()
             try:
@@ -120,8 +141,8 @@ class Worker:
                 await self._wait_for(self._stop, retry_s)
                 retry_s = min(retry_s * 2, CLAIM_RETRY_MAX_S)
                 continue
-            if len(jobs) == free:
-                continue  # the queue has more; claim again as soon as slots are free
+            if jobs:
+                continue  # maybe more (a claim can come back short when workers contend)
             if self.settings.burst:
                 # A running job may enqueue more (whisper -> srt_parse): look again when it ends.
                 self._slot_freed.clear()
@@ -131,7 +152,13 @@ class Worker:
 
     async def _claim(self, free: int) -> list[ClaimedJob]:
         async with self._claim_lock:
-            jobs = await store.claim(self._pool, self.id, free, self.job_types)
+            capped = self._limits.capped(self.job_types)
+            if not capped and not self._limits.current.fair:
+                jobs = await store.claim(self._pool, self.id, free, self.job_types)
+            else:
+                async with self._pool.acquire() as conn:
+                    jobs = await store.claim_with_limits(conn, self.id, free, self.job_types,
+                                                         self._limits.current.fair, capped)
             for job in sorted(jobs, key=lambda j: -j.priority):
                 self._start(job)
         return jobs
@@ -143,7 +170,9 @@ class Worker:
 
     async def _execute(self, job: ClaimedJob) -> None:
         try:
-            await executor.execute(job, self._registry, self._writer, self.settings.max_timeout_s,
+            assert self._services is not None
+            await executor.execute(job, self._registry, self._writer, self._services, self.id,
+                                   self.settings.max_timeout_s,
                                    lambda: self._cancel_reasons.get(job.id))
         finally:
             del self._running[job.id]
@@ -165,10 +194,20 @@ class Worker:
     # -- leases and cancellation -----------------------------------------------------------
 
     async def _register(self) -> None:
+        """Joins the workers table; retried with backoff while the database is away."""
         loop = asyncio.get_running_loop()
-        sent = loop.time()
-        await store.register_worker(self._pool, self.id, socket.gethostname(), os.getpid(),
-                                    self.job_types, self.settings.lease_s)
+        retry_s = 0.05
+        while True:
+            sent = loop.time()
+            try:
+                await store.register_worker(self._pool, self.id, socket.gethostname(),
+                                            os.getpid(), self.job_types, self.settings.lease_s)
+                break
+            except DB_ERRORS as exc:
+                log.warning("cannot register with the database (%s); retrying in %.2fs",
+                            exc, retry_s)
+                await asyncio.sleep(retry_s)
+                retry_s = min(retry_s * 2, CLAIM_RETRY_MAX_S)
         self._lease_deadline = sent + self.settings.lease_s
         log.info("worker %s started: types %s, max %d at once",
                  self.id, ",".join(self.job_types), self.settings.max_concurrent)

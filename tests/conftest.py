@@ -18,10 +18,22 @@ import pytest
 from sidelinja_worker import migrate
 from sidelinja_worker.db import connect, init_connection
 from sidelinja_worker.embedded import start_embedded
+from tests.helpers import SPAWNED
 
 
 def with_database(url: str, name: str) -> str:
     return urlsplit(url)._replace(path=f"/{name}").geturl()
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_processes() -> Iterator[None]:
+    """A failed test must not leave workers running into the next one."""
+    yield
+    while SPAWNED:
+        proc = SPAWNED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 @pytest.fixture(scope="session")

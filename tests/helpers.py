@@ -13,7 +13,7 @@ import asyncpg
 from pydantic import BaseModel, ConfigDict
 
 from sidelinja_worker.handlers import REGISTRY
-from sidelinja_worker.jobs import JobContext
+from sidelinja_worker.context import JobContext
 from sidelinja_worker.registry import JobType, Registry
 from sidelinja_worker.settings import WorkerSettings
 from sidelinja_worker.worker import Worker
@@ -49,10 +49,16 @@ def cli(*args: str, url: str | None, env: dict[str, str] | None = None,
                           capture_output=True, text=True, timeout=timeout_s)
 
 
+# Every process a test spawns; conftest kills the ones a failed test left running.
+SPAWNED: list[subprocess.Popen[str]] = []
+
+
 def spawn(*args: str, url: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     full_env = {**os.environ, "DATABASE_URL": url, **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", "sidelinja_worker", *args], env=full_env,
+    proc = subprocess.Popen([sys.executable, "-m", "sidelinja_worker", *args], env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    SPAWNED.append(proc)
+    return proc
 
 
 async def statuses(pool: asyncpg.Pool) -> dict[str, int]:

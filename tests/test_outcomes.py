@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from sidelinja_worker import client, store
 from sidelinja_worker.errors import Defer, PermanentError, RetryJob
-from sidelinja_worker.jobs import JobContext
+from sidelinja_worker.context import JobContext
 from sidelinja_worker.registry import Registry
 from sidelinja_worker.settings import WorkerSettings
 from sidelinja_worker.worker import Worker
@@ -201,7 +201,7 @@ async def test_no_listen_still_runs_jobs_by_polling(pool: asyncpg.Pool, db_url: 
             await asyncio.sleep(0.02)
         assert (await _job(pool, job_id))["status"] == "completed"
         assert not await pool.fetchval("SELECT count(*) FROM pg_stat_activity"
-                                       " WHERE query LIKE 'LISTEN%'")
+                                       " WHERE query LIKE 'LISTEN%' AND datname = current_database()")
     finally:
         worker.request_stop()
         await task

@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from sidelinja_worker import client, store
-from sidelinja_worker.jobs import JobContext
+from sidelinja_worker.context import JobContext
 from sidelinja_worker.registry import Registry
 from tests.helpers import job_type, run_burst, statuses
 

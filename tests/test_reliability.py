@@ -13,7 +13,7 @@ from uuid import UUID
 import asyncpg
 
 from sidelinja_worker import store
-from sidelinja_worker.jobs import JobContext
+from sidelinja_worker.context import JobContext
 from sidelinja_worker.registry import Registry
 from sidelinja_worker.settings import WorkerSettings
 from sidelinja_worker.worker import Worker
@@ -37,7 +37,7 @@ async def test_plain_sql_insert_wakes_an_idle_worker_at_once(pool: asyncpg.Pool,
     task = asyncio.create_task(worker.run())
     try:
         await _wait_until(lambda: pool.fetchval(
-            "SELECT count(*) = 1 FROM pg_stat_activity WHERE query LIKE 'LISTEN%'"))
+            "SELECT count(*) = 1 FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND datname = current_database()"))
         await asyncio.sleep(0.1)  # let the worker's first (empty) claim finish; it now idles
         latencies = []
         for _ in range(5):
@@ -61,7 +61,7 @@ async def test_a_killed_listen_connection_is_replaced(pool: asyncpg.Pool, db_url
                     WorkerSettings(poll_interval_s=30.0))
     task = asyncio.create_task(worker.run())
     try:
-        listening = "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN%'"
+        listening = "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND datname = current_database()"
         await _wait_until(lambda: pool.fetchval(f"SELECT count(*) = 1 FROM ({listening}) l"))
         old_pid = await pool.fetchval(listening)
         await pool.execute("SELECT pg_terminate_backend($1)", old_pid)

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sidelinja_worker.errors import PermanentError, RetryJob
-from sidelinja_worker.jobs import JobContext
+from sidelinja_worker.context import JobContext
 from sidelinja_worker.priorities import default_priority
 from sidelinja_worker.registry import JobType
 

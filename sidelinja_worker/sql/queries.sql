@@ -27,6 +27,202 @@ SET status = 'running',
 WHERE id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts, timeout_s;
 
+-- name: claim_fair
+-- The claim when fairness or limits apply; otherwise `claim` above, which is cheaper.
+-- Fair: within a priority level, jobs are taken round-robin across workspaces (each workspace's
+-- head of the queue is read with one probe of idx_job_queue_workspace_pending), so 50,000 jobs of
+-- one workspace do not starve another's single job. Priority still comes first.
+-- Limits: a workspace cap (workspace_limits) and a job type cap (job_type_limits) leave room
+-- for `cap - running` more. For the count to be exact the caller runs this statement after
+-- taking the cluster-wide advisory lock in the same transaction (only when a cap applies).
+-- $1 worker, $2 how many, $3 job types, $4 fair (false: one queue, oldest first).
+WITH ws AS (
+    SELECT w.id,
+           CASE WHEN wl.max_running IS NULL THEN $2
+                ELSE least($2, greatest(wl.max_running - (
+                    SELECT count(*) FROM job_queue r
+                    WHERE r.status = 'running' AND r.workspace_id = w.id), 0))
+           END AS room
+    FROM workspaces w
+    LEFT JOIN workspace_limits wl ON wl.workspace_id = w.id
+    WHERE $4
+), type_room AS (
+    SELECT t.job_type,
+           coalesce((SELECT greatest(l.max_running - (
+                         SELECT count(*) FROM job_queue r
+                         WHERE r.status = 'running' AND r.job_type = l.job_type), 0)
+                     FROM job_type_limits l WHERE l.job_type = t.job_type), $2) AS room
+    FROM unnest($3::text[]) AS t(job_type)
+), fair_candidates AS (
+    -- Locked here, in each workspace's scan, so that concurrent workers skip each other's
+    -- candidates instead of choosing the same ones and coming back half empty. Locks on
+    -- candidates that are not chosen end with the statement.
+    SELECT c.id, c.priority, c.scheduled_for, c.job_type,
+           row_number() OVER (PARTITION BY ws.id, c.priority ORDER BY c.scheduled_for) AS turn
+    FROM ws
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.scheduled_for, j.job_type
+        FROM job_queue j
+        WHERE j.workspace_id = ws.id
+          AND j.status IN ('pending', 'retry')
+          AND j.scheduled_for <= now()
+          AND j.job_type = ANY(ARRAY(SELECT job_type FROM type_room WHERE room > 0))
+        ORDER BY j.priority DESC, j.scheduled_for
+        LIMIT ws.room
+        FOR UPDATE SKIP LOCKED
+    ) c
+    WHERE ws.room > 0
+), plain_candidates AS (
+    SELECT j.id, j.priority, j.scheduled_for, j.job_type, 1::bigint AS turn
+    FROM job_queue j
+    WHERE NOT $4
+      AND j.status IN ('pending', 'retry')
+      AND j.scheduled_for <= now()
+      AND j.job_type = ANY(ARRAY(SELECT job_type FROM type_room WHERE room > 0))
+    ORDER BY j.priority DESC, j.scheduled_for
+    LIMIT $2 * 4
+    FOR UPDATE SKIP LOCKED
+), ranked AS (
+    SELECT c.*, row_number() OVER (PARTITION BY c.job_type
+                                   ORDER BY c.priority DESC, c.turn, c.scheduled_for) AS type_rank
+    FROM (SELECT * FROM fair_candidates UNION ALL SELECT * FROM plain_candidates) c
+), chosen AS (
+    SELECT r.id
+    FROM ranked r
+    JOIN type_room tr ON tr.job_type = r.job_type
+    WHERE r.type_rank <= tr.room
+      AND EXISTS (SELECT 1 FROM job_workers w WHERE w.id = $1 AND w.expires_at > now())
+    ORDER BY r.priority DESC, r.turn, r.scheduled_for
+    LIMIT $2
+)
+UPDATE job_queue
+SET status = 'running',
+    started_at = now(),
+    attempts = attempts + 1,
+    worker_id = $1,
+    cancel_requested_at = NULL
+WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts, timeout_s;
+
+-- name: lock_limited_claims
+-- Serialises the claims that count running jobs against a cap, cluster-wide, for one
+-- transaction. Claims with no cap in play never take it.
+SELECT pg_advisory_xact_lock(7226133950251622721);
+
+-- name: limits
+-- Everything a worker caches about limits; re-read on `sidelinja_limits_changed`.
+SELECT
+    (SELECT coalesce(jsonb_object_agg(job_type, max_running), '{}') FROM job_type_limits) AS type_caps,
+    (SELECT count(*) FROM workspace_limits) AS workspace_caps,
+    (SELECT coalesce((SELECT value = 'true' FROM queue_settings WHERE name = 'fair_workspaces'), true)) AS fair,
+    (SELECT coalesce(jsonb_object_agg(key, jsonb_build_object(
+         'max_requests', max_requests, 'per_s', per_s,
+         'paused_for_s', greatest(extract(epoch FROM paused_until - now()), 0))), '{}')
+     FROM rate_limits) AS rates;
+
+-- name: rate_acquire
+-- One call to the service `$1` if the limit allows it now: records the grant and returns
+-- (true, 0); otherwise (false, seconds until a call may be allowed). The UPDATE re-checks its
+-- WHERE against the row's latest version under the row lock, so concurrent workers never
+-- overrun the limit. $2: a safety margin added to the window, so that the gap between a grant
+-- and the request reaching the service never lets a 21st call into a window.
+WITH granted AS (
+    UPDATE rate_limits
+    SET recent = CASE WHEN max_requests IS NULL THEN '{}'::timestamptz[]
+                      ELSE array(SELECT t FROM unnest(recent) t
+                                 WHERE t > now() - make_interval(secs => per_s + $2)) || now()
+                 END
+    WHERE key = $1
+      AND paused_until <= now()
+      AND (max_requests IS NULL
+           OR (SELECT count(*) FROM unnest(recent) t
+               WHERE t > now() - make_interval(secs => per_s + $2)) < max_requests)
+    RETURNING key
+)
+SELECT EXISTS (SELECT 1 FROM granted) AS granted,
+       coalesce((
+           SELECT greatest(
+               extract(epoch FROM paused_until - now()),
+               coalesce(extract(epoch FROM (
+                   SELECT t FROM unnest(recent) t
+                   WHERE t > now() - make_interval(secs => per_s + $2)
+                   ORDER BY t DESC OFFSET max_requests - 1 LIMIT 1)
+                   + make_interval(secs => per_s + $2) - now()), 0),
+               0.01)
+           FROM rate_limits WHERE key = $1), 0.01) AS wait_s;
+
+-- name: rate_pause
+-- A 429 with Retry-After: no worker calls the service `$1` for `$2` seconds.
+INSERT INTO rate_limits (key, paused_until)
+VALUES ($1, now() + make_interval(secs => $2))
+ON CONFLICT (key) DO UPDATE
+SET paused_until = greatest(rate_limits.paused_until, EXCLUDED.paused_until);
+
+-- name: set_type_limit
+INSERT INTO job_type_limits (job_type, max_running) VALUES ($1, $2)
+ON CONFLICT (job_type) DO UPDATE SET max_running = EXCLUDED.max_running, updated_at = now();
+
+-- name: clear_type_limit
+DELETE FROM job_type_limits WHERE job_type = $1;
+
+-- name: set_workspace_limit
+INSERT INTO workspace_limits (workspace_id, max_running) VALUES ($1, $2)
+ON CONFLICT (workspace_id) DO UPDATE SET max_running = EXCLUDED.max_running, updated_at = now();
+
+-- name: clear_workspace_limit
+DELETE FROM workspace_limits WHERE workspace_id = $1;
+
+-- name: set_rate_limit
+INSERT INTO rate_limits (key, max_requests, per_s) VALUES ($1, $2, $3)
+ON CONFLICT (key) DO UPDATE
+SET max_requests = EXCLUDED.max_requests, per_s = EXCLUDED.per_s, updated_at = now();
+
+-- name: clear_rate_limit
+DELETE FROM rate_limits WHERE key = $1;
+
+-- name: set_queue_setting
+INSERT INTO queue_settings (name, value) VALUES ($1, $2)
+ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, updated_at = now();
+
+-- name: list_limits
+SELECT 'job type' AS kind, job_type AS name, max_running::text AS limit_text,
+       (SELECT count(*) FROM job_queue r WHERE r.status = 'running' AND r.job_type = l.job_type) AS running,
+       NULL::timestamptz AS paused_until
+FROM job_type_limits l
+UNION ALL
+SELECT 'workspace', w.workspace_id::text, w.max_running::text,
+       (SELECT count(*) FROM job_queue r WHERE r.status = 'running' AND r.workspace_id = w.workspace_id),
+       NULL
+FROM workspace_limits w
+UNION ALL
+SELECT 'rate', key,
+       CASE WHEN max_requests IS NULL THEN 'no spacing'
+            ELSE max_requests || ' per ' || per_s || ' s' END,
+       NULL, nullif(paused_until, '-infinity')
+FROM rate_limits
+UNION ALL
+SELECT 'setting', name, value::text, NULL, NULL
+FROM queue_settings
+ORDER BY 1, 2;
+
+-- name: report_progress
+-- Stored on the job and published for live pages (issue 5); only while this worker holds it.
+WITH updated AS (
+    UPDATE job_queue
+    SET progress = jsonb_build_object('message', $3::text, 'percent', $4::float8,
+                                      'attempt', attempts, 'max_attempts', max_attempts,
+                                      'at', now())
+    WHERE id = $1 AND worker_id = $2 AND status = 'running'
+    RETURNING id, workspace_id, job_type, status, progress
+)
+SELECT pg_notify('sidelinja_job_events', jsonb_build_object(
+           'id', id, 'workspace_id', workspace_id, 'job_type', job_type,
+           'status', status, 'progress', progress)::text)
+FROM updated;
+
+-- name: workspace_settings
+SELECT settings FROM workspaces WHERE id = $1;
+
 -- name: complete
 -- Batched success. The worker_id check drops the outcome of a job that was rescued from this
 -- worker meanwhile (it has been, or will be, run again elsewhere).
@@ -37,7 +233,8 @@ SET status = 'completed',
 FROM unnest($1::uuid[], $2::jsonb[]) AS r(id, result)
 WHERE j.id = r.id
   AND j.status = 'running'
-  AND j.worker_id = $3;
+  AND j.worker_id = $3
+RETURNING j.id;
 
 -- name: fail
 -- Batched failure. A permanent failure, or the last attempt, ends in `error`; otherwise `retry`
@@ -60,18 +257,22 @@ WHERE j.id = f.id
   AND j.worker_id = $6;
 
 -- name: release
--- Batched give-back: a deferral (resource governor) or a job unfinished at shutdown goes back to
--- the queue at $2[i] and the attempt taken at claim is returned: it was not a failed attempt.
+-- Batched give-back: a deferral (resource governor, rate limit) or a job unfinished at shutdown
+-- goes back to the queue at $2[i] and the attempt taken at claim is returned: it was not a
+-- failed attempt. A deferral's reason ($3[i]) is recorded in `progress` for `jobs why`.
 UPDATE job_queue j
 SET status = CASE WHEN j.attempts <= 1 THEN 'pending' ELSE 'retry' END::job_status,
     attempts = greatest(j.attempts - 1, 0),
     scheduled_for = coalesce(r.run_at, now()),
     started_at = NULL,
-    worker_id = NULL
-FROM unnest($1::uuid[], $2::timestamptz[]) AS r(id, run_at)
+    worker_id = NULL,
+    progress = CASE WHEN r.reason IS NULL THEN j.progress
+                    ELSE jsonb_build_object('message', r.reason, 'deferred_until',
+                                            coalesce(r.run_at, now()), 'at', now()) END
+FROM unnest($1::uuid[], $2::timestamptz[], $3::text[]) AS r(id, run_at, reason)
 WHERE j.id = r.id
   AND j.status = 'running'
-  AND j.worker_id = $3;
+  AND j.worker_id = $4;
 
 -- name: cancelled
 -- Batched end of running jobs whose cancellation was requested and honoured by the handler.

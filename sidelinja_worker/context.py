@@ -1,0 +1,54 @@
+"""What a handler gets: its job's identity and the process's shared resources, typed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import httpx
+
+from sidelinja_worker import store
+from sidelinja_worker.client import NewJob
+from sidelinja_worker.config import ServiceConfig
+from sidelinja_worker.limits import RateLimiter
+
+
+@dataclass(frozen=True)
+class Services:
+    """Process-wide resources shared by every handler. Outbound HTTP goes through the one
+    `http` client; each service client sets its own timeouts per request."""
+
+    pool: asyncpg.Pool
+    http: httpx.AsyncClient
+    config: ServiceConfig
+    limiter: RateLimiter
+
+
+@dataclass
+class JobContext:
+    job_id: UUID
+    workspace_id: UUID
+    job_type: str
+    attempt: int
+    max_attempts: int
+    services: Services
+    worker_id: UUID
+    # Jobs to enqueue in the same transaction that marks this job completed (and only then).
+    follow_ups: list[NewJob] = field(default_factory=list)
+
+    def enqueue_on_success(self, job: NewJob) -> None:
+        """`job` is enqueued atomically with this job's completion: if this job fails, is
+        retried or its outcome is lost, it is not enqueued (no duplicates on re-runs)."""
+        self.follow_ups.append(job.checked())
+
+    async def workspace_settings(self) -> dict[str, Any]:
+        """`workspaces.settings` of this job's workspace (prompts, name lists, limits)."""
+        return await store.workspace_settings(self.services.pool, self.workspace_id)
+
+    async def progress(self, message: str, percent: float | None = None) -> None:
+        """Reports progress ("Transkriberer…", 40 %): stored on the job and published on the
+        `sidelinja_job_events` channel. A lost report never fails the job."""
+        await store.report_progress(self.services.pool, self.job_id, self.worker_id, message,
+                                    percent)
