@@ -59,6 +59,15 @@ async def listening_backends(conn: asyncpg.Connection, dbname: str) -> int:
     ))
 
 
+@dataclass(frozen=True)
+class Latency:
+    """Pickup latency of single jobs inserted into an idle queue, server clock on both ends."""
+
+    jobs: int
+    p50_ms: float
+    p99_ms: float
+
+
 @dataclass
 class Child:
     """A worker child process started by `spawn`; `started` is for the wall time."""

@@ -50,6 +50,17 @@ async def drain_span(conn: asyncpg.Connection) -> tuple[int, float]:
     return row["done"], row["span_s"]
 
 
+async def enqueue_singles(conn: asyncpg.Connection, n: int, gap_s: float) -> None:
+    queries = Queries.from_asyncpg_connection(conn)
+    for _ in range(n):
+        await queries.enqueue("noop", None)
+        await asyncio.sleep(gap_s)
+
+
+async def succeeded(conn: asyncpg.Connection) -> int:
+    return await conn.fetchval("SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'")
+
+
 async def pickup_latency_ms(conn: asyncpg.Connection) -> tuple[int, float, float]:
     row = await conn.fetchrow(
         "SELECT count(*) AS n, percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP"

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 
+import asyncpg
 import procrastinate
 
 from procmem import print_report
@@ -36,30 +37,24 @@ async def prepare(url: str, n: int) -> float:
         return n / (time.perf_counter() - started)
 
 
-async def drain_span(conn_url: str) -> tuple[int, float]:
+async def drain_span(conn: asyncpg.Connection) -> tuple[int, float]:
     """Jobs succeeded and first 'started' to last 'succeeded' event; procrastinate's trigger
     stamps each event with now() of the statement's transaction, as our started_at is."""
-    import asyncpg
-
-    conn = await asyncpg.connect(conn_url)
-    try:
-        row = await conn.fetchrow(
-            "SELECT count(*) FILTER (WHERE type = 'succeeded') AS done,"
-            " extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded')"
-            "   - min(at) FILTER (WHERE type = 'started'))::float8 AS span_s"
-            " FROM procrastinate_events"
-        )
-        return row["done"], row["span_s"]
-    finally:
-        await conn.close()
+    row = await conn.fetchrow(
+        "SELECT count(*) FILTER (WHERE type = 'succeeded') AS done,"
+        " extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded')"
+        "   - min(at) FILTER (WHERE type = 'started'))::float8 AS span_s"
+        " FROM procrastinate_events"
+    )
+    return row["done"], row["span_s"]
 
 
 async def run_worker(url: str, concurrency: int, pool_size: int) -> None:
     app = make_app(url, pool_size)
     async with app.open_async():
-        # wait=False: exit once the queue is empty, like our --burst.
-        await app.run_worker_async(concurrency=concurrency, wait=False,
-                                   install_signal_handlers=False)
+        # wait=False: exit once the queue is empty, like our --burst. Its own signal handlers
+        # let the parent stop it gracefully at the time limit.
+        await app.run_worker_async(concurrency=concurrency, wait=False)
 
 
 def main() -> None:
@@ -69,6 +64,8 @@ def main() -> None:
     parser.add_argument("pool_size", type=int)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    # It warns that the task lives in __main__ (a deployment concern); we run it from here.
+    logging.getLogger("procrastinate.blueprints").setLevel(logging.ERROR)
     asyncio.run(run_worker(args.url, args.concurrency, args.pool_size))
     print_report()
 

@@ -13,7 +13,7 @@ from uuid import UUID
 
 import asyncpg
 
-from common import listening_backends, spawn, wait_until
+from common import Latency, listening_backends, spawn, wait_until
 from procmem import Memory, read_memory
 from sidelinja_worker import migrate
 from sidelinja_worker.client import NewJob, enqueue_many
@@ -35,13 +35,6 @@ class Drain:
     @property
     def jobs_per_s(self) -> float:
         return self.jobs / self.span_s
-
-
-@dataclass(frozen=True)
-class Latency:
-    jobs: int
-    p50_ms: float
-    p99_ms: float
 
 
 async def prepare(conn: asyncpg.Connection) -> UUID:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -12,7 +13,10 @@ import httpx
 from sidelinja_worker import store
 from sidelinja_worker.client import NewJob
 from sidelinja_worker.config import ServiceConfig
+from sidelinja_worker.db import DB_ERRORS
 from sidelinja_worker.limits import RateLimiter
+
+log = logging.getLogger("sidelinja_worker.job")
 
 
 @dataclass(frozen=True)
@@ -50,5 +54,8 @@ class JobContext:
     async def progress(self, message: str, percent: float | None = None) -> None:
         """Reports progress ("Transkriberer…", 40 %): stored on the job and published on the
         `sidelinja_job_events` channel. A lost report never fails the job."""
-        await store.report_progress(self.services.pool, self.job_id, self.worker_id, message,
-                                    percent)
+        try:
+            await store.report_progress(self.services.pool, self.job_id, self.worker_id,
+                                        message, percent)
+        except DB_ERRORS as exc:
+            log.warning("job %s: progress not recorded (%s)", self.job_id, exc)

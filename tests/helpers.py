@@ -12,6 +12,7 @@ from typing import Any
 import asyncpg
 from pydantic import BaseModel, ConfigDict
 
+from sidelinja_worker.config import ServiceConfig
 from sidelinja_worker.handlers import REGISTRY
 from sidelinja_worker.context import JobContext
 from sidelinja_worker.registry import JobType, Registry
@@ -30,10 +31,12 @@ def job_type(name: str, handler: Callable[[JobContext, Any], Awaitable[Any]], *,
 
 
 async def run_burst(pool: asyncpg.Pool, url: str, registry: Registry = REGISTRY,
-                    **settings: Any) -> Worker:
-    """Runs a worker in this process until no due job is left."""
+                    config: ServiceConfig | None = None, **settings: Any) -> Worker:
+    """Runs a worker in this process until no due job is left. `config` defaults to no outside
+    services configured (the test's environment never leaks in)."""
     settings.setdefault("poll_interval_s", 0.05)
-    worker = Worker(pool, url, registry, WorkerSettings(burst=True, **settings))
+    worker = Worker(pool, url, registry, WorkerSettings(burst=True, **settings),
+                    config or ServiceConfig({}))
     await asyncio.wait_for(worker.run(), timeout=120)
     return worker
 

@@ -1,0 +1,101 @@
+"""The peers, each in its own fresh database and its own worker process: procrastinate 3.10
+(psycopg) and PGQueuer 1.6 (asyncpg). Same measure as ours: first pickup to last completion
+from each queue's own timestamps, after ANALYZE, as for sidelinja-worker's drains."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from dataclasses import dataclass
+
+import asyncpg
+
+import peer_pgqueuer
+import peer_procrastinate
+from common import Latency, listening_backends, spawn, wait_until
+
+PROCRASTINATE_CONCURRENCY = 50
+PROCRASTINATE_POOL = 10     # 4 (its default) and 10 were within noise; 10 serves 50 slots better
+PGQUEUER_BATCH = 50         # best of batch 25 + 50 in flight, 50 and 100 unbounded (4.1k-4.7k/s)
+PGQUEUER_MAX_IN_FLIGHT = 0  # 0: unbounded; a noop job is never in flight for long
+PEER_TIME_LIMIT_S = 120.0   # procrastinate drains ~200 jobs/s here: stop it, measure what it did
+IDLE_SETTLE_S = 1.0
+
+
+@dataclass(frozen=True)
+class PeerRun:
+    name: str
+    settings: str
+    jobs: int
+    span_s: float         # first pickup to last completion, from the peer's own timestamps
+    wall_s: float         # process spawn to exit
+    enqueue_per_s: float  # its own bulk enqueue of the same jobs
+    peak_kb: int
+    stopped: bool         # stopped at PEER_TIME_LIMIT_S before the queue was empty
+
+    @property
+    def jobs_per_s(self) -> float:
+        return self.jobs / self.span_s
+
+
+async def run_procrastinate(url: str, n: int) -> PeerRun:
+    defer_per_s = await peer_procrastinate.prepare(url, n)
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute("ANALYZE")
+        child = await spawn("peer_procrastinate.py", url, str(PROCRASTINATE_CONCURRENCY),
+                            str(PROCRASTINATE_POOL))
+        wall_s, report, stopped = await child.finish(PEER_TIME_LIMIT_S)
+        jobs, span_s = await peer_procrastinate.drain_span(conn)
+    finally:
+        await conn.close()
+    settings = f"concurrency {PROCRASTINATE_CONCURRENCY}, pool {PROCRASTINATE_POOL}"
+    return PeerRun("procrastinate 3.10", settings, jobs, span_s, wall_s, defer_per_s,
+                   report["hwm_kb"], stopped)
+
+
+def _pgqueuer_args() -> list[str]:
+    return [str(PGQUEUER_BATCH), str(PGQUEUER_MAX_IN_FLIGHT)]
+
+
+async def run_pgqueuer(url: str, dbname: str, n: int, singles: int,
+                       gap_s: float) -> tuple[PeerRun, Latency]:
+    await peer_pgqueuer.prepare(url)
+    conn = await asyncpg.connect(url)
+    try:
+        enqueue_per_s = await peer_pgqueuer.enqueue(conn, n)
+        await conn.execute("ANALYZE")
+        child = await spawn("peer_pgqueuer.py", url, *_pgqueuer_args())
+        wall_s, report, stopped = await child.finish(PEER_TIME_LIMIT_S)
+        jobs, span_s = await peer_pgqueuer.drain_span(conn)
+        latency = await _pgqueuer_latency(conn, url, dbname, singles, gap_s)
+    finally:
+        await conn.close()
+    settings = f"batch {PGQUEUER_BATCH}, in flight unbounded"
+    run = PeerRun("PGQueuer 1.6", settings, jobs, span_s, wall_s, enqueue_per_s,
+                  report["hwm_kb"], stopped)
+    return run, latency
+
+
+async def _pgqueuer_latency(conn: asyncpg.Connection, url: str, dbname: str, singles: int,
+                            gap_s: float) -> Latency:
+    await conn.execute("TRUNCATE pgqueuer, pgqueuer_log")
+    child = await spawn("peer_pgqueuer.py", url, *_pgqueuer_args(), "--serve")
+    try:
+        await wait_until(lambda: _listening(conn, dbname), 30, "PGQueuer to LISTEN")
+        await asyncio.sleep(IDLE_SETTLE_S)
+        await peer_pgqueuer.enqueue_singles(conn, singles, gap_s)
+        await wait_until(lambda: _all_done(conn, singles), 30, "PGQueuer's single jobs")
+    finally:
+        if child.proc.returncode is None:
+            child.proc.send_signal(signal.SIGTERM)
+        await child.finish()
+    return Latency(*await peer_pgqueuer.pickup_latency_ms(conn))
+
+
+async def _listening(conn: asyncpg.Connection, dbname: str) -> bool:
+    return await listening_backends(conn, dbname) > 0
+
+
+async def _all_done(conn: asyncpg.Connection, n: int) -> bool:
+    return await peer_pgqueuer.succeeded(conn) >= n
