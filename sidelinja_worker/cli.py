@@ -11,7 +11,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from sidelinja_worker import commands
+from sidelinja_worker import commands, limits_cli
 from sidelinja_worker.db import DB_ERRORS
 from sidelinja_worker.errors import UserError
 
@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("job_id", metavar="ID")
     j = jsub.add_parser("cancel", help="cancel a queued job, or ask a running one to stop")
     j.add_argument("job_id", metavar="ID")
+    j = jsub.add_parser("why", help="why a job is not running (yet)")
+    j.add_argument("job_id", metavar="ID")
+
+    limits_cli.add_command(sub)
     return parser
 
 

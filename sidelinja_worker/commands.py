@@ -15,12 +15,13 @@ from uuid import UUID, uuid4
 
 import asyncpg
 
-from sidelinja_worker import client, migrate, store
+from sidelinja_worker import client, limits_cli, migrate, store
 from sidelinja_worker.db import Database, connect, create_pool, resolve_database, say
 from sidelinja_worker.durations import parse_duration_s
 from sidelinja_worker.errors import UserError
 from sidelinja_worker.handlers import REGISTRY
 from sidelinja_worker.settings import WorkerSettings
+from sidelinja_worker.why import explain
 from sidelinja_worker.worker import Worker
 
 
@@ -29,7 +30,7 @@ async def dispatch(args: argparse.Namespace) -> int:
         return show_types()
     handlers = {
         "migrate": cmd_migrate, "enqueue": cmd_enqueue, "run": cmd_run, "demo": cmd_demo,
-        "workspace": cmd_workspace, "jobs": cmd_jobs,
+        "workspace": cmd_workspace, "jobs": cmd_jobs, "limits": cmd_limits,
     }
     return await handlers[args.command](args)
 
@@ -195,6 +196,13 @@ async def cmd_workspace(args: argparse.Namespace) -> int:
 async def cmd_jobs(args: argparse.Namespace) -> int:
     job_id = parse_uuid(args.job_id, "job id")
     async with opened(args) as (_db, pool):
+        if args.jobs_command == "why":
+            facts = await store.why_facts(pool, job_id)
+            if facts is None:
+                raise UserError(f"no job {job_id}")
+            for reason in explain(dict(facts)):
+                print(f"- {reason}")
+            return 0
         if args.jobs_command == "show":
             row = await store.get_job(pool, job_id)
             if row is None:
@@ -215,6 +223,11 @@ def _json_default(value: Any) -> str:
     if isinstance(value, datetime):
         return value.isoformat()
     return str(value)
+
+
+async def cmd_limits(args: argparse.Namespace) -> int:
+    async with opened(args) as (_db, pool):
+        return await limits_cli.run(args, pool)
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:

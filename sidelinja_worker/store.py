@@ -148,8 +148,11 @@ async def get_job(conn: Conn, job_id: UUID) -> asyncpg.Record | None:
     return await conn.fetchrow(Q["get_job"], job_id)
 
 
-async def count_due(conn: Conn, job_types: Sequence[str] | None) -> int:
-    return int(await conn.fetchval(Q["count_due"], list(job_types) if job_types else None))
+async def queue_state(conn: Conn, job_types: Sequence[str]) -> tuple[bool, int]:
+    """(any due job of these types, how many of them run cluster-wide)."""
+    row = await conn.fetchrow(Q["queue_state"], list(job_types))
+    assert row is not None
+    return bool(row[0]), int(row[1])
 
 
 async def ensure_workspace(conn: Conn, workspace_id: UUID, name: str) -> None:
@@ -222,3 +225,7 @@ async def report_progress(conn: Conn, job_id: UUID, worker_id: UUID, message: st
 async def workspace_settings(conn: Conn, workspace_id: UUID) -> dict[str, Any]:
     value = await conn.fetchval(Q["workspace_settings"], workspace_id)
     return dict(value or {})
+
+
+async def why_facts(conn: Conn, job_id: UUID) -> asyncpg.Record | None:
+    return await conn.fetchrow(Q["why_facts"], job_id)

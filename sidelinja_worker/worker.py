@@ -60,6 +60,7 @@ class Worker:
         self._config = config or ServiceConfig.from_env()
         self._services: Services | None = None
         self.claimed_total = 0
+        self._blocked_checks = 0
 
     # -- control ---------------------------------------------------------------------------
 
@@ -132,9 +133,10 @@ class Worker:
                 # Drained in burst mode, once nothing we hold was lost on the way here (if it
                 # was, it is due again now: run it rather than strand it).
                 if self.settings.burst and not jobs and not self._running:
-                    if not (await self._give_back_lost())[0]:
+                    if (await self._give_back_lost())[0]:
+                        continue
+                    if await self._drained():
                         return
-                    continue
                 retry_s = 0.05
             except DB_ERRORS as exc:
                 log.warning("claim failed (%s); retrying in %.2fs", exc, retry_s)
@@ -142,6 +144,7 @@ class Worker:
                 retry_s = min(retry_s * 2, CLAIM_RETRY_MAX_S)
                 continue
             if jobs:
+                self._blocked_checks = 0
                 continue  # maybe more (a claim can come back short when workers contend)
             if self.settings.burst:
                 # A running job may enqueue more (whisper -> srt_parse): look again when it ends.
@@ -149,6 +152,17 @@ class Worker:
                 await self._wait_for(self._slot_freed, self.settings.poll_interval_s, self._wake)
                 continue
             await self._wait_for(self._wake, self.settings.poll_interval_s)
+
+    async def _drained(self) -> bool:
+        """Burst mode's end: no due job, or due jobs that nothing running will ever free (a cap
+        of 0, say: seen twice in a row, so a slot freed between our claim and this look is
+        not mistaken for one). Due jobs behind a cap held by a running job are waited for."""
+        due, running = await store.queue_state(self._pool, self.job_types)
+        if due and not running:
+            self._blocked_checks += 1
+            return self._blocked_checks >= 2
+        self._blocked_checks = 0
+        return not due
 
     async def _claim(self, free: int) -> list[ClaimedJob]:
         async with self._claim_lock:

@@ -36,6 +36,8 @@ RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts,
 -- for `cap - running` more. For the count to be exact the caller runs this statement after
 -- taking the cluster-wide advisory lock in the same transaction (only when a cap applies).
 -- $1 worker, $2 how many, $3 job types, $4 fair (false: one queue, oldest first).
+-- statement_timestamp(), not now(): after waiting for the claim lock, `started_at` must say
+-- when the job was really claimed, not when the transaction began.
 WITH ws AS (
     SELECT w.id,
            CASE WHEN wl.max_running IS NULL THEN $2
@@ -65,7 +67,7 @@ WITH ws AS (
         FROM job_queue j
         WHERE j.workspace_id = ws.id
           AND j.status IN ('pending', 'retry')
-          AND j.scheduled_for <= now()
+          AND j.scheduled_for <= statement_timestamp()
           AND j.job_type = ANY(ARRAY(SELECT job_type FROM type_room WHERE room > 0))
         ORDER BY j.priority DESC, j.scheduled_for
         LIMIT ws.room
@@ -77,7 +79,7 @@ WITH ws AS (
     FROM job_queue j
     WHERE NOT $4
       AND j.status IN ('pending', 'retry')
-      AND j.scheduled_for <= now()
+      AND j.scheduled_for <= statement_timestamp()
       AND j.job_type = ANY(ARRAY(SELECT job_type FROM type_room WHERE room > 0))
     ORDER BY j.priority DESC, j.scheduled_for
     LIMIT $2 * 4
@@ -91,13 +93,13 @@ WITH ws AS (
     FROM ranked r
     JOIN type_room tr ON tr.job_type = r.job_type
     WHERE r.type_rank <= tr.room
-      AND EXISTS (SELECT 1 FROM job_workers w WHERE w.id = $1 AND w.expires_at > now())
+      AND EXISTS (SELECT 1 FROM job_workers w WHERE w.id = $1 AND w.expires_at > statement_timestamp())
     ORDER BY r.priority DESC, r.turn, r.scheduled_for
     LIMIT $2
 )
 UPDATE job_queue
 SET status = 'running',
-    started_at = now(),
+    started_at = statement_timestamp(),
     attempts = attempts + 1,
     worker_id = $1,
     cancel_requested_at = NULL
@@ -412,12 +414,17 @@ SELECT id, workspace_id, job_type, payload, status::text AS status, priority, re
 FROM job_queue
 WHERE id = $1;
 
--- name: count_due
-SELECT count(*)
-FROM job_queue
-WHERE status IN ('pending', 'retry')
-  AND scheduled_for <= now()
-  AND ($1::text[] IS NULL OR job_type = ANY($1::text[]));
+-- name: queue_state
+-- Due and running jobs of these types, cluster-wide: a burst worker whose claim came back empty
+-- keeps waiting while due jobs are only held back by a cap that a running job will free.
+SELECT
+    (SELECT count(*) FROM (
+        SELECT 1 FROM job_queue
+        WHERE status IN ('pending', 'retry') AND scheduled_for <= now()
+          AND job_type = ANY($1::text[])
+        LIMIT 1) d) AS due,
+    (SELECT count(*) FROM job_queue WHERE status = 'running' AND job_type = ANY($1::text[]))
+        AS running;
 
 -- name: ensure_workspace
 INSERT INTO workspaces (id, name)
@@ -426,3 +433,30 @@ ON CONFLICT (id) DO NOTHING;
 
 -- name: workspace_exists
 SELECT EXISTS (SELECT 1 FROM workspaces WHERE id = $1);
+
+-- name: why_facts
+-- Everything `jobs why` needs to say why a job is not running, in one round trip.
+WITH j AS (
+    SELECT * FROM job_queue WHERE id = $1
+)
+SELECT
+    j.status::text AS status, j.job_type, j.workspace_id, j.priority, j.scheduled_for,
+    j.scheduled_for > now() AS not_due, j.progress, j.worker_id, j.started_at, j.error_msg,
+    now() AS now,
+    (SELECT count(*) FROM job_workers w
+     WHERE w.expires_at > now() AND (w.job_types IS NULL OR j.job_type = ANY(w.job_types)))
+        AS live_workers,
+    (SELECT max_running FROM job_type_limits l WHERE l.job_type = j.job_type) AS type_cap,
+    (SELECT coalesce(array_agg(r.id ORDER BY r.started_at), '{}') FROM job_queue r
+     WHERE r.status = 'running' AND r.job_type = j.job_type) AS type_running,
+    (SELECT max_running FROM workspace_limits l WHERE l.workspace_id = j.workspace_id)
+        AS workspace_cap,
+    (SELECT count(*) FROM job_queue r
+     WHERE r.status = 'running' AND r.workspace_id = j.workspace_id) AS workspace_running,
+    (SELECT coalesce(jsonb_object_agg(key, paused_until), '{}') FROM rate_limits
+     WHERE paused_until > now()) AS paused_services,
+    (SELECT count(*) FROM job_queue a
+     WHERE a.status IN ('pending', 'retry') AND a.scheduled_for <= now() AND a.id <> j.id
+       AND (a.priority > j.priority
+            OR (a.priority = j.priority AND a.scheduled_for < j.scheduled_for))) AS ahead
+FROM j;

@@ -1,0 +1,162 @@
+"""Fair and bounded: fairness between workspaces, cluster-wide caps, shared rate limits."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from sidelinja_worker import store
+from sidelinja_worker.context import JobContext
+from sidelinja_worker.registry import Registry
+from tests.helpers import cli, insert_jobs, job_type, run_burst, spawn, statuses
+
+
+async def _until(pool: asyncpg.Pool, sql: str, *args: Any, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await pool.fetchval(sql, *args):
+        assert time.monotonic() < deadline, sql
+        await asyncio.sleep(0.02)
+
+
+async def test_a_single_job_of_another_workspace_is_not_starved(pool: asyncpg.Pool,
+                                                                db_url: str, workspace: UUID) -> None:
+    other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('B') RETURNING id")
+    await insert_jobs(pool, workspace, 10_000, job_type_name="embed")
+    await insert_jobs(pool, other, 10, job_type_name="embed")
+    started: list[UUID] = []
+
+    async def record(ctx: JobContext, payload: Any) -> None:
+        started.append(ctx.workspace_id)
+        if len(started) >= 200:  # enough to judge; leave the rest queued
+            raise asyncio.CancelledError
+
+    async def stop_early() -> None:
+        while len(started) < 200:
+            await asyncio.sleep(0.01)
+
+    from sidelinja_worker.settings import WorkerSettings
+    from sidelinja_worker.worker import Worker
+    worker = Worker(pool, db_url, Registry([job_type("embed", record)]),
+                    WorkerSettings(max_concurrent=4, poll_interval_s=0.05))
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait_for(stop_early(), 60)
+    worker.request_stop()
+    await task
+    a_100th = [i for i, ws in enumerate(started) if ws == workspace][99]
+    b_starts = [i for i, ws in enumerate(started) if ws == other]
+    assert len(b_starts) == 10 and max(b_starts) < a_100th, (b_starts, a_100th)
+
+
+async def test_priority_still_comes_before_fairness(pool: asyncpg.Pool, db_url: str,
+                                                    workspace: UUID) -> None:
+    other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('B') RETURNING id")
+    order: list[str] = []
+
+    async def record(ctx: JobContext, payload: Any) -> None:
+        order.append(payload.model_dump()["label"])
+
+    for label, ws, prio in [("a-low", workspace, 0), ("b-low", other, 0), ("a-high", workspace, 9)]:
+        await pool.execute("INSERT INTO job_queue (workspace_id, job_type, payload, priority)"
+                           " VALUES ($1, 'rec', jsonb_build_object('label', $2::text), $3)",
+                           ws, label, prio)
+    await run_burst(pool, db_url, Registry([job_type("rec", record)]), max_concurrent=1)
+    assert order[0] == "a-high" and sorted(order[1:]) == ["a-low", "b-low"]
+
+
+async def test_type_cap_holds_across_processes_and_frees_after_kill_9(
+        pool: asyncpg.Pool, db_url: str, workspace: UUID) -> None:
+    await store.set_type_limit(pool, "noop", 1)
+    await insert_jobs(pool, workspace, 12, '{"sleep_ms": 60}')
+    procs = [spawn("run", "--burst", "--max-concurrent", "5", "--poll-interval", "50ms",
+                   url=db_url) for _ in range(3)]
+    for p in procs:
+        assert (await asyncio.to_thread(p.communicate, timeout=120))[0] is not None
+    assert [p.returncode for p in procs] == [0, 0, 0]
+    assert await statuses(pool) == {"completed": 12}
+    # The jobs' own claim/finish times never overlap: one at a time, cluster-wide.
+    spans = await pool.fetch("SELECT started_at, completed_at FROM job_queue ORDER BY started_at")
+    for before, after in zip(spans, spans[1:]):
+        assert before["completed_at"] <= after["started_at"], (before, after)
+    assert await pool.fetchval("SELECT count(DISTINCT worker_id) FROM job_queue") >= 2
+
+    # A worker killed while it holds the only slot: the slot frees with its lease.
+    await pool.execute("DELETE FROM job_queue")
+    stuck = await pool.fetchval("INSERT INTO job_queue (workspace_id, job_type, payload, max_attempts)"
+                                " VALUES ($1, 'noop', '{\"sleep_ms\": 600000}', 1) RETURNING id",
+                                workspace)
+    victim = spawn("run", "--lease", "2s", "--poll-interval", "100ms", url=db_url)
+    await _until(pool, "SELECT status = 'running' FROM job_queue WHERE id = $1", stuck)
+    nxt = await pool.fetchval("INSERT INTO job_queue (workspace_id, job_type, payload)"
+                              " VALUES ($1, 'noop', '{}') RETURNING id", workspace)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+    killed_at = time.monotonic()
+    survivor = spawn("run", "--lease", "2s", "--poll-interval", "100ms", url=db_url)
+    await _until(pool, "SELECT status = 'completed' FROM job_queue WHERE id = $1", nxt)
+    assert time.monotonic() - killed_at < 2 + 0.1 + 3  # lease + one poll + start-up slack
+    why = cli("jobs", "why", str(stuck), url=db_url)
+    assert "rescued from a dead worker" in why.stdout
+    survivor.send_signal(signal.SIGTERM)
+    await asyncio.to_thread(survivor.communicate, timeout=30)
+
+
+async def test_workspace_cap(pool: asyncpg.Pool, db_url: str, workspace: UUID) -> None:
+    await store.set_workspace_limit(pool, workspace, 2)
+    now_running = peak = 0
+
+    async def slow(ctx: JobContext, payload: Any) -> None:
+        nonlocal now_running, peak
+        now_running += 1
+        peak = max(peak, now_running)
+        await asyncio.sleep(0.03)
+        now_running -= 1
+
+    await insert_jobs(pool, workspace, 20, job_type_name="slow")
+    await run_burst(pool, db_url, Registry([job_type("slow", slow)]), max_concurrent=8)
+    assert peak == 2 and await statuses(pool) == {"completed": 20}
+
+
+async def test_limits_change_at_run_time(pool: asyncpg.Pool, db_url: str, workspace: UUID) -> None:
+    """A running worker picks up a new cap through NOTIFY, without a restart."""
+    now_running = peak_after = 0
+    capped = asyncio.Event()
+
+    async def slow(ctx: JobContext, payload: Any) -> None:
+        nonlocal now_running, peak_after
+        now_running += 1
+        if capped.is_set():
+            peak_after = max(peak_after, now_running)
+        await asyncio.sleep(0.02)
+        now_running -= 1
+
+    from sidelinja_worker.settings import WorkerSettings
+    from sidelinja_worker.worker import Worker
+    worker = Worker(pool, db_url, Registry([job_type("slow", slow)]),
+                    WorkerSettings(max_concurrent=6, poll_interval_s=0.05))
+    task = asyncio.create_task(worker.run())
+    try:
+        await store.set_type_limit(pool, "slow", 1)
+        await _until(pool, "SELECT true")
+        while not worker._limits.capped(["slow"]):
+            await asyncio.sleep(0.01)
+        capped.set()
+        await insert_jobs(pool, workspace, 15, job_type_name="slow")
+        await _until(pool, "SELECT count(*) = 15 FROM job_queue WHERE status = 'completed'")
+    finally:
+        worker.request_stop()
+        await task
+    assert peak_after == 1
+
+
+def test_limits_command_shows_and_sets(db_url: str) -> None:
+    out = cli("limits", "type", "whisper_transcribe", "1", url=db_url)
+    assert out.returncode == 0 and "whisper_transcribe" in out.stdout
+    out = cli("limits", "rate", "ai_gateway", "20/1m", url=db_url)
+    assert "20 per 60 s" in out.stdout
+    bad = cli("limits", "rate", "ai_gateway", "lots", url=db_url)
+    assert bad.returncode != 0 and "20/1m" in bad.stderr
