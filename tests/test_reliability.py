@@ -79,7 +79,7 @@ async def test_a_killed_listen_connection_is_replaced(pool: asyncpg.Pool, db_url
 async def test_kill_9_mid_run_loses_nothing(pool: asyncpg.Pool, db_url: str,
                                             workspace: UUID) -> None:
     await insert_jobs(pool, workspace, 3000, '{"sleep_ms": 5}')
-    args = ("run", "--max-concurrent", "20", "--lease", "2s", "--poll-interval", "200ms")
+    args = ("run", "--max-concurrent", "20", "--lease", "3s", "--poll-interval", "200ms")
     victim = spawn(*args, url=db_url)
     await _wait_until(lambda: pool.fetchval(
         "SELECT count(*) >= 300 FROM job_queue WHERE status = 'completed'"))
