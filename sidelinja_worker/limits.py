@@ -54,9 +54,11 @@ class LimitsCache:
 
 
 class RateLimiter:
-    """Spaces out calls to an outside service across every worker. A key with no row in
-    rate_limits costs nothing; one with a limit costs one statement per call. A wait longer than
-    `max_wait_s` defers the job instead of holding a worker slot."""
+    """Spaces out calls to an outside service across every worker: one statement per call,
+    asked of the database every time, so a pause set by another worker's 429 a millisecond ago
+    holds here too (a cached "no limit" could not promise that; an outside call takes far longer
+    than the statement). A wait longer than `max_wait_s` defers the job instead of holding a
+    worker slot."""
 
     def __init__(self, pool: asyncpg.Pool, cache: LimitsCache, *, margin_s: float = 0.25,
                  max_wait_s: float = 10.0) -> None:
@@ -66,8 +68,6 @@ class RateLimiter:
         self._max_wait_s = max_wait_s
 
     async def acquire(self, key: str) -> None:
-        if key not in self._cache.current.rates:
-            return
         while True:
             granted, wait_s = await store.rate_acquire(self._pool, key, self._margin_s)
             if granted:

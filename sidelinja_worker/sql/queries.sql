@@ -119,12 +119,13 @@ SELECT
     (SELECT coalesce((SELECT value = 'true' FROM queue_settings WHERE name = 'fair_workspaces'), true)) AS fair,
     (SELECT coalesce(jsonb_object_agg(key, jsonb_build_object(
          'max_requests', max_requests, 'per_s', per_s,
-         'paused_for_s', greatest(extract(epoch FROM paused_until - now()), 0))), '{}')
+         'paused_for_s', extract(epoch FROM greatest(paused_until, now()) - now()))), '{}')
      FROM rate_limits) AS rates;
 
 -- name: rate_acquire
 -- One call to the service `$1` if the limit allows it now: records the grant and returns
--- (true, 0); otherwise (false, seconds until a call may be allowed). The UPDATE re-checks its
+-- (true, …); otherwise (false, seconds until a call may be allowed). A key with no row (no
+-- limit, never paused) is always granted. The UPDATE re-checks its
 -- WHERE against the row's latest version under the row lock, so concurrent workers never
 -- overrun the limit. $2: a safety margin added to the window, so that the gap between a grant
 -- and the request reaching the service never lets a 21st call into a window.
@@ -141,10 +142,11 @@ WITH granted AS (
                WHERE t > now() - make_interval(secs => per_s + $2)) < max_requests)
     RETURNING key
 )
-SELECT EXISTS (SELECT 1 FROM granted) AS granted,
+SELECT EXISTS (SELECT 1 FROM granted)
+           OR NOT EXISTS (SELECT 1 FROM rate_limits WHERE key = $1) AS granted,
        coalesce((
            SELECT greatest(
-               extract(epoch FROM paused_until - now()),
+               extract(epoch FROM greatest(paused_until, now()) - now()),
                coalesce(extract(epoch FROM (
                    SELECT t FROM unnest(recent) t
                    WHERE t > now() - make_interval(secs => per_s + $2)

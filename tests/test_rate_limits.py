@@ -1,0 +1,141 @@
+"""Rate limits shared by every worker, checked at a real HTTP server that counts the calls."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import pytest
+
+from sidelinja_worker import store
+from sidelinja_worker.config import ServiceConfig
+from sidelinja_worker.context import JobContext
+from sidelinja_worker.db import create_pool
+from sidelinja_worker.errors import RetryJob
+from sidelinja_worker.registry import Registry
+from sidelinja_worker.settings import WorkerSettings
+from sidelinja_worker.worker import Worker
+from tests.helpers import insert_jobs, job_type
+
+
+class CountingServer:
+    """Answers 200, or 429 with Retry-After for the first `fail_first` calls; logs arrivals."""
+
+    def __init__(self, fail_first: int = 0, retry_after_s: int = 2) -> None:
+        self.arrivals: list[tuple[float, int]] = []
+        self._fail_first = fail_first
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+                with lock:
+                    status = 429 if len(outer.arrivals) < outer._fail_first else 200
+                    outer.arrivals.append((time.monotonic(), status))
+                self.send_response(status)
+                if status == 429:
+                    self.send_header("Retry-After", str(retry_after_s))
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        lock = threading.Lock()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def server() -> Iterator[CountingServer]:
+    s = CountingServer()
+    yield s
+    s.httpd.shutdown()
+
+
+def _calling(url: str, key: str, log: dict[str, list[float]] | None = None) -> JobType_:
+    """A job type that asks the limiter, then calls `url`; `log` gets the moments each call was
+    let through ("granted") and each 429 pause was recorded ("paused")."""
+    log = log if log is not None else {}
+
+    async def call(ctx: JobContext, payload: Any) -> int:
+        await ctx.services.limiter.acquire(key)
+        log.setdefault("granted", []).append(time.monotonic())
+        response = await ctx.services.http.get(url, timeout=10)
+        if response.status_code == 429:
+            after = float(response.headers["Retry-After"])
+            await ctx.services.limiter.pause(key, after)
+            log.setdefault("paused", []).append(time.monotonic())
+            raise RetryJob("429 Too Many Requests", after_s=after)
+        return response.status_code
+
+    return job_type("call", call)
+
+
+JobType_ = Any
+
+
+async def _run_workers(db_url: str, registry: Registry, until: Any, count: int = 3) -> None:
+    """`count` independent workers (each with its own pool), until `until()` is true."""
+    pools = [await create_pool(db_url, max_size=5) for _ in range(count)]
+    workers = [Worker(p, db_url, registry, WorkerSettings(max_concurrent=10, poll_interval_s=0.1),
+                      ServiceConfig({})) for p in pools]
+    tasks = [asyncio.create_task(w.run()) for w in workers]
+    try:
+        await until()
+    finally:
+        for w in workers:
+            w.request_stop()
+        await asyncio.gather(*tasks)
+        for p in pools:
+            await p.close()
+
+
+async def _all_done(pool: asyncpg.Pool, n: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while await pool.fetchval("SELECT count(*) FROM job_queue WHERE status = 'completed'") < n:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.timeout(240)
+async def test_twenty_per_minute_across_three_workers(pool: asyncpg.Pool, db_url: str,
+                                                      workspace: UUID,
+                                                      server: CountingServer) -> None:
+    await store.set_rate_limit(pool, "svc", 20, 60.0)
+    await insert_jobs(pool, workspace, 25, job_type_name="call")
+    registry = Registry([_calling(server.url, "svc")])
+    await _run_workers(db_url, registry, lambda: _all_done(pool, 25, 180))
+    times = sorted(t for t, _ in server.arrivals)
+    assert len(times) == 25
+    for i, start in enumerate(times):  # no 21st call inside any 60 s window
+        assert sum(1 for t in times[i:] if t - start < 60.0) <= 20
+    assert times[-1] - times[0] >= 60.0
+    # The waiting jobs were deferred (not a failed attempt), not held in a slot or failed.
+    assert await pool.fetchval("SELECT max(attempts) FROM job_queue") == 1
+
+
+async def test_a_429_pauses_every_worker(pool: asyncpg.Pool, db_url: str,
+                                         workspace: UUID) -> None:
+    server = CountingServer(fail_first=1, retry_after_s=2)
+    log: dict[str, list[float]] = {}
+    try:
+        await insert_jobs(pool, workspace, 30, job_type_name="call")
+        registry = Registry([_calling(server.url, "svc429", log)])
+        await _run_workers(db_url, registry, lambda: _all_done(pool, 30, 60))
+    finally:
+        server.httpd.shutdown()
+    assert sorted(server.arrivals)[0][1] == 429 and len(log["paused"]) == 1
+    paused = log["paused"][0]
+    # Once the pause is recorded, no worker lets a call through for the 2 s of Retry-After
+    # (a look at the limiter already under way when the pause committed may still pass).
+    inside = [round(t - paused, 3) for t in log["granted"] if 0.3 < t - paused < 1.75]
+    assert not inside, inside
+    assert any(t - paused >= 1.75 for t in log["granted"])  # and the calls resume after it
