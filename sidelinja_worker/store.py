@@ -100,6 +100,20 @@ async def enqueue(conn: Conn, rows: EnqueueRows) -> set[UUID]:
     return {r[0] for r in inserted}
 
 
+async def copy_jobs(conn: Conn, rows: EnqueueRows, with_schedule: bool) -> None:
+    """Binary COPY of jobs without unique keys or delays: the fastest bulk path. Defaults (and
+    `scheduled_for` unless `with_schedule`) come from the table; the insert trigger still wakes
+    the workers once for the whole COPY."""
+    columns = ["id", "workspace_id", "job_type", "payload", "priority", "max_attempts",
+               "timeout_s"]
+    records: Any = zip(rows.ids, rows.workspace_ids, rows.job_types, rows.payloads,
+                       rows.priorities, rows.max_attempts, rows.timeouts_s, strict=True)
+    if with_schedule:
+        columns.append("scheduled_for")
+        records = ((*r, at) for r, at in zip(records, rows.scheduled_for, strict=True))
+    await conn.copy_records_to_table("job_queue", records=records, columns=columns)
+
+
 async def find_by_unique_keys(conn: Conn, keys: Sequence[str]) -> dict[str, UUID]:
     rows = await conn.fetch(Q["find_by_unique_keys"], list(keys))
     return {r[0]: r[1] for r in rows}
