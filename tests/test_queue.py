@@ -141,3 +141,21 @@ async def test_concurrency_bound_holds(pool: asyncpg.Pool, db_url: str, workspac
     await run_burst(pool, db_url, registry, max_concurrent=3)
     assert await statuses(pool) == {"completed": 50}
     assert peak == 3  # never more than 3, and the bound was actually reached
+
+
+async def test_bulk_enqueue_by_copy_keeps_order_defaults_and_transaction(
+        pool: asyncpg.Pool, workspace: UUID) -> None:
+    jobs = [client.NewJob(workspace, "research_clip", {"i": i}) for i in range(300)]
+    async with pool.acquire() as conn:
+        with pytest.raises(RuntimeError):
+            async with conn.transaction():
+                await client.enqueue_many(conn, jobs)
+                raise RuntimeError("rolled back")
+    assert await pool.fetchval("SELECT count(*) FROM job_queue") == 0
+    ids = await client.enqueue_many(pool, jobs)
+    rows = {r["id"]: r for r in await pool.fetch(
+        "SELECT id, payload, priority, status::text, attempts, max_attempts,"
+        " scheduled_for = created_at AS default_schedule FROM job_queue")}
+    assert [rows[i]["payload"]["i"] for i in ids] == list(range(300))
+    assert {(r["priority"], r["status"], r["attempts"], r["max_attempts"], r["default_schedule"])
+            for r in rows.values()} == {(10, "pending", 0, 3, True)}
