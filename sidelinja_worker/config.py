@@ -51,6 +51,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LIVEKIT_API_KEY", "LiveKit API key"),
     Setting("LIVEKIT_API_SECRET", "LiveKit API secret", secret=True),
     Setting("SPACETIMEDB_URL", "SpacetimeDB URL for live status events (optional)"),
+    Setting("WHISPER_API_KEY", "API key of the whisper servers, if they require one", secret=True),
+    Setting("GEOIP_DB", "MaxMind-format country database (.mmdb) for stats_parse (optional)"),
 )
 
 

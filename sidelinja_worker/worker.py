@@ -6,6 +6,8 @@ import asyncio
 import logging
 import os
 import socket
+import time
+from collections import deque
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -27,6 +29,10 @@ from sidelinja_worker.store import Release
 log = logging.getLogger("sidelinja_worker.worker")
 
 CLAIM_RETRY_MAX_S = 5.0
+# Jobs that take less than this on average are claimed ahead: up to --max-concurrent more are
+# held ready, so the next batch is in hand when the current one ends and the claim's round trip
+# overlaps with running jobs. Longer jobs are never hoarded from other workers.
+PREFETCH_BELOW_S = 0.005
 DRAIN_AT_EXIT_S = 10.0
 LOST_LEASE = "lost-lease"
 
@@ -47,6 +53,8 @@ class Worker:
         self._url = database_url
         self._registry = registry
         self._running: dict[UUID, asyncio.Task[None]] = {}
+        self._ready: deque[ClaimedJob] = deque()  # claimed, not started (prefetch)
+        self._job_time_s = 1.0  # moving average of handler run time; starts "long"
         self._cancel_reasons: dict[UUID, str] = {}
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
@@ -119,8 +127,10 @@ class Worker:
         retry_s = 0.05
         loop = asyncio.get_running_loop()
         while not self._stop.is_set():
-            free = self.settings.max_concurrent - len(self._running)
-            if free <= 0:
+            self._start_ready()
+            want = (self.settings.max_concurrent - len(self._running) - len(self._ready)
+                    + self._prefetch())
+            if want <= 0:
                 self._slot_freed.clear()
                 await self._wait_for(self._slot_freed)
                 continue
@@ -129,10 +139,13 @@ class Worker:
                 continue
             self._wake.clear()
             try:
-                jobs = await self._claim(free)
+                jobs = await self._claim(want)
                 # Drained in burst mode, once nothing we hold was lost on the way here (if it
                 # was, it is due again now: run it rather than strand it).
-                if self.settings.burst and not jobs and not self._running:
+                if self.settings.burst and not jobs and not self._running and not self._ready:
+                    if self._writer.pending():  # a completion may carry follow-up jobs
+                        await self._writer.drain(DRAIN_AT_EXIT_S)
+                        continue
                     if (await self._give_back_lost())[0]:
                         continue
                     if await self._drained():
@@ -164,34 +177,48 @@ class Worker:
         self._blocked_checks = 0
         return not due
 
-    async def _claim(self, free: int) -> list[ClaimedJob]:
+    def _prefetch(self) -> int:
+        if self._job_time_s > PREFETCH_BELOW_S or self._limits.capped(self.job_types):
+            return 0
+        return self.settings.max_concurrent
+
+    async def _claim(self, want: int) -> list[ClaimedJob]:
         async with self._claim_lock:
             capped = self._limits.capped(self.job_types)
             if not capped and not self._limits.current.fair:
-                jobs = await store.claim(self._pool, self.id, free, self.job_types)
+                jobs = await store.claim(self._pool, self.id, want, self.job_types)
             else:
                 async with self._pool.acquire() as conn:
-                    jobs = await store.claim_with_limits(conn, self.id, free, self.job_types,
+                    jobs = await store.claim_with_limits(conn, self.id, want, self.job_types,
                                                          self._limits.current.fair, capped)
-            for job in sorted(jobs, key=lambda j: -j.priority):
-                self._start(job)
+            self._ready.extend(sorted(jobs, key=lambda j: -j.priority))
+            self.claimed_total += len(jobs)
+        self._start_ready()
         return jobs
 
-    def _start(self, job: ClaimedJob) -> None:
-        self.claimed_total += 1
-        task = asyncio.create_task(self._execute(job))
-        self._running[job.id] = task
+    def _start_ready(self) -> None:
+        """Starts held jobs while slots are free (never once the lease has lapsed: those jobs
+        may be rescued and run elsewhere)."""
+        if asyncio.get_running_loop().time() >= self._lease_deadline:
+            return
+        while self._ready and len(self._running) < self.settings.max_concurrent:
+            job = self._ready.popleft()
+            self._running[job.id] = asyncio.create_task(self._execute(job))
 
     async def _execute(self, job: ClaimedJob) -> None:
+        started = time.monotonic()
         try:
             assert self._services is not None
             await executor.execute(job, self._registry, self._writer, self._services, self.id,
                                    self.settings.max_timeout_s,
                                    lambda: self._cancel_reasons.get(job.id))
         finally:
+            self._job_time_s += (time.monotonic() - started - self._job_time_s) * 0.1
             del self._running[job.id]
             self._cancel_reasons.pop(job.id, None)
             self._slot_freed.set()
+            if self._ready and not self._stop.is_set():
+                self._start_ready()
 
     async def _wait_for(self, event: asyncio.Event, timeout_s: float | None = None,
                         also: asyncio.Event | None = None) -> None:
@@ -255,7 +282,7 @@ class Worker:
         whether their cancellation was requested)."""
         async with self._claim_lock:
             held = await store.held_jobs(self._pool, self.id)
-            known = self._running.keys() | self._writer.owned_ids()
+            known = self._running.keys() | {j.id for j in self._ready} | self._writer.owned_ids()
             lost = [job_id for job_id in held if job_id not in known]
             if lost:
                 log.warning("giving back %d jobs claimed for this worker that never reached it",
@@ -273,12 +300,18 @@ class Worker:
             self._cancel_reasons[job_id] = LOST_LEASE
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._ready.clear()
         self._writer.discard()
         self.id = uuid4()
         self._writer.worker_id = self.id
         await self._register()
 
     def _on_cancel_notice(self, job_id: UUID) -> None:
+        held = next((j for j in self._ready if j.id == job_id), None)
+        if held is not None:  # claimed ahead, never started: just record the cancel
+            self._ready.remove(held)
+            self._writer.cancelled(job_id)
+            return
         task = self._running.get(job_id)
         if task is not None and job_id not in self._cancel_reasons:
             log.info("job %s: cancel requested; cancelling its handler", job_id)
@@ -289,6 +322,8 @@ class Worker:
 
     async def _shutdown(self, loop_tasks: list[asyncio.Task[None]]) -> None:
         self._stop.set()
+        while self._ready:  # claimed ahead, never started: straight back to the queue
+            self._writer.released(Release(self._ready.popleft().id, None))
         running = list(self._running.values())
         if running:
             _, late = await asyncio.wait(running, timeout=self.settings.grace_s)

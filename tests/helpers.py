@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import tempfile
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -52,14 +53,42 @@ def cli(*args: str, url: str | None, env: dict[str, str] | None = None,
                           capture_output=True, text=True, timeout=timeout_s)
 
 
+class Spawned:
+    """A worker process whose output goes to files, not pipes: a chatty worker never blocks on
+    a full pipe that the test only reads at the end."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        self._out = tempfile.TemporaryFile(mode="w+")
+        self._err = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(args, env=env, stdout=self._out, stderr=self._err, text=True)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def send_signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        self.proc.kill()
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self.proc.wait(timeout)
+        self._out.seek(0)
+        self._err.seek(0)
+        return self._out.read(), self._err.read()
+
+
 # Every process a test spawns; conftest kills the ones a failed test left running.
-SPAWNED: list[subprocess.Popen[str]] = []
+SPAWNED: list[Spawned] = []
 
 
-def spawn(*args: str, url: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def spawn(*args: str, url: str, env: dict[str, str] | None = None) -> Spawned:
     full_env = {**os.environ, "DATABASE_URL": url, **(env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "sidelinja_worker", *args], env=full_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = Spawned([sys.executable, "-m", "sidelinja_worker", *args], full_env)
     SPAWNED.append(proc)
     return proc
 

@@ -1,8 +1,18 @@
 """Every job type this program runs. A new job type is a new module and one line below."""
 
 from sidelinja_worker.handlers import noop
+from sidelinja_worker.handlers import srt_parse, whisper_transcribe
+from sidelinja_worker.handlers import dictation_cleanup, meeting_summarize, openrouter_analyze, research_clip
+from sidelinja_worker.handlers import stats_parse
 from sidelinja_worker.registry import Registry
 
 REGISTRY = Registry([
     noop.JOB_TYPE,
+    whisper_transcribe.JOB_TYPE,
+    srt_parse.JOB_TYPE,
+    openrouter_analyze.JOB_TYPE,
+    research_clip.JOB_TYPE,
+    dictation_cleanup.JOB_TYPE,
+    meeting_summarize.JOB_TYPE,
+    stats_parse.JOB_TYPE,
 ])

@@ -1,0 +1,139 @@
+"""stats_parse benchmark: lines/s end to end (read, decompress, decode, filter, count) and peak RSS.
+
+    .venv/bin/python bench/stats_parse_bench.py --lines 1000000 [--compress gz|zst|none]
+
+Writes a synthetic Caddy access log (~900-byte lines: episode downloads with ranges, probes,
+HEAD, 304, bots, plus feed/page/image requests) to a temporary folder, then parses it in a fresh
+child process, as the worker does, and reports that process's time and peak RSS."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+import zstandard
+
+AGENTS = [
+    "AppleCoreMedia/1.0.0.21E236 (iPhone; U; CPU OS 17_4 like Mac OS X; nb_no)",
+    "Spotify/8.9.30 iOS/17.4 (iPhone15,2)", "Overcast/3.0 (+http://overcast.fm/; iOS podcast app)",
+    "PocketCasts/1.0 (Pocket Casts - Android)", "AntennaPod/3.3.2",
+    "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0 Safari/537.36",
+    "Podcasts/1575.1.2 CFNetwork/1494.0.7 Darwin/23.4.0",
+    "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)",
+    "atc/1.0 watchOS/10.4 model/Watch6,1 hwp/t8301 build/21T216 (6; dt:249)", "curl/8.5.0",
+]
+OTHER_PATHS = ["/feed.xml", "/", "/episodes/42", "/static/app.css", "/cover.jpg"]
+
+
+def entry(rng: random.Random, ts: float) -> bytes:
+    n = rng.randrange(20_000)  # a pool of listeners, so most of them come back for more ranges
+    ip = f"203.0.{n >> 8}.{n & 255}" if n % 5 else f"2001:db8:{n:x}:{n % 7:x}::{rng.randrange(99)}"
+    episode = rng.random() < 0.7
+    uri = f"/media/podcast/episode-{rng.randrange(60):03d}.mp3" if episode else rng.choice(OTHER_PATHS)
+    method = "HEAD" if rng.random() < 0.03 else "GET"
+    start = rng.choice([0, 0, 0, 1, 1048576, 5242880])
+    headers = {"User-Agent": [rng.choice(AGENTS)], "Accept": ["*/*"], "Accept-Encoding": ["identity"],
+               "Accept-Language": ["nb-NO,nb;q=0.9,en;q=0.5"], "Cookie": ["REDACTED"],
+               "X-Playback-Session-Id": ["6D1B0C4E-1A2B-4C3D-8E9F-0123456789AB"]}
+    status, size, resp = 200, 18000, {"Content-Type": ["text/html"], "Content-Length": ["18000"]}
+    if episode:
+        end = 1 if start == 1 else start + 1048575
+        start = 0 if start == 1 else start
+        headers["Range"] = [f"bytes={start}-{end}"]
+        status, size = rng.choice([(206, end - start + 1), (206, end - start + 1), (304, 0)])
+        resp = {"Content-Type": ["audio/mpeg"], "Content-Range": [f"bytes {start}-{end}/48000000"],
+                "Content-Length": [str(size)]}
+    resp.update({"Server": ["Caddy"], "Etag": ['"d2hwb3w1m2n3"'], "Accept-Ranges": ["bytes"],
+                 "Alt-Svc": ['h3=":443"; ma=2592000']})
+    return orjson.dumps({
+        "level": "info", "ts": ts, "logger": "http.log.access.log0", "msg": "handled request",
+        "request": {"remote_ip": ip, "remote_port": str(rng.randrange(1024, 65535)), "client_ip": ip,
+                    "proto": "HTTP/2.0", "method": method, "host": "pod.example.no", "uri": uri,
+                    "headers": headers, "tls": {"resumed": False, "version": 772, "cipher_suite": 4865,
+                                                "proto": "h2", "server_name": "pod.example.no"}},
+        "bytes_read": 0, "user_id": "", "duration": rng.random() * 3, "size": size,
+        "status": status, "resp_headers": resp}) + b"\n"
+
+
+def write_log(folder: Path, lines: int, compress: str) -> Path:
+    rng = random.Random(8)
+    name = {"none": "access.log", "gz": "access-2026-03-01T00-00-00.000-size.log.gz",
+            "zst": "access-2026-03-01T00-00-00.000-size.log.zst"}[compress]
+    path = folder / name
+    opener = {"none": lambda: path.open("wb"), "gz": lambda: gzip.open(path, "wb", compresslevel=1),
+              "zst": lambda: zstandard.ZstdCompressor(level=3).stream_writer(path.open("wb"))}[compress]
+    start = 1_772_323_200.0
+    with opener() as out:
+        for i in range(lines):
+            out.write(entry(rng, start + i * (172800 / lines)))
+    return path
+
+
+def child(path: str) -> None:
+    """Runs in a fresh process: parse the file, print lines, seconds, peak RSS."""
+    from sidelinja_worker.stats.counting import EpisodeRules
+    from sidelinja_worker.stats.logfiles import ROTATED
+    from sidelinja_worker.stats.parse import FileTask, parse_files
+    p = Path(path)
+    began, began_cpu = time.perf_counter(), time.process_time()
+    result = parse_files([FileTask(p, bool(ROTATED.match(p.name)), "bench", 0)], EpisodeRules())
+    elapsed, cpu = time.perf_counter() - began, time.process_time() - began_cpu
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(orjson.dumps({"lines": result.lines, "seconds": elapsed, "cpu_s": cpu, "rss_mb": rss_mb,
+                        "json_lines_s": baseline(p, "json"), "msgspec_lines_s": baseline(p, "msgspec"), "listeners": len(result.listens),
+                        "counted": result.counted_requests}).decode())
+
+
+def baseline(path: Path, kind: str) -> float:
+    """Decode-only lines/s (CPU time) on 20,000 of the same lines, right after the run, with the
+    stdlib `json` or our msgspec decoder: yardsticks for a shared machine (issue 8 measured them
+    at ~110,000 and ~790,000 lines/s here when idle)."""
+    import json
+
+    from sidelinja_worker.stats.logfiles import open_stream
+    from sidelinja_worker.stats.records import decode
+    with open_stream(path) as stream:
+        lines = stream.read(20_000 * 1100).split(b"\n")[:20_000]
+    parse = json.loads if kind == "json" else decode
+    began = time.process_time()
+    for line in lines:
+        parse(line)
+    return len(lines) / (time.process_time() - began)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lines", type=int, default=500_000)
+    ap.add_argument("--compress", choices=["none", "gz", "zst"], default="none")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_log(Path(tmp), args.lines, args.compress)
+        size_mb = path.stat().st_size / 1e6
+        out = subprocess.run([sys.executable, __file__, "--child", str(path)], check=True,
+                             capture_output=True, text=True).stdout
+    r = orjson.loads(out)
+    per_core = r["lines"] / r["cpu_s"]
+    # CPU time is what one core delivers; wall time also counts waiting for a shared CPU.
+    print(f"{r['lines']:,} lines ({args.compress}, {size_mb:.0f} MB on disk) in {r['seconds']:.2f} s "
+          f"wall, {r['cpu_s']:.2f} s CPU: {r['lines'] / r['cpu_s']:,.0f} lines/s per core "
+          f"({r['lines'] / r['seconds']:,.0f} wall); peak RSS {r['rss_mb']:.0f} MB; "
+          f"{r['counted']:,} counted requests, {r['listeners']:,} listener-days; "
+          f"decode-only yardsticks on the same lines: stdlib json {r['json_lines_s']:,.0f}/s, "
+          f"msgspec {r['msgspec_lines_s']:,.0f}/s (end to end = {per_core / r['json_lines_s']:.1f}x "
+          f"json, {per_core / r['msgspec_lines_s']:.2f}x msgspec)")
+
+
+if __name__ == "__main__":
+    main()

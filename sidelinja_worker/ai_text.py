@@ -1,0 +1,75 @@
+"""Pure text helpers for the AI jobs: the context budget, splitting long inputs without losing a
+character, grouping partial answers for the combine step, transcript timestamps."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+# No tokenizer for every model behind the gateway, so estimate: Norwegian text runs about 3.5-4
+# characters per token on common tokenizers; 3 errs on the side of smaller parts.
+CHARS_PER_TOKEN = 3
+
+
+def budget_chars(context_tokens: int) -> int:
+    return max(context_tokens, 1) * CHARS_PER_TOKEN
+
+
+def split_text(text: str, max_chars: int) -> list[str]:
+    """Parts of at most `max_chars`, cut at line ends where possible, else at a space; the
+    parts joined give back `text` exactly (a split, never a cut)."""
+    if len(text) <= max_chars:
+        return [text]
+    parts: list[str] = []
+    current: list[str] = []
+    size = 0
+    for piece in _pieces(text, max_chars):
+        if current and size + len(piece) > max_chars:
+            parts.append("".join(current))
+            current, size = [], 0
+        current.append(piece)
+        size += len(piece)
+    if current:
+        parts.append("".join(current))
+    return parts
+
+
+def _pieces(text: str, max_chars: int) -> Iterator[str]:
+    """Lines, with a line longer than `max_chars` broken after a space (or hard, if none)."""
+    for line in text.splitlines(keepends=True):
+        while len(line) > max_chars:
+            cut = line.rfind(" ", 0, max_chars)
+            cut = cut + 1 if cut > 0 else max_chars
+            yield line[:cut]
+            line = line[cut:]
+        if line:
+            yield line
+
+
+def group_for_combine(items: Sequence[str], max_chars: int) -> list[list[str]]:
+    """Consecutive items in groups that fit `max_chars`, but never one item alone while more
+    are left: each combine round at least halves the count, so combining always ends."""
+    groups: list[list[str]] = []
+    current: list[str] = []
+    size = 0
+    for item in items:
+        if len(current) >= 2 and size + len(item) > max_chars:
+            groups.append(current)
+            current, size = [], 0
+        current.append(item)
+        size += len(item)
+    if len(current) == 1 and groups:
+        groups[-1].append(current[0])
+    elif current:
+        groups.append(current)
+    return groups
+
+
+def timestamp(seconds: float) -> str:
+    """`H:MM:SS`, the form chapters are asked for."""
+    total = int(seconds)
+    return f"{total // 3600}:{total % 3600 // 60:02d}:{total % 60:02d}"
+
+
+def timestamped_lines(segments: Sequence[tuple[float, str]]) -> str:
+    """`[0:01:23] text` per segment, so the model can place chapters in time."""
+    return "".join(f"[{timestamp(start)}] {text.strip()}\n" for start, text in segments)

@@ -1,0 +1,1 @@
+"""One thin client per outside service, each on the process's shared httpx.AsyncClient."""

@@ -1,0 +1,292 @@
+"""The OpenAI-compatible AI gateway (OpenRouter): strict structured chat completions and
+embeddings, with the gateway's errors mapped to the job outcomes (RetryJob / PermanentError)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, Generic, TypeVar
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from sidelinja_worker.config import Secret
+from sidelinja_worker.context import Services
+from sidelinja_worker.errors import PermanentError, RetryJob
+from sidelinja_worker.limits import RateLimiter
+from sidelinja_worker.registry import describe_validation_error
+
+log = logging.getLogger("sidelinja_worker.ai_gateway")
+
+RATE_KEY = "ai_gateway"  # the rate_limits row every worker shares; a 429 pauses it
+# A structured answer for a long transcript part can take minutes on a slow model; an
+# embeddings batch takes seconds. The job's own timeout bounds the whole map-reduce.
+CHAT_TIMEOUT_S = 180.0
+EMBED_TIMEOUT_S = 60.0
+CONNECT_TIMEOUT_S = 10.0
+MAX_MESSAGE_CHARS = 400
+# Statuses that will not change on a retry (interfaces.md §3): bad request, bad key, no
+# credits, moderation. 404/413/422 are bad requests too (unknown model, input too large).
+PERMANENT_STATUSES = frozenset({400, 401, 402, 403, 404, 413, 422})
+# Keywords strict structured outputs reject on some providers (OpenAI lists no string length
+# limits); the answer is still validated against the full pydantic model afterwards.
+_DROPPED_KEYWORDS = frozenset({"title", "default", "minLength", "maxLength"})
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    calls: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.prompt_tokens + other.prompt_tokens,
+                     self.completion_tokens + other.completion_tokens, self.calls + other.calls)
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> Usage:
+        usage = data.get("usage") or {}
+        return cls(int(usage.get("prompt_tokens") or 0),
+                   int(usage.get("completion_tokens") or 0), 1)
+
+
+@dataclass(frozen=True)
+class Structured(Generic[M]):
+    value: M
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    vectors: list[list[float]]
+    model: str
+    usage: Usage
+
+
+class AnswerMismatch(Exception):
+    """The model's answer is not JSON matching the schema; the message says how."""
+
+
+class AiGateway:
+    def __init__(self, http: httpx.AsyncClient, base_url: str, key: Secret,
+                 limiter: RateLimiter) -> None:
+        self._http = http
+        self._url = base_url.rstrip("/")
+        self._key = key
+        self._limiter = limiter
+
+    @classmethod
+    def from_services(cls, services: Services) -> AiGateway:
+        return cls(services.http, services.config.require("AI_GATEWAY_URL"),
+                   services.config.secret("AI_GATEWAY_KEY"), services.limiter)
+
+    async def structured(self, model: str, messages: list[dict[str, str]],
+                         answer: type[M]) -> Structured[M]:
+        """A chat completion whose answer must validate as `answer`. A mismatch is asked again
+        once, with the validation error fed back; a second mismatch fails the job."""
+        body = chat_body(model, messages, answer)
+        content, usage = await self.chat(body)
+        try:
+            return Structured(parse_answer(answer, content), usage)
+        except AnswerMismatch as exc:
+            problem = str(exc)
+        log.info("%s answer did not match %s (%s); asking once more", model, answer.__name__,
+                 problem)
+        body["messages"] = [*messages, {"role": "assistant", "content": content or ""},
+                            {"role": "user", "content": retry_instruction(problem)}]
+        content, more = await self.chat(body)
+        try:
+            return Structured(parse_answer(answer, content), usage + more)
+        except AnswerMismatch as exc:
+            raise PermanentError(f"the model's answer did not match the {answer.__name__} "
+                                 f"schema twice: {self._redact(str(exc))}") from None
+
+    async def chat(self, body: Mapping[str, Any]) -> tuple[str | None, Usage]:
+        """One chat completion: the answer's content and the tokens it cost. Errors that arrive
+        with HTTP 200 (generation failed after it started) are classified like HTTP errors."""
+        data = await self._post("/chat/completions", body, CHAT_TIMEOUT_S)
+        if isinstance(data.get("error"), Mapping):
+            raise self._classify(200, data["error"], None)
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+            raise RetryJob("AI gateway answered without choices")
+        choice = choices[0]
+        if choice.get("error") or choice.get("finish_reason") == "error":
+            error = choice.get("error")
+            raise self._classify(200, error if isinstance(error, Mapping) else {}, None)
+        message = choice.get("message")
+        content = message.get("content") if isinstance(message, Mapping) else None
+        return (content if isinstance(content, str) else None), Usage.of(data)
+
+    async def embeddings(self, model: str, inputs: Sequence[str], *,
+                         dimensions: int | None = None) -> Embeddings:
+        """`POST /embeddings` (OpenAI shape): one vector per input, in input order."""
+        body: dict[str, Any] = {"model": model, "input": list(inputs), "encoding_format": "float"}
+        if dimensions is not None:
+            body["dimensions"] = dimensions
+        data = await self._post("/embeddings", body, EMBED_TIMEOUT_S)
+        if isinstance(data.get("error"), Mapping):
+            raise self._classify(200, data["error"], None)
+        items = sorted(data.get("data") or [], key=lambda item: item.get("index", 0))
+        if len(items) != len(inputs):
+            raise RetryJob(f"AI gateway returned {len(items)} embeddings for {len(inputs)} inputs")
+        return Embeddings([list(map(float, item["embedding"])) for item in items],
+                          str(data.get("model") or model), Usage.of(data))
+
+    async def _post(self, path: str, body: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+        await self._limiter.acquire(RATE_KEY)
+        try:
+            resp = await self._http.post(
+                self._url + path, json=body, headers=self._headers(),
+                timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S))
+        except httpx.TimeoutException:
+            raise RetryJob(f"AI gateway did not answer within {timeout_s:g} s") from None
+        except httpx.TransportError as exc:
+            raise RetryJob(f"AI gateway unreachable ({type(exc).__name__})") from None
+        if resp.status_code >= 300:
+            await self._raise_for_status(resp)
+        try:
+            data = resp.json()
+        except ValueError:
+            raise RetryJob("AI gateway answered with a body that is not JSON") from None
+        if not isinstance(data, dict):
+            raise RetryJob("AI gateway answered with JSON that is not an object")
+        return data
+
+    async def _raise_for_status(self, resp: httpx.Response) -> None:
+        retry_after_s = parse_retry_after(resp.headers.get("retry-after"))
+        if resp.status_code == 429 and retry_after_s is not None:
+            # The limit is per account, so every worker must hold back, not just this job.
+            await self._limiter.pause(RATE_KEY, retry_after_s)
+        raise self._classify(resp.status_code, error_object(resp), retry_after_s)
+
+    def _classify(self, status: int, error: Mapping[str, Any],
+                  retry_after_s: float | None) -> Exception:
+        code = error.get("code") if isinstance(error.get("code"), int) else status
+        text = self._redact(describe_error(code, error))
+        if code in PERMANENT_STATUSES and not (code == 402 and retry_after_s is not None):
+            return PermanentError(text)
+        return RetryJob(text, after_s=retry_after_s)
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._key.reveal()}", "X-Title": "Sidelinja"}
+
+    def _redact(self, text: str) -> str:
+        """A gateway or provider may echo the request; the key must never reach error_msg."""
+        key = self._key.reveal()
+        return text.replace(key, "***") if key else text
+
+
+def chat_body(model: str, messages: list[dict[str, str]], answer: type[BaseModel]) -> dict[str, Any]:
+    """A strict json_schema request, routed only to providers that honour every parameter."""
+    return {
+        "model": model,
+        "messages": list(messages),
+        "response_format": {"type": "json_schema", "json_schema": {
+            "name": answer.__name__, "strict": True, "schema": strict_schema(answer)}},
+        "provider": {"require_parameters": True},
+    }
+
+
+def retry_instruction(problem: str) -> str:
+    return (f"Your answer did not match the required JSON schema: {problem}. "
+            "Answer again with only a JSON object that matches the schema.")
+
+
+def parse_answer(answer: type[M], content: str | None) -> M:
+    if not content or not content.strip():
+        raise AnswerMismatch("the answer was empty")
+    try:
+        return answer.model_validate_json(_strip_fences(content))
+    except ValidationError as exc:
+        raise AnswerMismatch(describe_validation_error(exc)) from None
+
+
+def _strip_fences(content: str) -> str:
+    """Some models wrap JSON in a Markdown fence even in JSON mode."""
+    text = content.strip()
+    if text.startswith("```") and text.endswith("```"):
+        text = text[3:-3]
+        text = text[text.index("\n") + 1:] if "\n" in text else text
+    return text.strip()
+
+
+def strict_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's JSON schema in the form strict structured outputs accept: references
+    inlined, every property required (optional ones are nullable), no extra properties."""
+    raw = model.model_json_schema()
+    defs = raw.pop("$defs", {})
+    return _strict(raw, defs)
+
+
+def _strict(node: Any, defs: Mapping[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_strict(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        return _strict(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
+    out = {k: _strict(v, defs) for k, v in node.items()
+           if k not in _DROPPED_KEYWORDS and k != "properties"}  # property names kept as-is below
+    if "properties" in node:
+        out["properties"] = {name: _strict(sub, defs) for name, sub in node["properties"].items()}
+    if out.get("type") == "object":
+        out["additionalProperties"] = False
+        out["required"] = list(out.get("properties", {}))
+    return out
+
+
+def error_object(resp: httpx.Response) -> dict[str, Any]:
+    """`{"code", "message", "metadata"}` from the OpenRouter error shape, or a stand-in built
+    from a body that is not (a proxy's HTML page, say)."""
+    try:
+        data = resp.json()
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        return data["error"]
+    if isinstance(data, dict) and isinstance(data.get("error"), str):
+        return {"code": resp.status_code, "message": data["error"]}
+    text = " ".join(resp.text.split())[:200]
+    return {"code": resp.status_code, "message": text or resp.reason_phrase}
+
+
+def describe_error(code: Any, error: Mapping[str, Any]) -> str:
+    """`AI gateway 402: message (limit_source: key)`: the gateway's words and the metadata that
+    says what to fix, short enough for error_msg."""
+    message = str(error.get("message") or "no message")
+    found = error.get("metadata")
+    meta: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    details = [f"{k}: {_short(meta[k])}" for k in
+               ("limit_source", "reasons", "provider_name", "provider_code", "model_slug")
+               if meta.get(k) not in (None, "", [])]
+    suffix = f" ({'; '.join(details)})" if details else ""
+    return f"AI gateway {code}: {message}{suffix}"[:MAX_MESSAGE_CHARS]
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Retry-After as seconds (delta-seconds or an HTTP date); None when absent or unreadable."""
+    if not value:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max((when - datetime.now(UTC)).total_seconds(), 0.0)

@@ -1,0 +1,153 @@
+"""Forgejo contents API: read a file; create or update one in one commit (interfaces.md §2)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from sidelinja_worker.config import Secret, ServiceConfig
+from sidelinja_worker.errors import PermanentError, RetryJob
+from sidelinja_worker.services.classify import (
+    detail,
+    is_transient,
+    permanent_status,
+    transient_status,
+    transport_failure,
+)
+
+SERVICE = "Forgejo"
+TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+# A 409 means the file changed between our read and our write: read again, a few times at most.
+MAX_CONFLICT_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class RepoFile:
+    """A file in a repository; `ref` is the branch to write to, or any branch/tag/sha to read."""
+
+    owner: str
+    repo: str
+    path: str
+    ref: str | None = None
+
+
+@dataclass(frozen=True)
+class FileState:
+    sha: str                      # the blob sha, needed to update the file
+    content: bytes
+    last_commit_sha: str | None
+
+
+@dataclass(frozen=True)
+class Commit:
+    action: str                   # "created" | "updated" | "unchanged"
+    blob_sha: str
+    commit_sha: str | None
+
+
+class Forgejo:
+    @classmethod
+    def from_config(cls, http: httpx.AsyncClient, config: ServiceConfig) -> Forgejo:
+        """From FORGEJO_URL and FORGEJO_TOKEN; a missing one fails the job naming it."""
+        return cls(http, config.require("FORGEJO_URL"), config.secret("FORGEJO_TOKEN"))
+
+    def __init__(self, http: httpx.AsyncClient, base_url: str, token: Secret) -> None:
+        base = base_url.rstrip("/")
+        self._api = base if base.endswith("/api/v1") else base + "/api/v1"
+        self._http = http
+        self._token = token
+
+    async def read(self, file: RepoFile) -> FileState | None:
+        """The file's content and sha; None when it does not exist (404)."""
+        params = {"ref": file.ref} if file.ref else None
+        response = await self._call("GET", self._contents_url(file), params=params)
+        if response.status_code == 404:
+            return None
+        self._check(response)
+        return _file_state(response.json(), file.path)
+
+    async def write(self, file: RepoFile, content: bytes, message: str) -> Commit:
+        """Creates the file (POST) or updates it with the current sha (PUT). Writing what is
+        already there makes no commit, so a re-run job does not pile up empty commits."""
+        for _ in range(MAX_CONFLICT_ROUNDS):
+            current = await self.read(file)
+            if current is not None and current.content == content:
+                return Commit("unchanged", current.sha, current.last_commit_sha)
+            body = self._body(file, content, message, current)
+            response = await self._call("POST" if current is None else "PUT",
+                                        self._contents_url(file), json=body)
+            if response.status_code in (200, 201):
+                return _commit(response.json(), "created" if current is None else "updated")
+            if not self._lost_race(response, created=current is None):
+                self._check(response)
+        raise RetryJob(f"{SERVICE}: {file.path} kept changing while we wrote it "
+                       f"({MAX_CONFLICT_ROUNDS} conflicts in a row)")
+
+    def _body(self, file: RepoFile, content: bytes, message: str,
+              current: FileState | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"content": base64.b64encode(content).decode(), "message": message}
+        if file.ref:
+            body["branch"] = file.ref
+        if current is not None:
+            body["sha"] = current.sha
+        return body
+
+    def _lost_race(self, response: httpx.Response, *, created: bool) -> bool:
+        """409: stale sha. 422 on a create: someone created the file since our read."""
+        if response.status_code == 409:
+            return True
+        return (created and response.status_code == 422
+                and "exist" in detail(response, ("message",)).lower())
+
+    def _contents_url(self, file: RepoFile) -> str:
+        owner, repo = quote(file.owner, safe=""), quote(file.repo, safe="")
+        return f"{self._api}/repos/{owner}/{repo}/contents/{quote(file.path.lstrip('/'))}"
+
+    async def _call(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        headers = {"Authorization": f"token {self._token.reveal()}", "Accept": "application/json"}
+        try:
+            return await self._http.request(method, url, headers=headers, timeout=TIMEOUT, **kwargs)
+        except httpx.TransportError as exc:
+            raise transport_failure(SERVICE, exc) from None
+
+    def _check(self, response: httpx.Response) -> None:
+        """Nothing for a success; else the outcome the status means (interfaces.md §2 Errors)."""
+        status = response.status_code
+        if status < 300:
+            return
+        message = detail(response, ("message",), [self._token.reveal()])
+        if is_transient(status):
+            raise transient_status(SERVICE, response, message)
+        if status == 401:
+            raise PermanentError(f"{SERVICE} refused the token (401: {message}): "
+                                 "check FORGEJO_TOKEN")
+        raise permanent_status(SERVICE, response, message)  # 403 404 409 413 422 423 ...
+
+
+def _file_state(body: Any, path: str) -> FileState:
+    if not isinstance(body, dict) or body.get("type") != "file":
+        raise PermanentError(f"{SERVICE}: {path} is not a file")
+    if body.get("encoding") != "base64" or body.get("content") is None:
+        raise PermanentError(f"{SERVICE}: {path} came without base64 content (too large?)")
+    try:
+        content = base64.b64decode(body["content"])
+    except (binascii.Error, ValueError):
+        raise PermanentError(f"{SERVICE}: {path} has content that is not base64") from None
+    return FileState(str(body["sha"]), content, body.get("last_commit_sha"))
+
+
+def _commit(body: Any, action: str) -> Commit:
+    return Commit(action, str(body["content"]["sha"]), body.get("commit", {}).get("sha"))
+
+
+def check_repo_path(path: str) -> str:
+    """A path inside a repository: relative, no empty, `.` or `..` segments (for payload models)."""
+    parts = path.split("/")
+    if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError("must be a relative path inside the repository, without '..'")
+    return path

@@ -1,0 +1,114 @@
+"""speaches / faster-whisper-server: an audio file streamed in, SRT text out (interfaces.md §1)."""
+
+from __future__ import annotations
+
+import asyncio
+import mimetypes
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from uuid import uuid4
+
+import httpx
+
+from sidelinja_worker.config import Secret
+from sidelinja_worker.errors import PermanentError, RetryJob
+from sidelinja_worker.services.classify import (
+    detail,
+    is_transient,
+    permanent_status,
+    transient_status,
+    transport_failure,
+)
+
+DEFAULT_MODEL = "Systran/faster-whisper-large-v3"
+SERVICE = "whisper"
+# The server answers only when the whole file is transcribed (minutes to an hour on CPU), so
+# the read timeout is the longest transcription we wait for; the job's own timeout is longer.
+TIMEOUT = httpx.Timeout(connect=10.0, read=3 * 3600.0, write=600.0, pool=60.0)
+CHUNK_BYTES = 1 << 20
+
+UploadProgress = Callable[[int, int], Awaitable[None]]  # (bytes sent, bytes in all)
+
+
+@dataclass(frozen=True)
+class WhisperServer:
+    base_url: str
+    api_key: Secret | None = None
+
+
+@dataclass(frozen=True)
+class TranscribeRequest:
+    audio: Path
+    model: str
+    language: str
+
+
+async def transcribe_srt(http: httpx.AsyncClient, server: WhisperServer, req: TranscribeRequest,
+                         on_upload: UploadProgress | None = None) -> str:
+    """POST /v1/audio/transcriptions with response_format=srt; the SRT text on success. The file
+    is streamed in chunks, never read whole into memory."""
+    body = _Multipart({"model": req.model, "language": req.language, "response_format": "srt"},
+                      req.audio)
+    headers = {"Content-Type": f"multipart/form-data; boundary={body.boundary}",
+               "Content-Length": str(body.length)}
+    if server.api_key is not None:
+        headers["Authorization"] = f"Bearer {server.api_key.reveal()}"
+    url = server.base_url.rstrip("/") + "/v1/audio/transcriptions"
+    try:
+        response = await http.post(url, content=body.stream(on_upload), headers=headers,
+                                   timeout=TIMEOUT)
+    except httpx.TransportError as exc:
+        raise transport_failure(SERVICE, exc) from None
+    return _answer(response, req.model, server.api_key)
+
+
+def _answer(response: httpx.Response, model: str, api_key: Secret | None) -> str:
+    """The SRT, or the outcome its status means (interfaces.md §1 "Errors seen in the code")."""
+    status = response.status_code
+    if status == 200:
+        return response.text
+    message = detail(response, ("detail", "message", "error"),
+                     [api_key.reveal()] if api_key else [])
+    if status == 408 or is_transient(status):
+        raise transient_status(SERVICE, response, message)
+    if status == 404:
+        raise PermanentError(f"whisper model {model!r} is not installed on the server "
+                             f"(404: {message}); install it with POST /v1/models/{{model_id}}")
+    if status in (401, 403):
+        raise PermanentError(f"whisper refused the API key ({status}): check WHISPER_API_KEY")
+    raise permanent_status(SERVICE, response, message)  # 400 empty, 415 undecodable, 422 ...
+
+
+class _Multipart:
+    """multipart/form-data with a known length: text fields, then the file in chunks."""
+
+    def __init__(self, fields: dict[str, str], path: Path) -> None:
+        self.boundary = uuid4().hex
+        self._path = path
+        self._size = path.stat().st_size
+        parts = [self._part(f'name="{name}"', value.encode()) for name, value in fields.items()]
+        content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        filename = "".join("_" if c in '"\r\n\\' else c for c in path.name)
+        head = (f'--{self.boundary}\r\nContent-Disposition: form-data; name="file"; '
+                f'filename="{filename}"\r\nContent-Type: {content_type}\r\n\r\n')
+        self._head = b"".join(parts) + head.encode()
+        self._tail = f"\r\n--{self.boundary}--\r\n".encode()
+        self.length = len(self._head) + self._size + len(self._tail)
+
+    def _part(self, disposition: str, value: bytes) -> bytes:
+        return (f"--{self.boundary}\r\nContent-Disposition: form-data; {disposition}\r\n\r\n"
+                .encode() + value + b"\r\n")
+
+    async def stream(self, on_upload: UploadProgress | None) -> AsyncIterator[bytes]:
+        yield self._head
+        sent = 0
+        with self._path.open("rb") as f:
+            while chunk := await asyncio.to_thread(f.read, CHUNK_BYTES):
+                sent += len(chunk)
+                yield chunk
+                if on_upload is not None:
+                    await on_upload(sent, self._size)
+        if sent != self._size:  # still being written? the length we announced is wrong
+            raise RetryJob(f"{self._path.name} changed size while it was being uploaded")
+        yield self._tail

@@ -1,0 +1,116 @@
+"""Caddy's log files on disk: which belong to a log, how to read them as lines, and how to know
+a file again after it was rotated (renamed, then gzip- or zstd-compressed)."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import zstandard
+
+CHUNK_BYTES = 1 << 20
+# A longer "line" is not a Caddy entry; dropping it keeps memory bounded on a hostile file.
+MAX_LINE_BYTES = 1 << 20
+FINGERPRINT_BYTES = 4096
+
+# lumberjack (Caddy <= 2.10): access-2024-05-01T12-30-00.000.log[.gz]
+# timberjack (Caddy >= 2.11): access-2026-03-01T00-00-00.000-size.log[.gz|.zst]
+ROTATED = re.compile(r"^(?P<base>.+)-(?P<time>\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d(?:\.\d+)?)"
+                     r"(?:-(?P<reason>[a-z]+))?(?P<ext>\.[A-Za-z0-9]+)(?P<comp>\.gz|\.zst)?$")
+
+
+@dataclass(frozen=True, slots=True)
+class LogFile:
+    path: Path
+    rotated: bool  # a rotated file never grows again: its last line is final
+
+    @property
+    def compressed(self) -> bool:
+        return self.path.suffix in (".gz", ".zst")
+
+
+def discover(target: Path, pattern: str | None) -> list[LogFile]:
+    """The files of a log: `target` a folder (every live `*.log` and rotated file in it), a
+    live file (it and its rotated siblings), or with `pattern` a glob under `target`. Rotated
+    files come first, oldest first, so counts grow in time order."""
+    if pattern is not None:
+        paths = [p for p in target.glob(pattern) if p.is_file()]
+    elif target.is_dir():
+        paths = [p for p in target.iterdir() if p.is_file()
+                 and (p.suffix == ".log" or ROTATED.match(p.name))]
+    else:
+        paths = [target, *_rotated_siblings(target)]
+    files = [LogFile(p, ROTATED.match(p.name) is not None) for p in paths]
+    return sorted(files, key=lambda f: (not f.rotated, _rotation_time(f.path), f.path.name))
+
+
+def _rotated_siblings(live: Path) -> list[Path]:
+    stem, ext = live.stem, live.suffix
+    return [p for p in live.parent.glob(f"{stem}-*{ext}*")
+            if (m := ROTATED.match(p.name)) and m["base"] == stem and m["ext"] == ext]
+
+
+def _rotation_time(path: Path) -> str:
+    match = ROTATED.match(path.name)
+    return match["time"] if match else ""
+
+
+def open_stream(path: Path) -> BinaryIO:
+    """The file's log text as a binary stream, decompressed as it is read (bounded memory)."""
+    if path.suffix == ".gz":
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    if path.suffix == ".zst":
+        raw = path.open("rb")
+        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True,
+                                                          closefd=True)  # type: ignore[return-value]
+    return path.open("rb")
+
+
+def fingerprint(path: Path) -> str | None:
+    """Identifies the log text, not the file: a hash of its first line (or first 4 KiB), which
+    stays the same through rename and compression. None while no complete line exists yet."""
+    with open_stream(path) as stream:
+        head = stream.read(FINGERPRINT_BYTES)
+    cut = head.find(b"\n")
+    if cut < 0 and len(head) < FINGERPRINT_BYTES:
+        return None
+    first = head if cut < 0 else head[:cut + 1]
+    return hashlib.sha256(first).hexdigest()[:32]
+
+
+def read_batches(log: LogFile, start: int) -> Iterator[tuple[list[bytes], int]]:
+    """Complete lines from byte `start` of the log text, in batches, each with the offset just
+    past its last line. A live file's unterminated last line is still being written: it is left
+    for the next run, which resumes at the last offset yielded."""
+    with open_stream(log.path) as stream:
+        _skip(stream, start, log.compressed)
+        offset, tail = start, b""
+        while chunk := stream.read(CHUNK_BYTES):
+            buf = tail + chunk if tail else chunk
+            lines = buf.split(b"\n")
+            tail = lines.pop()  # after the last newline: incomplete (or b"")
+            if not lines:
+                if len(tail) > MAX_LINE_BYTES:
+                    offset, tail = offset + len(tail), b""
+                continue
+            offset += len(buf) - len(tail)
+            yield lines, offset
+        if tail and log.rotated:
+            yield [tail], offset + len(tail)
+
+
+def _skip(stream: BinaryIO, count: int, compressed: bool) -> None:
+    if not compressed:
+        stream.seek(count)
+        return
+    left = count
+    while left > 0:  # a compressed stream is decompressed up to where the last run stopped
+        got = len(stream.read(min(left, CHUNK_BYTES)))
+        if got == 0:
+            return
+        left -= got

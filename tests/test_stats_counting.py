@@ -1,0 +1,188 @@
+"""stats_parse without the database: the IAB counting rules, reading live and rotated Caddy
+logs (gz, zst, both naming schemes), and a partial last line."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import orjson
+import zstandard
+
+from sidelinja_worker.stats.agents import AgentClassifier
+from sidelinja_worker.stats.counting import EpisodeRules, Tally, ip_key, is_probe
+from sidelinja_worker.stats.logfiles import LogFile, discover, fingerprint, read_batches
+from sidelinja_worker.stats.media import threshold_bytes
+from sidelinja_worker.stats.parse import FileTask, parse_files
+
+APPLE = "AppleCoreMedia/1.0.0.21E236 (iPhone; U; CPU OS 17_4 like Mac OS X; nb_no)"
+SPOTIFY = "Spotify/8.9.30 iOS/17.4 (iPhone15,2)"
+EP = "/podcast/ep1.mp3"
+DAY0 = 1_772_323_200.0  # 2026-03-01T00:00:00Z
+SIZE = 10_000_000
+
+
+def line(ts: float = DAY0 + 3600, ip: str = "198.51.100.7", ua: str | None = APPLE,
+         uri: str = EP, method: str = "GET", status: int = 206, start: int = 0,
+         size: int = 1_000_000, range_: str | None = "auto", total: int = SIZE) -> bytes:
+    """One Caddy access-log line as Caddy writes it (fields it logs but we ignore included)."""
+    headers: dict[str, list[str]] = {"Accept": ["*/*"], "Cookie": ["REDACTED"]}
+    if ua is not None:
+        headers["User-Agent"] = [ua]
+    if range_ == "auto" and status == 206:
+        range_ = f"bytes={start}-{start + size - 1}"
+    if range_ not in (None, "auto"):
+        headers["Range"] = [range_]
+    resp = {"Server": ["Caddy"], "Content-Length": [str(size if status == 206 else total)]}
+    if status == 206:
+        resp["Content-Range"] = [f"bytes {start}-{start + size - 1}/{total}"]
+    return orjson.dumps({
+        "level": "info", "ts": ts, "logger": "http.log.access.log0", "msg": "handled request",
+        "request": {"remote_ip": ip, "remote_port": "50123", "client_ip": ip, "proto": "HTTP/2.0",
+                    "method": method, "host": "pod.example.no", "uri": uri, "headers": headers},
+        "bytes_read": 0, "user_id": "", "duration": 0.5, "size": size, "status": status,
+        "resp_headers": resp}) + b"\n"
+
+
+def tally(*lines: bytes) -> Tally:
+    t = Tally(EpisodeRules())
+    t.add_lines(b"".join(lines).split(b"\n"))
+    return t
+
+
+def bytes_by_listener(t: Tally) -> dict[tuple[int, str, str, str], int]:
+    return {k: v.bytes for k, v in t.listens.items()}
+
+
+def test_ranges_of_one_listener_are_summed() -> None:
+    t = tally(line(start=0, size=400_000), line(start=400_000, size=700_000),
+              line(start=1_100_000, size=50_000, ts=DAY0 + 7200))
+    assert list(bytes_by_listener(t).values()) == [1_150_000]
+    assert t.sizes == {EP: SIZE}
+
+
+def test_head_304_probes_and_other_paths_are_not_counted() -> None:
+    t = tally(line(method="HEAD", status=200, range_=None),
+              line(status=304, size=0, range_="bytes=0-"),
+              line(range_="bytes=0-1", size=2),
+              line(range_="bytes=5000-5001", size=2),
+              line(uri="/feed.xml", status=200, range_=None),
+              line(status=404, size=0, range_=None),
+              line(method="POST", status=200, range_=None))
+    assert t.listens == {}
+    assert is_probe("bytes=0-1") and not is_probe("bytes=0-") and not is_probe("bytes=0-2")
+
+
+def test_bots_watch_duplicates_and_missing_agents_are_dropped() -> None:
+    dropped = ["Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)",
+               "atc/1.0 watchOS/10.4 model/Watch6,1 hwp/t8301 build/21T216 (6; dt:249)",
+               "AppleCoreMedia/1.0 (null)/(null) watchOS/10.4", "curl/8.5.0",
+               "SomeNewCrawler/1.0", "my-spider", ""]
+    t = tally(*(line(ua=ua) for ua in dropped), line(ua=None))
+    assert t.listens == {}
+    agents = AgentClassifier()
+    assert agents.family(APPLE) == "Apple Podcasts"
+    assert agents.family(SPOTIFY) == "Spotify"
+    assert agents.family("SomePlayer/2.0") == "Other"
+
+
+def test_ip_and_agent_make_the_listener_ipv6_cut_to_64() -> None:
+    t = tally(line(ip="2001:db8:1:2::1"), line(ip="2001:db8:1:2:ffff::9"),
+              line(ip="2001:db8:1:3::1"), line(ip="198.51.100.7", ua=SPOTIFY),
+              line(ip="198.51.100.8"))
+    ips = sorted((k[2], k[3] == SPOTIFY, v) for k, v in bytes_by_listener(t).items())
+    assert ips == [("198.51.100.7", True, 1_000_000), ("198.51.100.8", False, 1_000_000),
+                   ("2001:0db8:0001:0002::/64", False, 2_000_000),
+                   ("2001:0db8:0001:0003::/64", False, 1_000_000)]
+    assert ip_key("::ffff:198.51.100.7") == "198.51.100.7"
+
+
+def test_utc_calendar_day_splits_a_listener() -> None:
+    t = tally(line(ts=DAY0 - 1), line(ts=DAY0), line(ts=DAY0 + 86399), line(ts=DAY0 + 86400))
+    days = sorted((k[0], v) for k, v in bytes_by_listener(t).items())
+    first = int(DAY0 // 86400)
+    assert days == [(first - 1, 1_000_000), (first, 2_000_000), (first + 1, 1_000_000)]
+
+
+def test_whole_200_and_iso_timestamps() -> None:
+    whole = line(status=200, range_=None, size=SIZE)
+    aborted = line(status=200, range_=None, size=5000, ip="198.51.100.9")
+    iso = orjson.loads(line(ip="198.51.100.10"))
+    iso["ts"] = "2026-03-01T01:00:00.000Z"
+    t = tally(whole, aborted, orjson.dumps(iso) + b"\n", b"not json\n")
+    whole_by_ip = {k[2]: v.whole for k, v in t.listens.items()}
+    assert whole_by_ip == {"198.51.100.7": True, "198.51.100.9": False, "198.51.100.10": False}
+    assert {k[0] for k in t.listens} == {int(DAY0 // 86400)}
+    assert t.bad_lines == 1
+
+
+def test_episode_mapping_and_hosts() -> None:
+    rules = EpisodeRules(episodes={EP: "ep-1"}, hosts=("pod.example.no",))
+    t = Tally(rules)
+    t.add_lines([line(uri=EP + "?from=rss"), line(uri="/podcast/other.mp3")])
+    assert [k[1] for k in t.listens] == ["ep-1"]
+    t2 = Tally(EpisodeRules(hosts=("elsewhere.no",)))
+    t2.add_lines([line()])
+    assert t2.listens == {}
+
+
+def test_partial_last_line_is_left_for_the_next_run(tmp_path: Path) -> None:
+    live = tmp_path / "access.log"
+    first, second = line(ip="198.51.100.1"), line(ip="198.51.100.2")
+    live.write_bytes(first + second[:100])  # Caddy is still writing the second line
+    log = LogFile(live, rotated=False)
+    batches = list(read_batches(log, 0))
+    offset = batches[-1][1]
+    assert offset == len(first)
+    assert [b for lines, _ in batches for b in lines] == [first.rstrip(b"\n")]
+    live.write_bytes(first + second)
+    rest = list(read_batches(log, offset))
+    assert [b for lines, _ in rest for b in lines] == [second.rstrip(b"\n")]
+    assert rest[-1][1] == len(first) + len(second)
+
+
+def test_rotated_names_compression_and_fingerprints(tmp_path: Path) -> None:
+    text = line(ip="198.51.100.1") + line(ip="198.51.100.2")
+    (tmp_path / "access.log").write_bytes(line(ip="198.51.100.3"))
+    lumberjack = tmp_path / "access-2024-05-01T12-30-00.000.log.gz"
+    lumberjack.write_bytes(gzip.compress(text))
+    timberjack = tmp_path / "access-2026-03-01T00-00-00.000-size.log.zst"
+    timberjack.write_bytes(zstandard.ZstdCompressor().compress(text + line(ip="198.51.100.4")))
+    (tmp_path / "other-2026-03-01T00-00-00.000-time.log").write_bytes(line())
+    (tmp_path / "notes.txt").write_bytes(b"x")
+    names = [f.path.name for f in discover(tmp_path / "access.log", None)]
+    assert names == [lumberjack.name, timberjack.name, "access.log"]
+    assert len(discover(tmp_path, None)) == 4
+    # Same text, renamed and compressed: the same fingerprint (timberjack's adds a line after).
+    plain = tmp_path / "x.log"
+    plain.write_bytes(text)
+    assert fingerprint(plain) == fingerprint(lumberjack) == fingerprint(timberjack)
+    tasks = [FileTask(p, True, "fp", 0) for p in (lumberjack, timberjack)]
+    result = parse_files(tasks, EpisodeRules())
+    assert result.lines == 5 and len(result.listens) == 3  # .1 and .2 twice, .4
+    assert [f.offset for f in result.files] == [len(text), len(text) + len(line(ip="198.51.100.4"))]
+    # Resuming a compressed file mid-way reads only the rest.
+    again = parse_files([FileTask(lumberjack, True, "fp", len(line(ip="198.51.100.1")))], EpisodeRules())
+    assert again.lines == 1
+
+
+def test_threshold_from_mp3_bitrate(tmp_path: Path) -> None:
+    mp3 = tmp_path / "ep.mp3"
+    id3 = b"ID3\x03\x00\x00\x00\x00\x08\x00" + b"\x00" * 1024  # 1024-byte tag (syncsafe 0x0800)
+    frame = b"\xff\xfb\x90\x64" + b"\x00" * 413  # MPEG-1 layer III, 128 kbit/s, 44.1 kHz
+    mp3.write_bytes(id3 + frame * 20_000)  # ~522 s of audio
+    assert threshold_bytes(mp3, None) == 1034 + 128_000 * 60 // 8
+    short = tmp_path / "short.mp3"
+    short.write_bytes(id3 + frame * 100)  # ~2.6 s: the whole file
+    assert threshold_bytes(short, None) == short.stat().st_size
+    assert threshold_bytes(tmp_path / "missing.mp3", 5000) == 5000
+    assert threshold_bytes(None, None) is None
+
+
+def test_a_truncated_rotated_file_is_read_up_to_the_damage(tmp_path: Path) -> None:
+    data = gzip.compress(b"".join(line(ip=f"198.51.{i // 250}.{i % 250}") for i in range(6000)))
+    broken = tmp_path / "access-2024-05-01T12-30-00.000.log.gz"
+    broken.write_bytes(data[: len(data) // 2])
+    result = parse_files([FileTask(broken, True, "fp", 0)], EpisodeRules())
+    assert result.errors and "EOFError" in result.errors[0]
+    assert result.files[0].complete and 0 < result.files[0].offset and result.lines > 1000
