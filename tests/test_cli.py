@@ -97,3 +97,13 @@ def test_unmigrated_database_is_one_line(empty_db_url: str) -> None:
 def test_debug_shows_the_traceback(empty_db_url: str) -> None:
     out = cli("--debug", "run", "--burst", url=empty_db_url)
     assert out.returncode != 0 and "Traceback" in out.stderr
+
+
+def test_demo_runs_every_job_type_that_needs_no_service(db_url: str) -> None:
+    out = cli("demo", url=db_url)
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line for line in out.stdout.splitlines() if line[:1].isalpha()}
+    assert "completed" in rows["transcript"] and '"segments": 10' in rows["transcript"]
+    assert "completed" in rows["downloads"] and '"new_downloads": 4' in rows["downloads"]
+    assert "error" in rows["flaky"] and "the service answered 503" in rows["flaky"]
+    assert "AI_GATEWAY_URL" in out.stdout  # the unconfigured types say what to set
