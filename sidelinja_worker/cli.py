@@ -11,7 +11,8 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from sidelinja_worker import commands, limits_cli
+from sidelinja_worker import commands, limits_cli, logs
+from sidelinja_worker.admin import cli as admin_cli
 from sidelinja_worker.db import DB_ERRORS
 from sidelinja_worker.errors import UserError
 
@@ -55,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", metavar="DURATION", help="override the job type's timeout")
 
     p = sub.add_parser("run", help="run jobs")
+    p.add_argument("--metrics-port", type=int, default=_env("SIDELINJA_METRICS_PORT"),
+                   help="serve Prometheus /metrics on this port [env SIDELINJA_METRICS_PORT] (off)")
     p.add_argument("--max-concurrent",
                    default=_env("SIDELINJA_MAX_CONCURRENT", "3"),
                    help="handlers at once in this process [env SIDELINJA_MAX_CONCURRENT] (3)")
@@ -94,8 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("job_id", metavar="ID")
     j = jsub.add_parser("why", help="why a job is not running (yet)")
     j.add_argument("job_id", metavar="ID")
+    admin_cli.add_jobs_commands(jsub)
 
     limits_cli.add_command(sub)
+    admin_cli.add_commands(sub)
     return parser
 
 
@@ -105,6 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.debug else logging.INFO, stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
     )
+    logs.setup()
     try:
         return asyncio.run(commands.dispatch(args))
     except UserError as exc:

@@ -15,7 +15,9 @@ from uuid import UUID, uuid4
 
 import asyncpg
 
+from sidelinja_worker import metrics
 from sidelinja_worker import client, limits_cli, migrate, store
+from sidelinja_worker.admin import cli as admin_cli
 from sidelinja_worker.db import Database, connect, create_pool, resolve_database, say
 from sidelinja_worker.durations import parse_duration_s
 from sidelinja_worker.errors import UserError
@@ -28,6 +30,8 @@ from sidelinja_worker.worker import Worker
 async def dispatch(args: argparse.Namespace) -> int:
     if args.command == "types":
         return show_types()
+    if (code := await admin_cli.dispatch(args)) is not None:
+        return code
     handlers = {
         "migrate": cmd_migrate, "enqueue": cmd_enqueue, "run": cmd_run, "demo": cmd_demo,
         "workspace": cmd_workspace, "jobs": cmd_jobs, "limits": cmd_limits,
@@ -167,6 +171,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
     async with opened(args, pool_size=5) as (db, pool):
         worker = Worker(pool, db.url, REGISTRY, settings)
         install_stop_signals(worker)
+        if args.metrics_port:  # the server lives on this loop until the process ends
+            await metrics.serve(pool, args.metrics_port)
         await worker.run()
     return 0
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 import orjson
 
+from sidelinja_worker import logs, metrics
 from sidelinja_worker.backoff import backoff_s
 from sidelinja_worker.db import RawJson
 from sidelinja_worker.errors import Defer, PermanentError, RetryJob
@@ -30,6 +32,7 @@ SHUTDOWN = "shutdown"
 async def execute(job: ClaimedJob, registry: Registry, writer: OutcomeWriter,
                   services: Services, worker_id: UUID, max_timeout_s: float,
                   cancel_reason: Callable[[], str | None]) -> None:
+    logs.bind_job(job)  # every line this task logs carries the job's id, type, workspace
     jt = registry.get(job.job_type)
     if jt is None:  # only when a worker was started with a type it then lost; be explicit
         _fail(writer, job, "unknown_type", f"no handler for job type {job.job_type!r}",
@@ -45,9 +48,11 @@ async def execute(job: ClaimedJob, registry: Registry, writer: OutcomeWriter,
             raise PermanentError(f"{', '.join(missing)} not set: configure it (env var or flag) "
                                  f"to run {job.job_type} jobs")
         payload = jt.parse_payload(job.payload)
+        started_s = time.perf_counter()
         async with deadline:
             result = await jt.handler(ctx, payload)
         writer.completed(job.id, _encode_result(result), ctx.follow_ups)
+        metrics.completed(job.job_type, time.perf_counter() - started_s)
         if log.isEnabledFor(logging.INFO):
             log.info("job %s %s completed (attempt %d/%d)", job.id, job.job_type,
                      job.attempt, job.max_attempts)
@@ -90,6 +95,7 @@ def _encode_result(result: object) -> RawJson:
 
 def _fail(writer: OutcomeWriter, job: ClaimedJob, kind: str, message: str, *,
           permanent: bool = False, after_s: float | None = None) -> None:
+    metrics.failed(job.job_type)
     delay_s = after_s if after_s is not None else backoff_s(job.attempt)
     writer.failed(Failure(job.id, kind, message or kind, permanent, delay_s))
     if permanent or job.attempt >= job.max_attempts:

@@ -29,3 +29,4 @@ class ClaimedJob:
     attempt: int
     max_attempts: int
     timeout_s: int | None
+    waited_s: float = 0.0  # from due to claimed: the pickup latency

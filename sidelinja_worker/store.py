@@ -52,7 +52,7 @@ class EnqueueRows:
 async def claim(conn: Conn, worker_id: UUID, limit: int,
                 job_types: Sequence[str] | None) -> list[ClaimedJob]:
     rows = await conn.fetch(Q["claim"], worker_id, limit, job_types)
-    return [ClaimedJob(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]) for r in rows]
+    return [ClaimedJob(*r) for r in rows]
 
 
 async def claim_with_limits(conn: asyncpg.Connection, worker_id: UUID, limit: int,
@@ -64,7 +64,7 @@ async def claim_with_limits(conn: asyncpg.Connection, worker_id: UUID, limit: in
             rows = await conn.fetch(Q["claim_fair"], worker_id, limit, list(job_types), fair)
     else:
         rows = await conn.fetch(Q["claim_fair"], worker_id, limit, list(job_types), fair)
-    return [ClaimedJob(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]) for r in rows]
+    return [ClaimedJob(*r) for r in rows]
 
 
 async def complete(conn: Conn, worker_id: UUID, done: Sequence[tuple[UUID, Any]]) -> set[UUID]:

@@ -13,7 +13,7 @@ from uuid import UUID, uuid4
 import asyncpg
 import httpx
 
-from sidelinja_worker import executor, store
+from sidelinja_worker import executor, metrics, store
 from sidelinja_worker.config import ServiceConfig
 from sidelinja_worker.context import Services
 from sidelinja_worker.jobs import ClaimedJob
@@ -203,6 +203,7 @@ class Worker:
             return
         while self._ready and len(self._running) < self.settings.max_concurrent:
             job = self._ready.popleft()
+            metrics.picked_up(job.job_type, job.waited_s)
             self._running[job.id] = asyncio.create_task(self._execute(job))
 
     async def _execute(self, job: ClaimedJob) -> None:

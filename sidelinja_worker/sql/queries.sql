@@ -25,7 +25,8 @@ SET status = 'running',
     worker_id = $1,
     cancel_requested_at = NULL
 WHERE id = ANY(ARRAY(SELECT id FROM picked))
-RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts, timeout_s;
+RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts, timeout_s,
+          extract(epoch FROM now() - scheduled_for)::float8 AS waited_s;
 
 -- name: claim_fair
 -- The claim when fairness or limits apply; otherwise `claim` above, which is cheaper.
@@ -104,7 +105,8 @@ SET status = 'running',
     worker_id = $1,
     cancel_requested_at = NULL
 WHERE id = ANY(ARRAY(SELECT id FROM chosen))
-RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts, timeout_s;
+RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts, timeout_s,
+          extract(epoch FROM now() - scheduled_for)::float8 AS waited_s;
 
 -- name: lock_limited_claims
 -- Serialises the claims that count running jobs against a cap, cluster-wide, for one

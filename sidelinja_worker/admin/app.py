@@ -1,0 +1,230 @@
+"""The admin web app: routes, each a few lines over admin/store.py and a template."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from uuid import UUID
+
+import asyncpg
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import (
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from sidelinja_worker import store as worker_store
+from sidelinja_worker.admin import auth, metrics_view, store
+from sidelinja_worker.admin.events import EventHub
+from sidelinja_worker.admin.forms import (
+    job_filter,
+    page_cursor,
+    parse_job_id,
+    query_string,
+)
+from sidelinja_worker.admin.spacetime import SpacetimeForwarder, SpacetimeTarget
+from sidelinja_worker.admin.store import Scope
+from sidelinja_worker.db import SERVER_SETTINGS, init_connection
+
+HERE = Path(__file__).parent
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+BULK_LIMIT = 10_000
+
+
+class Denied(Exception):
+    pass
+
+
+async def session(request: Request) -> tuple[Scope, str]:
+    token = auth.presented_token(request)
+    scope = await auth.scope_of(request.app.state.pool, token)
+    if scope is None or token is None:
+        raise Denied
+    return scope, token
+
+
+def render(request: Request, name: str, token: str, scope: Scope, **context: object) -> Response:
+    context.update(scope=scope, csrf=auth.csrf_for(token))
+    return templates.TemplateResponse(request, name, context)
+
+
+async def jobs_page(request: Request) -> Response:
+    scope, token = await session(request)
+    f = job_filter(request.query_params, scope)
+    async with store.scoped(request.app.state.pool, scope) as conn:
+        rows = await store.list_jobs(conn, f, page_cursor(request.query_params), store.PAGE_SIZE + 1)
+    more = len(rows) > store.PAGE_SIZE
+    rows = rows[:store.PAGE_SIZE]
+    next_qs = query_string(f, rows[-1]) if more else None
+    return render(request, "jobs.html", token, scope, rows=rows, f=f, next_qs=next_qs,
+                  workspaces=await visible_workspaces(request, scope),
+                  bulk_qs=query_string(f, None))
+
+
+async def visible_workspaces(request: Request, scope: Scope) -> list[asyncpg.Record]:
+    return [w for w in await store.workspaces(request.app.state.pool) if scope.allows(w["id"])]
+
+
+async def job_page(request: Request) -> Response:
+    scope, token = await session(request)
+    job_id = parse_job_id(request.path_params["job_id"])
+    async with store.scoped(request.app.state.pool, scope) as conn:
+        job = await store.get_job(conn, job_id) if job_id else None
+    if job is None:  # another workspace's job looks exactly like a missing one
+        return render(request, "missing.html", token, scope, job_id=request.path_params["job_id"])
+    return render(request, "job.html", token, scope, job=job)
+
+
+async def overview_page(request: Request) -> Response:
+    scope, token = await session(request)
+    async with store.scoped(request.app.state.pool, scope) as conn:
+        counts = await store.counts(conn)
+        oldest = await store.oldest_due_s(conn)
+        per_minute = await store.throughput(conn)
+    return render(request, "overview.html", token, scope, counts=counts, oldest_due_s=oldest,
+                  per_minute=per_minute, finished=sum(r["n"] for r in per_minute))
+
+
+async def job_action(request: Request) -> Response:
+    scope, token = await session(request)
+    form = await request.form()
+    if not auth.csrf_ok(request, token, str(form.get("csrf") or "")):
+        return PlainTextResponse("bad CSRF token or origin", status_code=403)
+    job_id, action = parse_job_id(request.path_params["job_id"]), request.path_params["action"]
+    async with store.scoped(request.app.state.pool, scope) as conn:
+        done = job_id is not None and await run_action(conn, action, job_id)
+        if done and job_id is not None:
+            await store.audit(conn, scope, action, [job_id], {})
+    return RedirectResponse(f"/admin/jobs/{request.path_params['job_id']}?done={action if done else 'none'}",
+                            status_code=303)
+
+
+async def run_action(conn: asyncpg.Connection, action: str, job_id: UUID) -> bool:
+    if action == "retry":
+        return await store.retry_job(conn, job_id)
+    if action == "cancel":
+        return (await worker_store.request_cancel(conn, job_id))[0] is not None
+    return False
+
+
+async def bulk_retry(request: Request) -> Response:
+    scope, token = await session(request)
+    form = await request.form()
+    if not auth.csrf_ok(request, token, str(form.get("csrf") or "")):
+        return PlainTextResponse("bad CSRF token or origin", status_code=403)
+    f = job_filter(form, scope)
+    async with store.scoped(request.app.state.pool, scope) as conn:
+        ids = await store.bulk_retry(conn, f, BULK_LIMIT)
+        await store.audit(conn, scope, "bulk_retry", ids, {"filter": query_string(f, None)})
+    return RedirectResponse(f"/admin/jobs?{query_string(f, None)}&retried={len(ids)}",
+                            status_code=303)
+
+
+async def events(request: Request) -> Response:
+    scope, token = await session(request)
+    pool = request.app.state.pool
+
+    async def still_valid() -> bool:
+        return await auth.scope_of(pool, token) is not None
+
+    return StreamingResponse(request.app.state.hub.stream(scope, still_valid),
+                             media_type="text/event-stream", headers={"x-accel-buffering": "no"})
+
+
+async def login_page(request: Request) -> Response:
+    return templates.TemplateResponse(request, "login.html", {"error": None})
+
+
+async def login(request: Request) -> Response:
+    form = await request.form()
+    token = str(form.get("token") or "").strip()
+    if await auth.scope_of(request.app.state.pool, token) is None:
+        return templates.TemplateResponse(request, "login.html", {"error": "unknown or revoked token"},
+                                          status_code=401)
+    response = RedirectResponse("/admin/jobs", status_code=303)
+    response.set_cookie(auth.COOKIE, token, httponly=True, secure=True, samesite="strict",
+                        path="/", max_age=12 * 3600)
+    return response
+
+
+async def logout(request: Request) -> Response:
+    response = RedirectResponse("/admin/login", status_code=303)
+    response.delete_cookie(auth.COOKIE, path="/")
+    return response
+
+
+async def metrics(request: Request) -> Response:
+    scope, _token = await session(request)
+    async with store.scoped(request.app.state.pool, scope) as conn:
+        body = await metrics_view.render(conn)
+    return Response(body, media_type=metrics_view.CONTENT_TYPE)
+
+
+async def denied(request: Request, _exc: Exception) -> Response:
+    if request.url.path.startswith("/admin") and request.url.path != "/admin/events":
+        return RedirectResponse("/admin/login", status_code=303)
+    return PlainTextResponse("a valid admin token is required", status_code=401)
+
+
+@contextlib.asynccontextmanager
+async def forwarding(hub: EventHub, target: SpacetimeTarget | None) -> AsyncIterator[None]:
+    """Forwards the hub's payloads to SpacetimeDB while the app runs, if a target is set."""
+    if target is None:
+        yield
+        return
+    async with httpx.AsyncClient() as http:
+        forwarder = SpacetimeForwarder(target, http)
+        hub.payload_listeners.append(forwarder.offer)
+        task = asyncio.create_task(forwarder.run(), name="spacetimedb")
+        try:
+            yield
+        finally:
+            task.cancel()
+
+
+async def home(_request: Request) -> Response:
+    return RedirectResponse("/admin/jobs")
+
+
+ROUTES = [
+    Route("/", home),
+    Route("/admin", overview_page), Route("/admin/jobs", jobs_page),
+    Route("/admin/jobs/bulk-retry", bulk_retry, methods=["POST"]),
+    Route("/admin/jobs/{job_id}", job_page),
+    Route("/admin/jobs/{job_id}/{action:str}", job_action, methods=["POST"]),
+    Route("/admin/events", events), Route("/metrics", metrics),
+    Route("/admin/login", login_page), Route("/admin/login", login, methods=["POST"]),
+    Route("/admin/logout", logout, methods=["POST"]),
+    Mount("/admin/static", StaticFiles(directory=str(HERE / "static")), name="static"),
+]
+
+
+def create_app(database_url: str, spacetime: SpacetimeTarget | None = None) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Custom plans: the list query's optional filters need the planner to see the values.
+        settings = {**SERVER_SETTINGS, "application_name": "sidelinja-admin",
+                    "plan_cache_mode": "force_custom_plan"}
+        app.state.pool = await asyncpg.create_pool(database_url, min_size=1, max_size=8,
+                                                   init=init_connection, server_settings=settings)
+        app.state.hub = EventHub(database_url)
+        await app.state.hub.start()
+        try:
+            async with forwarding(app.state.hub, spacetime):
+                yield
+        finally:
+            await app.state.hub.stop()
+            await app.state.pool.close()
+
+    app = Starlette(routes=ROUTES, lifespan=lifespan, exception_handlers={Denied: denied})
+    app.add_middleware(auth.SecurityHeaders)
+    return app

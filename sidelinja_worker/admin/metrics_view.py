@@ -1,0 +1,31 @@
+"""`/metrics` of the admin app: the queue as the token's scope sees it, read at scrape time."""
+
+from __future__ import annotations
+
+import asyncpg
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Gauge,
+    generate_latest,
+)
+
+from sidelinja_worker.admin import store
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+async def render(conn: asyncpg.Connection) -> bytes:
+    """A registry per scrape: the values depend on who asks (RLS), so nothing is shared."""
+    registry = CollectorRegistry()
+    jobs = Gauge("sidelinja_jobs", "Jobs in the queue by status and type",
+                 ["status", "job_type"], registry=registry)
+    for row in await store.counts(conn):
+        jobs.labels(row["status"], row["job_type"]).set(row["n"])
+    Gauge("sidelinja_oldest_due_job_age_seconds", "Age of the oldest job that is due and waiting",
+          registry=registry).set(await store.oldest_due_s(conn))
+    finished = Gauge("sidelinja_jobs_finished_last_hour", "Jobs finished in the last hour",
+                     ["status"], registry=registry)
+    for row in await store.throughput(conn):
+        finished.labels(row["status"]).inc(row["n"])
+    return generate_latest(registry)

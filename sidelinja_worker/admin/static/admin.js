@@ -1,0 +1,36 @@
+// Confirms actions and keeps the page's job statuses live from /admin/events (SSE).
+"use strict";
+
+document.addEventListener("submit", (event) => {
+  const question = event.target.dataset.confirm;
+  if (question && !window.confirm(question)) event.preventDefault();
+});
+
+function applyEvent(ev) {
+  for (const el of document.querySelectorAll(`[data-job="${CSS.escape(ev.id)}"]`)) {
+    const status = el.querySelector("[data-status]");
+    if (status && ev.status) {
+      status.textContent = ev.status;
+      status.className = `status s-${ev.status}`;
+    }
+    const attempts = el.querySelector("[data-attempts]");
+    if (attempts && ev.attempts != null && ev.max_attempts != null) {
+      attempts.textContent = `${ev.attempts}/${ev.max_attempts}`;
+    }
+    const progress = el.querySelector("[data-progress]");
+    if (progress && ev.progress) {
+      const p = ev.progress;
+      const pct = p.percent == null ? "" : ` (${Math.round(p.percent)} %)`;
+      const attempt = p.attempt ? ` – attempt ${p.attempt}/${p.max_attempts}` : "";
+      progress.textContent = `${p.message}${pct}${attempt}`;
+    }
+  }
+}
+
+if (document.querySelector("[data-job]")) {
+  const source = new EventSource("/admin/events");
+  const live = document.getElementById("live");
+  source.onopen = () => { document.body.dataset.live = "on"; if (live) live.textContent = "live: on"; };
+  source.onerror = () => { document.body.dataset.live = "off"; if (live) live.textContent = "live: reconnecting"; };
+  source.onmessage = (message) => applyEvent(JSON.parse(message.data));
+}

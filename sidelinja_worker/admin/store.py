@@ -1,0 +1,114 @@
+"""One typed async function per named query in sql/admin.sql. Job queries take a connection
+from `scoped()`, which runs as sidelinja_app under row-level security."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from sidelinja_worker.queries import load
+
+Q = load("admin.sql")
+PAGE_SIZE = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Who is asking: a token and its workspace (None: every workspace, a platform admin)."""
+
+    token_id: UUID | None
+    workspace_id: UUID | None
+
+    def allows(self, workspace_id: UUID | str) -> bool:
+        return self.workspace_id is None or str(self.workspace_id) == str(workspace_id)
+
+
+@dataclass(frozen=True, slots=True)
+class JobFilter:
+    status: str | None = None
+    job_type: str | None = None
+    workspace_id: UUID | None = None
+    created_from: datetime | None = None
+    created_to: datetime | None = None
+
+    def args(self) -> tuple[Any, ...]:
+        return (self.status, self.job_type, self.workspace_id, self.created_from, self.created_to)
+
+
+@asynccontextmanager
+async def scoped(pool: asyncpg.Pool, scope: Scope) -> AsyncIterator[asyncpg.Connection]:
+    """A transaction as sidelinja_app, seeing only the scope's workspace (RLS)."""
+    async with pool.acquire() as conn, conn.transaction():
+        ws = str(scope.workspace_id) if scope.workspace_id else ""
+        await conn.execute(Q["scope"], ws, "off" if scope.workspace_id else "on")
+        await conn.execute(Q["enter_app_role"])
+        yield conn
+
+
+async def create_token(conn: asyncpg.Connection | asyncpg.Pool, digest: bytes,
+                       workspace_id: UUID | None, label: str | None) -> UUID:
+    return await conn.fetchval(Q["token_create"], digest, workspace_id, label)
+
+
+async def lookup_token(conn: asyncpg.Pool, digest: bytes) -> Scope | None:
+    row = await conn.fetchrow(Q["token_lookup"], digest)
+    return Scope(row[0], row[1]) if row else None
+
+
+async def revoke_token(conn: asyncpg.Pool, token_id: UUID) -> bool:
+    return await conn.fetchval(Q["token_revoke"], token_id) is not None
+
+
+async def list_tokens(conn: asyncpg.Pool) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["token_list"])
+
+
+async def list_jobs(conn: asyncpg.Connection, f: JobFilter, after: tuple[datetime, UUID] | None,
+                    limit: int = PAGE_SIZE) -> list[asyncpg.Record]:
+    """A page of jobs; `after` is the (sort_at, id) of the last row of the page before."""
+    at, job_id = after if after else (None, None)
+    query = Q["list_completed"] if f.status == "completed" else Q["list_jobs"]
+    return await conn.fetch(query, *f.args(), at, job_id, limit)
+
+
+async def get_job(conn: asyncpg.Connection, job_id: UUID) -> asyncpg.Record | None:
+    return await conn.fetchrow(Q["get_job"], job_id)
+
+
+async def retry_job(conn: asyncpg.Connection, job_id: UUID) -> bool:
+    return await conn.fetchval(Q["retry_job"], job_id) is not None
+
+
+async def bulk_retry(conn: asyncpg.Connection, f: JobFilter, limit: int) -> list[UUID]:
+    return [r[0] for r in await conn.fetch(Q["bulk_retry"], *f.args(), limit)]
+
+
+async def audit(conn: asyncpg.Connection, scope: Scope, action: str, job_ids: list[UUID],
+                detail: dict[str, Any]) -> None:
+    """Recorded in the action's own transaction, as the privileged role (the app role cannot
+    write the audit table, so a web app bug cannot forge entries)."""
+    await conn.execute(Q["leave_app_role"])
+    await conn.execute(Q["audit"], scope.token_id, scope.workspace_id, action, job_ids, detail)
+    await conn.execute(Q["enter_app_role"])
+
+
+async def counts(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["counts"])
+
+
+async def oldest_due_s(conn: asyncpg.Connection) -> float:
+    return float(await conn.fetchval(Q["oldest_due_s"]))
+
+
+async def throughput(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["throughput"])
+
+
+async def workspaces(conn: asyncpg.Pool) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["workspaces"])

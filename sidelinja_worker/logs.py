@@ -1,0 +1,60 @@
+"""Log format: JSON lines when stderr is not a terminal (collectors parse them), text on a
+terminal. A line logged while a job runs carries the job's id, type, workspace and attempt."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+# Set once per job in the job's own task (asyncio copies the context per task), so every
+# line that task logs is tagged without passing the job around.
+_JOB: contextvars.ContextVar[tuple[Any, str, Any, int, int] | None] = contextvars.ContextVar(
+    "sidelinja_job", default=None)
+
+
+def bind_job(job: Any) -> None:
+    """Hook for the executor: tag this task's log lines with `job` (a ClaimedJob)."""
+    _JOB.set((job.id, job.job_type, job.workspace_id, job.attempt, job.max_attempts))
+
+
+def job_fields() -> dict[str, Any]:
+    job = _JOB.get()
+    if job is None:
+        return {}
+    return {"job_id": str(job[0]), "job_type": job[1], "workspace_id": str(job[2]),
+            "attempt": job[3], "max_attempts": job[4]}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(), "logger": record.name,
+            "msg": record.getMessage(), **job_fields(),
+        }
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(line, default=str).decode()
+
+
+def want_json(stream: Any = None) -> bool:
+    """SIDELINJA_LOG_FORMAT=json|text forces a format; otherwise JSON unless on a terminal."""
+    forced = (os.environ.get("SIDELINJA_LOG_FORMAT") or "").lower()
+    if forced in ("json", "text"):
+        return forced == "json"
+    stream = stream or sys.stderr
+    return not (hasattr(stream, "isatty") and stream.isatty())
+
+
+def setup() -> None:
+    """Replaces the root handler's formatter; call after logging.basicConfig."""
+    if not want_json():
+        return
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(JsonFormatter())

@@ -1,0 +1,62 @@
+"""The running admin app and seeded workspaces, shared by the admin HTTP and browser tests."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from uuid import UUID
+
+import asyncpg
+import httpx
+import pytest
+
+from tests.helpers import cli, spawn
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(name="admin")
+async def admin_fixture(db_url: str) -> str:
+    """`sidelinja-worker admin` as a real process; its base URL once it answers."""
+    port = free_port()
+    proc = spawn("admin", "--bind", f"127.0.0.1:{port}", url=db_url)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    async with httpx.AsyncClient() as http:
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            try:
+                if (await http.get(f"{base}/admin/login")).status_code == 200:
+                    return base
+            except httpx.TransportError:
+                await asyncio.sleep(0.2)
+    raise AssertionError("the admin app did not start")
+
+
+async def seed(pool: asyncpg.Pool) -> tuple[UUID, UUID, UUID]:
+    """Workspaces A (five failed jobs of two types, one completed) and B (one failed job)."""
+    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('Alfa') RETURNING id")
+    b = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('Beta') RETURNING id")
+    sql = ("INSERT INTO job_queue (workspace_id, job_type, payload, status, attempts, error_msg,"
+           " errors, completed_at) SELECT $1, $2, $3::text::jsonb, $4::job_status, 3, $5,"
+           " jsonb_build_array(jsonb_build_object('attempt', 3, 'at', now(), 'class',"
+           " 'transient', 'message', $5::text)), now() FROM generate_series(1, $6)")
+    await pool.execute(sql, a, "noop", '{"episode": 7}', "error", "HTTP 503 from whisper", 3)
+    await pool.execute(sql, a, "srt_parse", '{"path": "/x.srt"}', "error", "bad SRT", 2)
+    await pool.execute(sql, a, "noop", "{}", "completed", None, 1)
+    await pool.execute(sql, b, "noop", '{"secret": "B-only"}', "error", "B failed", 1)
+    b_job = await pool.fetchval("SELECT id FROM job_queue WHERE workspace_id = $1", b)
+    return a, b, b_job
+
+
+def token_for(db_url: str, *scope: str) -> str:
+    out = cli("admin-token", "create", *scope, url=db_url)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+

@@ -1,0 +1,142 @@
+"""The admin view in real headless Chromium (Debian's, driven by Playwright) against the running
+`sidelinja-worker admin` and a real database (issue 5)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from uuid import UUID
+
+import asyncpg
+import pytest
+
+from sidelinja_worker import store
+from tests.admin_fixtures import admin_fixture, seed, token_for  # noqa: F401 (fixture)
+from tests.helpers import run_burst
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(),
+    reason=f"{CHROMIUM} is missing: apt-get install -y chromium (Debian's; never a download)")
+playwright_api = pytest.importorskip("playwright.async_api")
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[object]:
+    async with playwright_api.async_playwright() as p:
+        b = await p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        await b.close()
+
+
+async def logged_in(browser: object, base: str, token: str) -> object:
+    page = await browser.new_page()  # type: ignore[attr-defined]
+    await page.goto(f"{base}/admin/login")
+    await page.fill("#token", token)
+    await page.click("button[type=submit]")
+    await page.wait_for_url("**/admin/jobs")
+    return page
+
+
+async def row_ids(page: object) -> set[str]:
+    return set(await page.locator("tr[data-job]").evaluate_all(  # type: ignore[attr-defined]
+        "rows => rows.map(r => r.dataset.job)"))
+
+
+async def test_filter_open_retry_and_watch_it_live(pool: asyncpg.Pool, db_url: str, admin: str,
+                                                   browser: object) -> None:
+    a, _b, b_job = await seed(pool)
+    page = await logged_in(browser, admin, token_for(db_url, "--workspace", str(a)))
+    assert len(await row_ids(page)) == 5 and str(b_job) not in await row_ids(page)
+
+    await page.fill("#f-type", "noop")
+    await page.click("#apply")
+    await page.wait_for_url("**type=noop**")
+    assert len(await row_ids(page)) == 3
+    await shot(page, "admin-jobs.png")
+
+    await page.locator("tr[data-job] a").first.click()
+    await page.wait_for_selector("#job-status")
+    job_id = UUID(page.url.rsplit("/", 1)[-1])
+    assert "episode" in await page.inner_text("#payload")
+    assert "HTTP 503 from whisper" in await page.inner_text("#errors")
+    assert await page.inner_text("#job-status") == "error"
+
+    page.once("dialog", lambda d: asyncio.ensure_future(d.accept()))
+    await page.click("#retry")
+    await page.wait_for_url("**done=retry")
+    assert await page.inner_text("#job-status") == "pending"
+    assert await pool.fetchval("SELECT action FROM admin_audit WHERE $1 = ANY(job_ids)", job_id) == "retry"
+
+    await page.wait_for_selector("body[data-live=on]")
+    await page.evaluate("window.notReloaded = true")
+    worker_id = await claim_by_hand(pool, job_id)
+    await store.report_progress(pool, job_id, worker_id, "Transkriberer…", 40)
+    await page.wait_for_function("document.querySelector('#job-status').textContent === 'running'")
+    await page.wait_for_function(
+        "document.querySelector('#job-progress').textContent.includes('Transkriberer… (40 %)')")
+    await shot(page, "admin-job.png")
+    await pool.execute("UPDATE job_queue SET status = 'pending', worker_id = NULL WHERE id = $1",
+                       job_id)
+    await run_burst(pool, db_url)
+    await page.wait_for_function("document.querySelector('#job-status').textContent === 'completed'")
+    assert await page.evaluate("window.notReloaded") is True
+
+
+async def claim_by_hand(pool: asyncpg.Pool, job_id: UUID) -> UUID:
+    """What a worker's claim does to the row, so a progress report is accepted."""
+    worker_id = await pool.fetchval("SELECT gen_random_uuid()")
+    await pool.execute("UPDATE job_queue SET status = 'running', worker_id = $2,"
+                       " attempts = attempts + 1 WHERE id = $1", job_id, worker_id)
+    return worker_id
+
+
+async def shot(page: object, name: str) -> None:
+    folder = os.environ.get("SIDELINJA_SCREENSHOT_DIR")
+    if folder:
+        await page.set_viewport_size({"width": 1200, "height": 760})  # type: ignore[attr-defined]
+        await page.screenshot(path=str(Path(folder) / name), full_page=True)  # type: ignore[attr-defined]
+
+
+async def test_a_workspace_token_never_sees_another_workspace(pool: asyncpg.Pool, db_url: str,
+                                                              admin: str, browser: object) -> None:
+    a, b, b_job = await seed(pool)
+    page = await logged_in(browser, admin, token_for(db_url, "--workspace", str(a)))
+    for query in ("status=all", f"status=all&workspace={b}", f"status=error&workspace={b}"):
+        await page.goto(f"{admin}/admin/jobs?{query}")
+        assert str(b_job) not in await row_ids(page) and len(await row_ids(page)) > 0
+
+    await page.goto(f"{admin}/admin/jobs/{b_job}")
+    assert await page.is_visible("#missing")
+    assert "B-only" not in await page.content()
+
+    await page.goto(f"{admin}/admin/jobs?status=error")
+    await page.wait_for_selector("body[data-live=on]")
+    await page.evaluate("""() => { window.seen = [];
+        const s = new EventSource('/admin/events');
+        s.onmessage = m => window.seen.push(JSON.parse(m.data));
+        return new Promise(r => { s.onopen = r; }); }""")
+    a_job = await pool.fetchval("SELECT id FROM job_queue WHERE workspace_id = $1 LIMIT 1", a)
+    await pool.execute("UPDATE job_queue SET status = 'retry' WHERE id = $1", b_job)
+    await pool.execute("UPDATE job_queue SET status = 'error', priority = 1 WHERE id = $1", a_job)
+    await pool.execute("UPDATE job_queue SET status = 'retry' WHERE id = $1", a_job)
+    await page.wait_for_function(f"window.seen.some(e => e.id === '{a_job}')")
+    seen = await page.evaluate("window.seen")
+    assert {e["workspace_id"] for e in seen} == {str(a)}
+
+    csrf = await page.get_attribute("form.bulk input[name=csrf]", "value")
+    forged = await page.request.post(f"{admin}/admin/jobs/bulk-retry",
+                                     form={"status": "all", "workspace": str(b), "csrf": csrf})
+    assert forged.ok
+    no_csrf = await page.request.post(f"{admin}/admin/jobs/bulk-retry", form={"status": "all"})
+    assert no_csrf.status == 403
+    page.once("dialog", lambda d: asyncio.ensure_future(d.accept()))
+    await page.click("#bulk-retry")
+    await page.wait_for_selector("#retried")
+    assert await pool.fetchval("SELECT status::text FROM job_queue WHERE id = $1", b_job) == "retry"
+    assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE workspace_id = $1"
+                               " AND status IN ('error', 'retry')", a) == 0

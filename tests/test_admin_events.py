@@ -1,0 +1,132 @@
+"""Status events from PostgreSQL on `sidelinja_job_events`: the documented payload, batched per
+statement, workspace, type and change; and the app's fan-out per token scope."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import orjson
+import pytest
+
+from sidelinja_worker.admin import events as events_module
+from sidelinja_worker.admin.events import CHANNEL, EventHub, explode
+from sidelinja_worker.admin.store import Scope
+from sidelinja_worker.db import connect
+from tests.helpers import insert_jobs
+
+
+async def collect(url: str, action: Any, settle_s: float = 0.3) -> list[dict[str, Any]]:
+    got: list[dict[str, Any]] = []
+    conn = await connect(url)
+    await conn.add_listener(CHANNEL, lambda *a: got.append(orjson.loads(a[3])))
+    try:
+        await action()
+        await asyncio.sleep(settle_s)  # notifications are delivered after commit, asynchronously
+    finally:
+        await conn.close()
+    return got
+
+
+async def test_inserts_and_status_changes_are_published_in_batches(pool: asyncpg.Pool,
+                                                                    db_url: str) -> None:
+    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
+    b = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('B') RETURNING id")
+
+    async def enqueue() -> None:
+        await insert_jobs(pool, a, 3)
+        await insert_jobs(pool, b, 1)
+
+    inserted = await collect(db_url, enqueue)
+    assert sorted((p["workspace_id"], len(p["ids"])) for p in inserted) == sorted(
+        [(str(a), 3), (str(b), 1)])
+    assert all(p["status"] == "pending" for p in inserted)
+
+    changed = await collect(db_url, lambda: pool.execute(
+        "UPDATE job_queue SET status = 'error', attempts = 3"))
+    assert len(changed) == 2
+    one = next(p for p in changed if p["workspace_id"] == str(a))
+    assert set(one) == {"workspace_id", "job_type", "status", "max_attempts", "ids", "attempts"}
+    assert (one["job_type"], one["status"], one["max_attempts"], one["attempts"]) == (
+        "noop", "error", 3, [3, 3, 3])
+
+
+async def test_a_big_statement_is_split_under_the_notify_limit(pool: asyncpg.Pool,
+                                                                db_url: str) -> None:
+    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
+    got = await collect(db_url, lambda: insert_jobs(pool, a, 1000))
+    assert sum(len(p["ids"]) for p in got) == 1000
+    assert max(len(orjson.dumps(p)) for p in got) < 8000
+
+
+def test_explode_gives_one_event_per_job() -> None:
+    batch = {"workspace_id": "w", "job_type": "t", "status": "running", "max_attempts": 3, "ids": ["1", "2"], "attempts": [1, 2]}
+    events = explode(orjson.dumps(batch).decode())
+    assert [(e["id"], e["attempts"], e["status"]) for e in events] == [
+        ("1", 1, "running"), ("2", 2, "running")]
+    progress = {"id": "1", "workspace_id": "w", "job_type": "t", "status": "running",
+                "progress": {"message": "x"}}
+    assert explode(orjson.dumps(progress).decode()) == [progress]
+
+
+async def test_the_hub_gives_each_stream_only_its_workspace(pool: asyncpg.Pool,
+                                                           db_url: str) -> None:
+    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
+    b = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('B') RETURNING id")
+    hub = EventHub(db_url)
+    await hub.start()
+    streams = {name: hub.stream(Scope(None, ws)) for name, ws in (("a", a), ("b", b), ("all", None))}
+    try:
+        for s in streams.values():
+            assert b"connected" in await anext(s)
+        # B, A, B: a leak into either stream would be among the frames read below.
+        await insert_jobs(pool, b, 1)
+        await insert_jobs(pool, a, 2)
+        await insert_jobs(pool, b, 1)
+        seen = {name: [await asyncio.wait_for(anext(s), 5) for _ in range(n)]
+                for (name, s), n in zip(streams.items(), (2, 2, 4), strict=True)}
+    finally:
+        for s in streams.values():
+            await s.aclose()
+        await hub.stop()
+    for name, ws in (("a", a), ("b", b)):
+        assert all(orjson.loads(f[6:])["workspace_id"] == str(ws) for f in seen[name])
+    assert {orjson.loads(f[6:])["workspace_id"] for f in seen["all"]} == {str(a), str(b)}
+
+
+async def test_progress_reports_reach_the_channel(pool: asyncpg.Pool, db_url: str) -> None:
+    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
+    job: UUID = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, worker_id)"
+        " VALUES ($1, 'noop', '{}', 'running', $2) RETURNING id", a, a)
+    from sidelinja_worker import store
+
+    got = await collect(db_url, lambda: store.report_progress(pool, job, a, "Transkriberer…", 40))
+    assert got[0]["id"] == str(job) and got[0]["progress"]["message"] == "Transkriberer…"
+
+
+async def test_a_stream_ends_once_its_token_is_revoked(db_url: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(events_module, "KEEPALIVE_S", 0.05)
+    hub = EventHub(db_url)
+    await hub.start()
+    valid = [True, False]
+
+    async def still_valid() -> bool:
+        return valid.pop(0)
+
+    try:
+        frames = [f async for f in hub.stream(Scope(None, None), still_valid)]
+    finally:
+        await hub.stop()
+    assert frames[0].startswith(b"retry:") and frames[1:] == [b": keepalive\n\n"]
+
+
+async def test_events_can_be_switched_off(pool: asyncpg.Pool, db_url: str) -> None:
+    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
+    await pool.execute("UPDATE queue_settings SET value = 'false' WHERE name = 'job_events'")
+    assert await collect(db_url, lambda: insert_jobs(pool, a, 3)) == []
+    await pool.execute("UPDATE queue_settings SET value = 'true' WHERE name = 'job_events'")
+    assert len(await collect(db_url, lambda: insert_jobs(pool, a, 3))) == 1
