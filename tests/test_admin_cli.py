@@ -57,9 +57,10 @@ async def test_jobs_list_and_retry(pool: asyncpg.Pool, db_url: str, workspace: U
 
 async def test_worker_metrics_endpoint(pool: asyncpg.Pool, workspace: UUID) -> None:
     await insert_jobs(pool, workspace, 3)
-    metrics.completed("noop", 0.02)
-    metrics.failed("noop")
-    metrics.picked_up("noop", 0.2)
+    # A job type no other test uses: the hooks' counters are process-wide.
+    metrics.completed("metrics_probe", 0.02)
+    metrics.failed("metrics_probe")
+    metrics.picked_up("metrics_probe", 0.2)
     server = await metrics.serve(pool, 0, "127.0.0.1")
     port = server.sockets[0].getsockname()[1]
     try:
@@ -71,9 +72,9 @@ async def test_worker_metrics_endpoint(pool: asyncpg.Pool, workspace: UUID) -> N
         server.close()
     assert body.startswith("HTTP/1.1 200")
     assert 'sidelinja_jobs{job_type="noop",status="pending"} 3.0' in body
-    assert 'sidelinja_jobs_processed_total{job_type="noop",outcome="failed"}' in body
+    assert 'sidelinja_jobs_processed_total{job_type="metrics_probe",outcome="failed"}' in body
     assert "sidelinja_job_run_seconds_bucket" in body
-    assert 'sidelinja_job_pickup_latency_seconds_bucket{job_type="noop",le="0.5"} 1.0' in body
+    assert 'sidelinja_job_pickup_latency_seconds_bucket{job_type="metrics_probe",le="0.5"} 1.0' in body
     assert "sidelinja_oldest_due_job_age_seconds" in body
 
 
