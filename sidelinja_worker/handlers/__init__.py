@@ -4,6 +4,7 @@ from sidelinja_worker.handlers import noop
 from sidelinja_worker.handlers import srt_parse, whisper_transcribe
 from sidelinja_worker.handlers import dictation_cleanup, meeting_summarize, openrouter_analyze, research_clip
 from sidelinja_worker.handlers import stats_parse
+from sidelinja_worker.handlers import generate_embeddings, prompt_eval, valgomat_generate_profile, valgomat_moderation
 from sidelinja_worker.registry import Registry
 
 REGISTRY = Registry([
@@ -15,4 +16,8 @@ REGISTRY = Registry([
     dictation_cleanup.JOB_TYPE,
     meeting_summarize.JOB_TYPE,
     stats_parse.JOB_TYPE,
+    generate_embeddings.JOB_TYPE,
+    valgomat_generate_profile.JOB_TYPE,
+    valgomat_moderation.JOB_TYPE,
+    prompt_eval.JOB_TYPE,
 ])

@@ -113,6 +113,10 @@ class FakeAiGateway:
         self.key = key
         self.requests: list[Recorded] = []
         self.answers: dict[str, Callable[[Recorded], Any]] = dict(ANSWERS)
+        # Optional: the answer to a plain (not json_schema) chat request, and the vector for an
+        # embeddings input (text, dimensions); unset, the defaults below answer.
+        self.plain_answer: Callable[[Recorded], str] | None = None
+        self.vector: Callable[[str, int], list[float]] | None = None
         self._script: deque[Script] = deque()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -157,11 +161,13 @@ class FakeAiGateway:
         if path == f"{PREFIX}/chat/completions":
             return self._default_chat(recorded)
         if path == f"{PREFIX}/embeddings":
-            return _embeddings(body)
+            return _embeddings(body, self.vector or _vector)
         return error(404, f"Not found: {path}")
 
     def _default_chat(self, recorded: Recorded) -> Reply:
         if recorded.body.get("response_format", {}).get("type") != "json_schema":
+            if self.plain_answer is not None:
+                return completion(self.plain_answer(recorded), model=recorded.body.get("model", "unknown"))
             return completion("plain text answer")
         make = self.answers.get(recorded.schema_name or "")
         if make is None:
@@ -172,11 +178,13 @@ class FakeAiGateway:
         self._stopping.wait(delay_s)
 
 
-def _embeddings(body: dict[str, Any]) -> Reply:
+def _embeddings(body: dict[str, Any],
+                vector: Callable[[str, int], list[float]] | None = None) -> Reply:
+    vector = vector or _vector
     inputs = body.get("input")
     inputs = [inputs] if isinstance(inputs, str) else list(inputs or [])
     dims = int(body.get("dimensions") or 8)
-    data = [{"object": "embedding", "index": i, "embedding": _vector(text, dims)}
+    data = [{"object": "embedding", "index": i, "embedding": vector(text, dims)}
             for i, text in enumerate(inputs)]
     # Out of order on purpose: clients must sort by `index`.
     return Reply(200, {"object": "list", "data": data[::-1], "model": body.get("model"),

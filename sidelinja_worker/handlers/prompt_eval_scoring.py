@@ -1,0 +1,185 @@
+"""How `prompt_eval` scores an answer: the checks a test case can carry (exact, contains, regex,
+JSON-schema valid, numeric tolerance; the LLM judge is run by the handler) and a small JSON
+Schema validator.
+
+The validator covers the keywords test sets use (type, enum, const, properties, required,
+additionalProperties, items, min/maxItems, minimum/maximum, min/maxLength, pattern, anyOf);
+other keywords are ignored. It is here rather than the `jsonschema` package only because the
+project has no such dependency yet; swapping it in changes `schema_errors` alone."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+NUMBER = re.compile(r"-?\d+(?:[.,]\d+)?")
+_TYPES: dict[str, tuple[type, ...]] = {
+    "object": (dict,), "array": (list,), "string": (str,), "boolean": (bool,),
+    "integer": (int,), "number": (int, float), "null": (type(None),)}
+
+
+class _Check(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+
+class ExactCheck(_Check):
+    kind: Literal["exact"]
+    value: str
+    ignore_case: bool = False
+
+
+class ContainsCheck(_Check):
+    kind: Literal["contains"]
+    value: str = Field(min_length=1)
+    ignore_case: bool = False
+
+
+class RegexCheck(_Check):
+    kind: Literal["regex"]
+    pattern: str = Field(min_length=1)
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+
+class JsonSchemaCheck(_Check):
+    kind: Literal["json_schema"]
+    json_schema: dict[str, Any] = Field(alias="schema")
+
+
+class NumericCheck(_Check):
+    kind: Literal["numeric"]
+    value: float
+    tolerance: float = Field(default=0.0, ge=0)
+
+
+class JudgeCheck(_Check):
+    kind: Literal["judge"]
+    criteria: str = Field(min_length=1)
+
+
+Check = Annotated[ExactCheck | ContainsCheck | RegexCheck | JsonSchemaCheck | NumericCheck | JudgeCheck,
+                  Field(discriminator="kind")]
+
+
+@dataclass(frozen=True)
+class Score:
+    kind: str
+    passed: bool
+    detail: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "passed": self.passed, "detail": self.detail}
+
+
+def score(check: Check, output: str) -> Score:
+    """One non-judge check of `output`."""
+    text = output.strip()
+    if isinstance(check, ExactCheck):
+        a, b = (text.casefold(), check.value.strip().casefold()) if check.ignore_case else (text, check.value.strip())
+        return Score("exact", a == b)
+    if isinstance(check, ContainsCheck):
+        a, b = (text.casefold(), check.value.casefold()) if check.ignore_case else (text, check.value)
+        return Score("contains", b in a)
+    if isinstance(check, RegexCheck):
+        return Score("regex", re.search(check.pattern, output) is not None)
+    if isinstance(check, JsonSchemaCheck):
+        return _json_score(check.json_schema, text)
+    if isinstance(check, NumericCheck):
+        return _numeric_score(check, text)
+    raise TypeError(f"{check.kind} is scored by the judge")
+
+
+def _json_score(schema: dict[str, Any], text: str) -> Score:
+    if text.startswith("```") and text.endswith("```"):
+        text = text[3:-3].split("\n", 1)[-1] if "\n" in text else text[3:-3]
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return Score("json_schema", False, f"not JSON: {exc}")
+    errors = schema_errors(schema, value)
+    return Score("json_schema", not errors, "; ".join(errors[:3]) or None)
+
+
+def _numeric_score(check: NumericCheck, text: str) -> Score:
+    found = NUMBER.search(text.replace("\u2212", "-").replace("\u00a0", "").replace(" ", ""))
+    if found is None:
+        return Score("numeric", False, "no number in the answer")
+    got = float(found.group().replace(",", "."))
+    return Score("numeric", abs(got - check.value) <= check.tolerance, f"got {got:g}")
+
+
+def schema_errors(schema: dict[str, Any], value: Any, where: str = "$") -> list[str]:
+    """What in `value` breaks `schema` (the subset named in the module docstring)."""
+    if "anyOf" in schema:
+        if all(schema_errors(sub, value, where) for sub in schema["anyOf"]):
+            return [f"{where}: matches none of anyOf"]
+    if "enum" in schema and value not in schema["enum"]:
+        return [f"{where}: {value!r} not in enum"]
+    if "const" in schema and value != schema["const"]:
+        return [f"{where}: not {schema['const']!r}"]
+    kind = schema.get("type")
+    if kind is not None and not _is_type(value, kind):
+        return [f"{where}: expected {kind}"]
+    if isinstance(value, dict):
+        return _object_errors(schema, value, where)
+    if isinstance(value, list):
+        return _array_errors(schema, value, where)
+    return _scalar_errors(schema, value, where)
+
+
+def _is_type(value: Any, kind: str | list[str]) -> bool:
+    kinds = [kind] if isinstance(kind, str) else kind
+    if isinstance(value, bool):
+        return "boolean" in kinds
+    return any(isinstance(value, _TYPES.get(k, ())) for k in kinds)
+
+
+def _object_errors(schema: dict[str, Any], value: dict[str, Any], where: str) -> list[str]:
+    errors = [f"{where}: missing {name!r}" for name in schema.get("required", []) if name not in value]
+    props = schema.get("properties", {})
+    for name, sub in value.items():
+        if name in props:
+            errors += schema_errors(props[name], sub, f"{where}.{name}")
+        elif schema.get("additionalProperties") is False:
+            errors.append(f"{where}: unexpected {name!r}")
+    return errors
+
+
+def _array_errors(schema: dict[str, Any], value: list[Any], where: str) -> list[str]:
+    errors = []
+    if len(value) < schema.get("minItems", 0):
+        errors.append(f"{where}: fewer than {schema['minItems']} items")
+    if "maxItems" in schema and len(value) > schema["maxItems"]:
+        errors.append(f"{where}: more than {schema['maxItems']} items")
+    if isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            errors += schema_errors(schema["items"], item, f"{where}[{i}]")
+    return errors
+
+
+def _scalar_errors(schema: dict[str, Any], value: Any, where: str) -> list[str]:
+    errors = []
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            errors.append(f"{where}: below {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            errors.append(f"{where}: above {schema['maximum']}")
+    if isinstance(value, str):
+        if len(value) < schema.get("minLength", 0):
+            errors.append(f"{where}: shorter than {schema['minLength']}")
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            errors.append(f"{where}: longer than {schema['maxLength']}")
+        if "pattern" in schema and re.search(schema["pattern"], value) is None:
+            errors.append(f"{where}: does not match {schema['pattern']!r}")
+    return errors

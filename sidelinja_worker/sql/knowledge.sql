@@ -1,0 +1,87 @@
+-- Runtime SQL of the knowledge job types (generate_embeddings, valgomat_*, prompt_eval), as
+-- named blocks; run only by knowledge_store.py. Every statement is keyed by workspace_id.
+
+-- name: pgvector_ready
+SELECT to_regclass('knowledge_embeddings') IS NOT NULL
+
+-- name: node_texts
+SELECT node_id, content FROM knowledge_nodes
+WHERE workspace_id = $1 AND node_id = ANY($2::text[])
+
+-- name: embedding_state
+SELECT ref, content_sha256, dims FROM knowledge_embeddings
+WHERE workspace_id = $1 AND model = $2 AND ref = ANY($3::text[])
+
+-- name: save_embedding
+INSERT INTO knowledge_embeddings (workspace_id, ref, model, dims, content_sha256, embedding, job_id)
+VALUES ($1, $2, $3, $4, $5, $6::text::vector, $7)
+ON CONFLICT (workspace_id, model, ref) DO UPDATE
+SET dims = EXCLUDED.dims, content_sha256 = EXCLUDED.content_sha256,
+    embedding = EXCLUDED.embedding, job_id = EXCLUDED.job_id, updated_at = now()
+
+-- name: exact_hnsw_scan
+SET LOCAL hnsw.iterative_scan = strict_order
+
+-- name: similar_1536
+-- The expression and predicate of knowledge_embeddings_hnsw_1536, so the planner can use it.
+SELECT ref, 1 - (embedding::vector(1536) <=> $3::text::vector(1536)) AS similarity
+FROM knowledge_embeddings
+WHERE workspace_id = $1 AND model = $2 AND dims = 1536
+ORDER BY embedding::vector(1536) <=> $3::text::vector(1536)
+LIMIT $4
+
+-- name: similar_any
+SELECT ref, 1 - (embedding <=> $3::text::vector) AS similarity
+FROM knowledge_embeddings
+WHERE workspace_id = $1 AND model = $2 AND dims = $5
+ORDER BY embedding <=> $3::text::vector
+LIMIT $4
+
+-- name: save_profile
+INSERT INTO valgomat_profiles (workspace_id, quiz_id, party, job_id, model, profile)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (workspace_id, quiz_id, party) DO UPDATE
+SET job_id = EXCLUDED.job_id, model = EXCLUDED.model, profile = EXCLUDED.profile, updated_at = now()
+RETURNING id
+
+-- name: quiz_questions
+SELECT question_id, text, embedding_model, embedding_sha256, embedding
+FROM valgomat_questions WHERE workspace_id = $1 AND quiz_id = $2
+ORDER BY question_id
+
+-- name: save_question_embedding
+UPDATE valgomat_questions
+SET embedding_model = $4, embedding_sha256 = $5, embedding = $6
+WHERE workspace_id = $1 AND quiz_id = $2 AND question_id = $3
+
+-- name: save_moderation
+-- A review a moderator has decided is kept: the upsert then returns no row.
+INSERT INTO valgomat_moderation (workspace_id, quiz_id, submission_ref, question, duplicate_of,
+                                 similarity, rewrite, flags, result, model, job_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+ON CONFLICT (workspace_id, quiz_id, submission_ref) DO UPDATE
+SET question = EXCLUDED.question, duplicate_of = EXCLUDED.duplicate_of,
+    similarity = EXCLUDED.similarity, rewrite = EXCLUDED.rewrite, flags = EXCLUDED.flags,
+    result = EXCLUDED.result, model = EXCLUDED.model, job_id = EXCLUDED.job_id, updated_at = now()
+WHERE valgomat_moderation.status = 'pending'
+RETURNING id
+
+-- name: moderation_status
+SELECT id, status FROM valgomat_moderation
+WHERE workspace_id = $1 AND quiz_id = $2 AND submission_ref = $3
+
+-- name: save_eval_run
+INSERT INTO prompt_eval_runs (workspace_id, run_ref, job_id, prompt, models, summary)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (workspace_id, run_ref) DO UPDATE
+SET job_id = EXCLUDED.job_id, prompt = EXCLUDED.prompt, models = EXCLUDED.models,
+    summary = EXCLUDED.summary, updated_at = now()
+RETURNING id
+
+-- name: clear_eval_results
+DELETE FROM prompt_eval_results WHERE run_id = $1 AND workspace_id = $2
+
+-- name: save_eval_result
+INSERT INTO prompt_eval_results (run_id, workspace_id, model, case_id, passed, output, error,
+                                 scores, latency_ms, prompt_tokens, completion_tokens)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
