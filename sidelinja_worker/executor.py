@@ -27,21 +27,30 @@ log = logging.getLogger("sidelinja_worker.job")
 # Why the worker cancelled a running handler; read by the executor to record the right outcome.
 CANCEL_REQUESTED = "cancel-requested"
 SHUTDOWN = "shutdown"
+TIMED_OUT = "timed-out"
+
+
+def timeout_for(job: ClaimedJob, registry: Registry, max_timeout_s: float) -> float:
+    """The job's own timeout (`timeout_s`), else its type's, never above the worker's cap."""
+    jt = registry.get(job.job_type)
+    default_s = jt.timeout_s if jt is not None else max_timeout_s
+    return min(float(job.timeout_s or default_s), max_timeout_s)
 
 
 async def execute(job: ClaimedJob, registry: Registry, writer: OutcomeWriter,
-                  services: Services, worker_id: UUID, max_timeout_s: float,
+                  services: Services, worker_id: UUID, timeout_s: float,
                   cancel_reason: Callable[[], str | None]) -> None:
+    """Runs `job` to one recorded outcome. The worker enforces `timeout_s` by cancelling the
+    task with the reason TIMED_OUT (one watchdog for all jobs is far cheaper than a timer per
+    job); the reason decides what a cancellation means."""
     logs.bind_job(job)  # every line this task logs carries the job's id, type, workspace
     jt = registry.get(job.job_type)
     if jt is None:  # only when a worker was started with a type it then lost; be explicit
         _fail(writer, job, "unknown_type", f"no handler for job type {job.job_type!r}",
               permanent=True)
         return
-    timeout_s = min(float(job.timeout_s or jt.timeout_s), max_timeout_s)
     ctx = JobContext(job.id, job.workspace_id, job.job_type, job.attempt, job.max_attempts,
                      services, worker_id)
-    deadline = asyncio.timeout(timeout_s)
     try:
         missing = services.config.missing(jt.needs_settings)
         if missing:
@@ -49,8 +58,7 @@ async def execute(job: ClaimedJob, registry: Registry, writer: OutcomeWriter,
                                  f"to run {job.job_type} jobs")
         payload = jt.parse_payload(job.payload)
         started_s = time.perf_counter()
-        async with deadline:
-            result = await jt.handler(ctx, payload)
+        result = await jt.handler(ctx, payload)
         writer.completed(job.id, _encode_result(result), ctx.follow_ups)
         metrics.completed(job.job_type, time.perf_counter() - started_s)
         if log.isEnabledFor(logging.INFO):
@@ -58,11 +66,8 @@ async def execute(job: ClaimedJob, registry: Registry, writer: OutcomeWriter,
                      job.attempt, job.max_attempts)
     except RawResultError as exc:
         _fail(writer, job, "bad_result", str(exc), permanent=True)
-    except TimeoutError:
-        if not deadline.expired():  # the handler's own TimeoutError (an HTTP read, say)
-            _fail(writer, job, "transient", "TimeoutError: a call timed out")
-        else:
-            _fail(writer, job, "timeout", f"timed out after {timeout_s:g} s")
+    except TimeoutError:  # the handler's own (an HTTP read, say); ours is a cancellation
+        _fail(writer, job, "transient", "TimeoutError: a call timed out")
     except RetryJob as exc:
         _fail(writer, job, "transient", str(exc), after_s=exc.after_s)
     except PermanentError as exc:
@@ -73,7 +78,10 @@ async def execute(job: ClaimedJob, registry: Registry, writer: OutcomeWriter,
         writer.released(Release(job.id, until, str(exc)))
     except asyncio.CancelledError:
         asyncio.current_task().uncancel()  # type: ignore[union-attr]
-        if cancel_reason() == CANCEL_REQUESTED:
+        reason = cancel_reason()
+        if reason == TIMED_OUT:
+            _fail(writer, job, "timeout", f"timed out after {timeout_s:g} s")
+        elif reason == CANCEL_REQUESTED:
             writer.cancelled(job.id)
         else:  # shutdown past the grace period: back to the queue, not a failed attempt
             writer.released(Release(job.id, None))

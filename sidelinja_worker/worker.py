@@ -33,6 +33,7 @@ CLAIM_RETRY_MAX_S = 5.0
 # held ready, so the next batch is in hand when the current one ends and the claim's round trip
 # overlaps with running jobs. Longer jobs are never hoarded from other workers.
 PREFETCH_BELOW_S = 0.005
+TIMEOUT_TICK_S = 0.05  # how late a timeout may fire
 DRAIN_AT_EXIT_S = 10.0
 LOST_LEASE = "lost-lease"
 
@@ -54,6 +55,7 @@ class Worker:
         self._registry = registry
         self._running: dict[UUID, asyncio.Task[None]] = {}
         self._ready: deque[ClaimedJob] = deque()  # claimed, not started (prefetch)
+        self._deadlines: dict[UUID, float] = {}  # job id -> monotonic time its timeout ends
         self._job_time_s = 1.0  # moving average of handler run time; starts "long"
         self._cancel_reasons: dict[UUID, str] = {}
         self._wake = asyncio.Event()
@@ -109,6 +111,7 @@ class Worker:
             asyncio.create_task(self._limits.run(), name="limits"),
             asyncio.create_task(self._writer.run(), name="outcomes"),
             asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+            asyncio.create_task(self._timeout_watchdog(), name="timeouts"),
             asyncio.create_task(rescue_loop(self._pool, self.settings), name="rescue"),
             asyncio.create_task(prune_loop(self._pool, self.settings), name="prune"),
         ]
@@ -204,18 +207,20 @@ class Worker:
         while self._ready and len(self._running) < self.settings.max_concurrent:
             job = self._ready.popleft()
             metrics.picked_up(job.job_type, job.waited_s)
-            self._running[job.id] = asyncio.create_task(self._execute(job))
+            timeout_s = executor.timeout_for(job, self._registry, self.settings.max_timeout_s)
+            self._deadlines[job.id] = time.monotonic() + timeout_s
+            self._running[job.id] = asyncio.create_task(self._execute(job, timeout_s))
 
-    async def _execute(self, job: ClaimedJob) -> None:
+    async def _execute(self, job: ClaimedJob, timeout_s: float) -> None:
         started = time.monotonic()
         try:
             assert self._services is not None
             await executor.execute(job, self._registry, self._writer, self._services, self.id,
-                                   self.settings.max_timeout_s,
-                                   lambda: self._cancel_reasons.get(job.id))
+                                   timeout_s, lambda: self._cancel_reasons.get(job.id))
         finally:
             self._job_time_s += (time.monotonic() - started - self._job_time_s) * 0.1
             del self._running[job.id]
+            del self._deadlines[job.id]
             self._cancel_reasons.pop(job.id, None)
             self._slot_freed.set()
             if self._ready and not self._stop.is_set():
@@ -268,6 +273,18 @@ class Worker:
             except DB_ERRORS as exc:
                 log.warning("heartbeat failed (%s); lease runs out in %.1fs",
                             exc, self._lease_deadline - loop.time())
+
+    async def _timeout_watchdog(self) -> None:
+        """Cancels handlers past their deadline, checking every TIMEOUT_TICK_S: one loop for
+        all jobs instead of a timer armed and disarmed per job on the hot path."""
+        while True:
+            await asyncio.sleep(TIMEOUT_TICK_S)
+            now = time.monotonic()
+            for job_id, deadline in list(self._deadlines.items()):
+                task = self._running.get(job_id)
+                if deadline <= now and task is not None and job_id not in self._cancel_reasons:
+                    self._cancel_reasons[job_id] = executor.TIMED_OUT
+                    task.cancel()
 
     async def _reconcile(self) -> None:
         """Compares what the database says we run with what we do run. A job we hold but never
