@@ -19,15 +19,27 @@ from sidelinja_worker.limits import RateLimiter
 log = logging.getLogger("sidelinja_worker.job")
 
 
-@dataclass(frozen=True)
 class Services:
     """Process-wide resources shared by every handler. Outbound HTTP goes through the one
-    `http` client; each service client sets its own timeouts per request."""
+    `http` client; each service client sets its own timeouts per request. The client is made
+    on first use: a worker that only runs local jobs never pays for TLS set-up."""
 
-    pool: asyncpg.Pool
-    http: httpx.AsyncClient
-    config: ServiceConfig
-    limiter: RateLimiter
+    def __init__(self, pool: asyncpg.Pool, http: httpx.AsyncClient | None, config: ServiceConfig,
+                 limiter: RateLimiter) -> None:
+        self.pool = pool
+        self.config = config
+        self.limiter = limiter
+        self._http = http
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0))
+        return self._http
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
 
 
 @dataclass
