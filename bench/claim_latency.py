@@ -1,6 +1,6 @@
 """How long one claim of 50 takes as the table grows: 10k pending, 10k pending beside 1M
-finished rows, and 1M pending. Each claim runs in a transaction that is rolled back, so every
-claim sees the same queue."""
+finished rows, and 1M pending; for the plain and the fair claim. Each claim runs in a
+transaction that is rolled back, so every claim sees the same queue."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from pathlib import Path
 from uuid import UUID, uuid4
 
 import asyncpg
-
 from sidelinja_worker import store
+from sidelinja_worker.jobs import ClaimedJob
 from sidelinja_worker.queries import QUERIES
 
 CLAIM_LIMIT = 50
+JOB_TYPES = ["noop"]
 SAMPLES = 50
 WARM_UP = 10  # past asyncpg's prepare and PostgreSQL's switch to a generic plan (5 runs)
 SMALL = 10_000
@@ -34,8 +35,33 @@ FROM (SELECT now() - make_interval(secs => g / 100.0) AS t
 
 
 @dataclass(frozen=True)
+class Variant:
+    """One of the worker's claim statements: how to call it and how to EXPLAIN it."""
+
+    name: str
+    query: str  # its block in sql/queries.sql
+    fair: bool | None  # None: `store.claim`; else `store.claim_with_limits(fair=...)`
+
+    async def claim(self, conn: asyncpg.Connection, worker_id: UUID) -> list[ClaimedJob]:
+        if self.fair is None:
+            return await store.claim(conn, worker_id, CLAIM_LIMIT, JOB_TYPES)
+        return await store.claim_with_limits(conn, worker_id, CLAIM_LIMIT, JOB_TYPES,
+                                             fair=self.fair, capped=False)
+
+    def params(self, worker_id: UUID) -> tuple[object, ...]:
+        base = (worker_id, CLAIM_LIMIT, JOB_TYPES)
+        return base if self.fair is None else (*base, self.fair)
+
+
+# The plain claim is the one the issue names; the fair one is what a worker runs by default
+# (queue setting fair_workspaces, on unless turned off).
+VARIANTS = (Variant("plain", "claim", None), Variant("fair", "claim_fair", True))
+
+
+@dataclass(frozen=True)
 class ClaimTiming:
     label: str
+    variant: str
     median_ms: float
     p90_ms: float
 
@@ -45,26 +71,33 @@ async def fill(conn: asyncpg.Connection, workspace_id: UUID, n: int, status: str
     await conn.execute("VACUUM ANALYZE job_queue")
 
 
-async def time_claims(conn: asyncpg.Connection, worker_id: UUID, label: str) -> ClaimTiming:
+async def time_claims(conn: asyncpg.Connection, worker_id: UUID, variant: Variant,
+                      label: str) -> ClaimTiming:
     samples = []
     for i in range(WARM_UP + SAMPLES):
         tx = conn.transaction()
         await tx.start()
         try:
             started = time.perf_counter()
-            claimed = await store.claim(conn, worker_id, CLAIM_LIMIT, ["noop"])
+            claimed = await variant.claim(conn, worker_id)
             elapsed_ms = (time.perf_counter() - started) * 1000
         finally:
             await tx.rollback()
         if len(claimed) != CLAIM_LIMIT:
-            raise RuntimeError(f"claim returned {len(claimed)} jobs, expected {CLAIM_LIMIT}")
+            raise RuntimeError(f"{variant.name} claim returned {len(claimed)} jobs, "
+                               f"expected {CLAIM_LIMIT}")
         if i >= WARM_UP:
             samples.append(elapsed_ms)
     deciles = statistics.quantiles(samples, n=10)
-    return ClaimTiming(label, statistics.median(samples), deciles[8])
+    return ClaimTiming(label, variant.name, statistics.median(samples), deciles[8])
 
 
-async def explain(conn: asyncpg.Connection, worker_id: UUID, generic: bool) -> str:
+async def time_all(conn: asyncpg.Connection, worker_id: UUID, label: str) -> list[ClaimTiming]:
+    return [await time_claims(conn, worker_id, v, label) for v in VARIANTS]
+
+
+async def explain(conn: asyncpg.Connection, worker_id: UUID, variant: Variant,
+                  generic: bool) -> str:
     """EXPLAIN (ANALYZE, BUFFERS) of the claim, rolled back; `generic` forces the plan that a
     prepared statement gets after five runs, which is the one the worker's pool uses."""
     tx = conn.transaction()
@@ -72,39 +105,47 @@ async def explain(conn: asyncpg.Connection, worker_id: UUID, generic: bool) -> s
     try:
         if generic:
             await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) " + QUERIES["claim"],
-                                worker_id, CLAIM_LIMIT, ["noop"])
+        rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) " + QUERIES[variant.query],
+                                *variant.params(worker_id))
     finally:
         await tx.rollback()
     return "\n".join(r[0] for r in rows)
 
 
 def plan_summary(plan: str) -> str:
-    pending = "idx_job_queue_pending" in plan
-    pkey = "job_queue_pkey" in plan
+    indexes = [name for name in ("idx_job_queue_pending", "idx_job_queue_workspace_pending",
+                                 "job_queue_pkey") if name in plan]
     seq = "Seq Scan on job_queue" in plan
-    return (f"idx_job_queue_pending: {'yes' if pending else 'NO'}, "
-            f"primary key: {'yes' if pkey else 'NO'}, seq scan of job_queue: {'YES' if seq else 'no'}")
+    return f"{', '.join(indexes) or 'no index'}{'; SEQ SCAN of job_queue' if seq else ''}"
+
+
+async def write_plans(conn: asyncpg.Connection, worker_id: UUID, plan_file: Path) -> str:
+    """Both variants' custom and generic plans at 1M pending into `plan_file`; returns a
+    one-line summary of which indexes each generic plan uses."""
+    sections, summary = [], []
+    for variant in VARIANTS:
+        for generic in (False, True):
+            plan = await explain(conn, worker_id, variant, generic)
+            kind = "generic plan (a reused prepared statement)" if generic else "custom plan"
+            sections.append(f"-- {variant.name} claim ({variant.query}) of {CLAIM_LIMIT}, "
+                            f"1M pending, {kind}\n{plan}\n")
+            if generic:
+                summary.append(f"{variant.name}: {plan_summary(plan)}")
+    plan_file.write_text("\n".join(sections))
+    return "; ".join(summary)
 
 
 async def measure(conn: asyncpg.Connection, workspace_id: UUID,
                   plan_file: Path) -> tuple[list[ClaimTiming], str]:
-    """The three table shapes, smallest first; writes the 1M plans to `plan_file` and returns
-    a one-line summary of the generic one."""
+    """The three table shapes, smallest first; returns every timing and the plan summary."""
     await conn.execute("TRUNCATE job_queue, job_workers")
     worker_id = uuid4()
-    await store.register_worker(conn, worker_id, "bench", 0, ["noop"], 3600)
-    timings = []
+    await store.register_worker(conn, worker_id, "bench", 0, JOB_TYPES, 3600)
     await fill(conn, workspace_id, SMALL, "pending")
-    timings.append(await time_claims(conn, worker_id, "10k pending"))
+    timings = await time_all(conn, worker_id, "10k pending")
     await fill(conn, workspace_id, LARGE, "completed")
-    timings.append(await time_claims(conn, worker_id, "10k pending + 1M completed"))
+    timings += await time_all(conn, worker_id, "10k pending + 1M completed")
     await conn.execute("TRUNCATE job_queue")
     await fill(conn, workspace_id, LARGE, "pending")
-    timings.append(await time_claims(conn, worker_id, "1M pending"))
-    custom = await explain(conn, worker_id, generic=False)
-    generic = await explain(conn, worker_id, generic=True)
-    plan_file.write_text(f"-- claim of {CLAIM_LIMIT}, 1M pending, custom plan\n{custom}\n\n"
-                         f"-- same, generic plan (what a reused prepared statement runs)\n"
-                         f"{generic}\n")
-    return timings, f"custom plan: {plan_summary(custom)}; generic plan: {plan_summary(generic)}"
+    timings += await time_all(conn, worker_id, "1M pending")
+    return timings, await write_plans(conn, worker_id, plan_file)

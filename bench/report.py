@@ -7,6 +7,9 @@ import platform
 import subprocess
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
+
+import sidelinja_worker
 
 from common import BENCH_DIR
 
@@ -30,9 +33,15 @@ def table(rows: list[Row]) -> str:
 
 
 def worker_revision() -> str:
-    """The commit of the worker under test; `+dirty` when its tree has uncommitted changes."""
+    """The commit of the worker under test, `+dirty` when its tree has uncommitted changes;
+    or where it was imported from, when that is not this repository (PYTHONPATH)."""
+    package = Path(sidelinja_worker.__file__).resolve().parent
+    repo = BENCH_DIR.parent
+    if package != repo / "sidelinja_worker":
+        return f"imported from {package}"
+
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(BENCH_DIR.parent), *args], capture_output=True,
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True,
                               text=True, check=False).stdout.strip()
     head = git("rev-parse", "--short", "HEAD") or "unknown"
     dirty = git("status", "--porcelain", "--", "sidelinja_worker")

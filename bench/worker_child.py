@@ -13,11 +13,12 @@ import asyncio
 import logging
 import signal
 
-from procmem import print_report
 from sidelinja_worker.db import create_pool
 from sidelinja_worker.handlers import REGISTRY
 from sidelinja_worker.settings import WorkerSettings
 from sidelinja_worker.worker import Worker
+
+from procmem import print_report
 
 POOL_SIZE = 5  # what `sidelinja-worker run` opens (commands.cmd_run)
 

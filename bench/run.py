@@ -1,0 +1,258 @@
+"""The benchmark (issue 7), one command:
+
+    python bench/run.py [--jobs 20000] [--database-url URL]
+
+Creates throwaway databases on the server at URL (default: DATABASE_URL, else the local
+PostgreSQL), measures, drops them, prints one markdown table and writes it to
+bench/results/latest.md. bench/README.md says what each row means."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from dataclasses import dataclass
+from uuid import UUID, uuid4
+
+import asyncpg
+from sidelinja_worker.db import connect
+
+import baseline
+import claim_latency
+import peers
+import sidelinja_bench as sw
+from common import RESULTS_DIR, Latency, create_database, drop_database
+from procmem import Memory
+from report import Row, document
+
+DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+CONCURRENCIES = (1, 10, 50)
+TARGET_ENQUEUE_PER_S = 30_000
+TARGET_DRAIN_50_PER_S = 25_000
+TARGET_IDLE_MB = 60
+TARGET_DRAINING_MB = 120
+TARGET_CLAIM_GROWTH = 2.0
+# Anything else running (a test suite, say) takes CPU from PostgreSQL and the worker alike.
+BUSY_LOAD = len(os.sched_getaffinity(0)) / 2
+
+
+@dataclass(frozen=True)
+class Ours:
+    enqueue_per_s: list[float]
+    drains: list[sw.Drain]
+    seed_per_s: float
+    seed_wall_s: float
+    idle: Memory
+    latency: Latency
+    claims: list[claim_latency.ClaimTiming]
+    plan_summary: str
+
+
+def say(line: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
+async def measure_ours(url: str, dbname: str, n: int) -> Ours:
+    conn = await connect(url)
+    try:
+        workspace_id = await sw.prepare(conn)
+        await sw.warm_up(conn, workspace_id)
+        rates, drains = [], []
+        for concurrency in CONCURRENCIES:
+            say(f"sidelinja-worker: enqueue {n}, drain at concurrency {concurrency}")
+            await sw.empty_queue(conn)
+            since = await sw.server_now(conn)
+            rates.append(await sw.enqueue(conn, workspace_id, n))
+            await sw.refresh_statistics(conn)
+            drains.append(await sw.drain(conn, url, concurrency, since))
+        say("seed loop baseline (3 slots)")
+        seed_per_s, seed_wall_s, seed_enqueue_per_s = await _seed(conn, url, workspace_id, n)
+        rates.append(seed_enqueue_per_s)
+        say("sidelinja-worker: idle memory and pickup latency")
+        idle, latency = await sw.idle_and_latency(conn, url, dbname, workspace_id)
+        say("claim latency at 10k / 10k + 1M completed / 1M pending (the slow part)")
+        plan_file = RESULTS_DIR / "claim_plan_1m.txt"
+        claims, summary = await claim_latency.measure(conn, workspace_id, plan_file)
+        return Ours(rates, drains, seed_per_s, seed_wall_s, idle, latency, claims, summary)
+    finally:
+        await conn.close()
+
+
+async def _seed(conn: asyncpg.Connection, url: str, workspace_id: UUID,
+                n: int) -> tuple[float, float, float]:
+    """(jobs/s, wall s, jobs/s of its enqueue) of the seed's loop on fresh jobs."""
+    await sw.empty_queue(conn)
+    since = await sw.server_now(conn)
+    enqueue_per_s = await sw.enqueue(conn, workspace_id, n)
+    await sw.refresh_statistics(conn)
+    run = await baseline.drain(url)
+    jobs, span_s = await sw.drain_span(conn, since)
+    return jobs / span_s, run.wall_s, enqueue_per_s
+
+
+async def run_all(admin_url: str, n: int) -> str:
+    tag = uuid4().hex[:8]
+    names = {part: f"bench_{tag}_{part}" for part in ("sw", "procrastinate", "pgqueuer")}
+    created: list[str] = []
+    try:
+        urls = {}
+        for part, name in names.items():
+            urls[part] = await create_database(admin_url, name)
+            created.append(name)
+        ours = await measure_ours(urls["sw"], names["sw"], n)
+        say("procrastinate 3.10")
+        procrastinate = await peers.run_procrastinate(urls["procrastinate"], n)
+        say("PGQueuer 1.6: drain, then pickup latency")
+        pgqueuer, pgq_latency = await peers.run_pgqueuer(
+            urls["pgqueuer"], n, sw.LATENCY_JOBS, sw.LATENCY_GAP_S)
+        pg_version = await _server_version(admin_url)
+    finally:
+        for name in created:
+            await drop_database(admin_url, name)
+    table_rows = rows(ours, [procrastinate, pgqueuer], pgq_latency)
+    return document("sidelinja-worker benchmark", table_rows, pg_version, notes(ours, n))
+
+
+async def _server_version(url: str) -> str:
+    conn = await asyncpg.connect(url)
+    try:
+        return await conn.fetchval("SHOW server_version")
+    finally:
+        await conn.close()
+
+
+def _rate(per_s: float) -> str:
+    return f"{per_s:,.0f} jobs/s"
+
+
+def _mb(kb: int) -> float:
+    return kb / 1024
+
+
+def rows(ours: Ours, peer_runs: list[peers.PeerRun], pgq_latency: Latency) -> list[Row]:
+    return [*_throughput_rows(ours), *_peer_rows(ours, peer_runs),
+            *_latency_rows(ours, pgq_latency), *_memory_rows(ours), *_claim_rows(ours)]
+
+
+def _throughput_rows(ours: Ours) -> list[Row]:
+    rates = sorted(ours.enqueue_per_s)
+    median = rates[len(rates) // 2]
+    out = [Row("Bulk enqueue, `enqueue_many` of N noop jobs (median of "
+               f"{len(rates)})", f"{_rate(median)} (range {rates[0]:,.0f}–{rates[-1]:,.0f})",
+               f"≥ {TARGET_ENQUEUE_PER_S:,}/s", median >= TARGET_ENQUEUE_PER_S)]
+    for d in ours.drains:
+        target_met = (d.jobs_per_s >= TARGET_DRAIN_50_PER_S) if d.concurrency == 50 else None
+        out.append(Row(f"Drain, sidelinja-worker, concurrency {d.concurrency}",
+                       f"{_rate(d.jobs_per_s)} (wall {d.wall_s:.1f} s incl. start-up)",
+                       f"≥ {TARGET_DRAIN_50_PER_S:,}/s" if d.concurrency == 50 else "",
+                       target_met))
+    return out
+
+
+def _peer_rows(ours: Ours, peer_runs: list[peers.PeerRun]) -> list[Row]:
+    out = [Row("Baseline: the seed's loop, 1 job per transaction, 3 slots",
+               f"{_rate(ours.seed_per_s)} (wall {ours.seed_wall_s:.1f} s)")]
+    for p in peer_runs:
+        stopped = f", stopped after {p.jobs:,} jobs at the time limit" if p.stopped else ""
+        out.append(Row(f"Drain, {p.name} ({p.settings}) [a]",
+                       f"{_rate(p.jobs_per_s)} (wall {p.wall_s:.1f} s{stopped}; its bulk "
+                       f"enqueue {p.enqueue_per_s:,.0f}/s; peak RSS {_mb(p.peak_kb):.0f} MB)"))
+    return out
+
+
+def _latency_rows(ours: Ours, pgq: Latency) -> list[Row]:
+    def fmt(lat: Latency) -> str:
+        return f"p50 {lat.p50_ms:.1f} ms, p99 {lat.p99_ms:.1f} ms ({lat.jobs} jobs)"
+    return [Row("Pickup latency while idle, sidelinja-worker (single plain-SQL INSERTs) [b]",
+                fmt(ours.latency)),
+            Row("Pickup latency while idle, PGQueuer 1.6 (single enqueues) [b]", fmt(pgq))]
+
+
+def _memory_rows(ours: Ours) -> list[Row]:
+    idle_mb = _mb(ours.idle.hwm_kb)
+    drain_mb = _mb(next(d.peak_kb for d in ours.drains if d.concurrency == 50))
+    return [Row("Worker peak RSS, idle after start-up [c]", f"{idle_mb:.1f} MB",
+                f"≤ {TARGET_IDLE_MB} MB", idle_mb <= TARGET_IDLE_MB),
+            Row("Worker peak RSS, draining at concurrency 50 [c]", f"{drain_mb:.1f} MB",
+                f"≤ {TARGET_DRAINING_MB} MB", drain_mb <= TARGET_DRAINING_MB)]
+
+
+def _claim_rows(ours: Ours) -> list[Row]:
+    """One row per table shape, each claim variant side by side, growth against 10k."""
+    labels = list(dict.fromkeys(c.label for c in ours.claims))
+    base = {c.variant: c.median_ms for c in ours.claims if c.label == labels[0]}
+    out = []
+    for label in labels:
+        timings = [c for c in ours.claims if c.label == label]
+        growth = {c.variant: c.median_ms / base[c.variant] for c in timings}
+        first = label == labels[0]
+        result = "; ".join(
+            f"{c.variant} {c.median_ms:.2f} ms (p90 {c.p90_ms:.2f})"
+            + ("" if first else f" = {growth[c.variant]:.1f}×") for c in timings)
+        out.append(Row(f"Claim of {claim_latency.CLAIM_LIMIT}, {label}, median [d]", result,
+                       "" if first else f"≤ {TARGET_CLAIM_GROWTH:g}× 10k",
+                       None if first else max(growth.values()) <= TARGET_CLAIM_GROWTH))
+    return out
+
+
+def notes(ours: Ours, n: int) -> list[str]:
+    return [
+        f"N = {n:,} noop jobs per drain. Drain throughput = N / (max(completed_at) − "
+        "min(started_at)) read from the table, so process start-up is excluded; wall time is "
+        "process spawn to exit. Each sidelinja drain is one worker process (in-process "
+        "`Worker`, pool 5 as `sidelinja-worker run`, `--burst`, poll 1 s, logging at "
+        "WARNING — the CLI has no log-level flag) on an emptied table, after "
+        "`ANALYZE job_queue` (what autovacuum does shortly after a bulk insert). "
+        "Enqueue time is the `enqueue_many` call only, on a warm connection.",
+        "[a] Each peer in its own fresh database and worker process, after ANALYZE; "
+        "throughput from its own timestamps: procrastinate, first 'started' to last "
+        "'succeeded' in procrastinate_events; PGQueuer, first 'picked' to last 'successful' "
+        "in pgqueuer_log. Both stamp now() of the writing transaction, as job_queue does. "
+        f"A peer still running after {peers.PEER_TIME_LIMIT_S:.0f} s is stopped by SIGTERM "
+        "and measured on the jobs it finished. The baseline runs in the benchmark process "
+        "(asyncpg, 3 connections) on the same job_queue table, after ANALYZE.",
+        "[b] A worker at concurrency 50, poll interval 1 s (so LISTEN/NOTIFY is what is "
+        f"measured), idle; then {sw.LATENCY_JOBS} single jobs {sw.LATENCY_GAP_S * 1000:.0f} ms "
+        "apart; latency = started_at − created_at (PGQueuer: its 'picked' − 'queued' log "
+        "rows), both from the server clock.",
+        "[c] VmHWM of the worker process: idle = read from /proc 1 s after it registered "
+        "and LISTENed, before any job; draining = at exit of the c=50 drain.",
+        f"[d] plain = `store.claim(conn, worker_id, {claim_latency.CLAIM_LIMIT}, ['noop'])`; "
+        "fair = `store.claim_with_limits(..., fair=True, capped=False)`, what a worker runs "
+        "by default (one workspace here). Median of "
+        f"{claim_latency.SAMPLES} after {claim_latency.WARM_UP} warm-up claims, each in a "
+        "transaction rolled back; rows filled by generate_series, then VACUUM ANALYZE. "
+        "EXPLAIN (ANALYZE, BUFFERS) at 1M pending in bench/results/claim_plan_1m.txt; "
+        f"indexes the generic plans use: {ours.plan_summary}.",
+    ]
+
+
+def busy_warning(load_before: float) -> str:
+    if load_before <= BUSY_LOAD:
+        return ""
+    return " — **the machine was busy before the run: these numbers understate the queue**"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=20_000, help="N per drain (20000)")
+    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL") or DEFAULT_URL,
+                        help="a server where we may create databases [env DATABASE_URL]")
+    args = parser.parse_args()
+    RESULTS_DIR.mkdir(exist_ok=True)
+    load_before = os.getloadavg()[0]
+    if load_before > BUSY_LOAD:
+        say(f"warning: load average {load_before:.1f} before the run; the numbers will be low")
+    started = time.perf_counter()
+    text = asyncio.run(run_all(args.database_url, args.jobs))
+    text += (f"\nWhole run: {time.perf_counter() - started:.0f} s. Load average (1 min) "
+             f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
+             f"{busy_warning(load_before)}.\n")
+    (RESULTS_DIR / "latest.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
