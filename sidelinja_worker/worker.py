@@ -32,6 +32,8 @@ CLAIM_RETRY_MAX_S = 5.0
 # held ready, so the next batch is in hand when the current one ends and the claim's round trip
 # overlaps with running jobs. Longer jobs are never hoarded from other workers.
 PREFETCH_BELOW_S = 0.005
+PREFETCH_MIN = 64  # even a worker of concurrency 1 claims short jobs in batches
+CLAIM_MIN = 32     # the least a claim asks for when prefetching
 TIMEOUT_TICK_S = 0.05  # how late a timeout may fire
 DRAIN_AT_EXIT_S = 10.0
 LOST_LEASE = "lost-lease"
@@ -146,7 +148,7 @@ class Worker:
                 continue
             self._wake.clear()
             try:
-                jobs = await self._claim(min(want, self.settings.max_concurrent))
+                jobs = await self._claim(min(want, max(self.settings.max_concurrent, CLAIM_MIN)))
                 # Drained in burst mode, once nothing we hold was lost on the way here (if it
                 # was, it is due again now: run it rather than strand it).
                 if self.settings.burst and not jobs and not self._running and not self._ready:
@@ -190,7 +192,7 @@ class Worker:
         wire while the slots run the batch just received."""
         if self._job_time_s > PREFETCH_BELOW_S or self._limits.capped(self.job_types):
             return 0
-        return 2 * self.settings.max_concurrent
+        return max(2 * self.settings.max_concurrent, PREFETCH_MIN)
 
     async def _claim(self, want: int) -> list[ClaimedJob]:
         async with self._claim_lock:
