@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from sidelinja_worker import commands, limits_cli, logs
 from sidelinja_worker.admin import cli as admin_cli
+from sidelinja_worker.config import SETTINGS
 from sidelinja_worker.db import DB_ERRORS
 from sidelinja_worker.errors import UserError
 
@@ -79,9 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prune completed jobs older than this [env SIDELINJA_KEEP_COMPLETED] (14d)")
     p.add_argument("--keep-errors", default=_env("SIDELINJA_KEEP_ERRORS", "90d"),
                    help="prune errored jobs older than this [env SIDELINJA_KEEP_ERRORS] (90d)")
+    add_service_flags(p)
 
     sub.add_parser("types", help="list the job types, their default priority and settings")
-    sub.add_parser("demo", help="enqueue sample jobs, run them live, print a summary")
+    add_service_flags(sub.add_parser("demo", help="enqueue sample jobs, run them live, "
+                                                  "print a summary"))
 
     p = sub.add_parser("workspace", help="workspaces (jobs belong to one)")
     wsub = p.add_subparsers(dest="workspace_command", required=True, metavar="ACTION")
@@ -102,6 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
     limits_cli.add_command(sub)
     admin_cli.add_commands(sub)
     return parser
+
+
+def add_service_flags(p: argparse.ArgumentParser) -> None:
+    """The outside services' settings (DESIGN §6): a flag each, defaulting to its env var.
+    A flag left unset keeps the env value; secrets are never echoed in help or errors."""
+    group = p.add_argument_group("outside services")
+    for setting in SETTINGS:
+        group.add_argument(setting.flag, dest=f"service_{setting.env}", metavar="VALUE",
+                           default=None, help=f"{setting.help} [env {setting.env}]")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

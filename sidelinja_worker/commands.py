@@ -18,6 +18,7 @@ import asyncpg
 from sidelinja_worker import metrics
 from sidelinja_worker import client, limits_cli, migrate, store
 from sidelinja_worker.admin import cli as admin_cli
+from sidelinja_worker.config import SETTINGS, ServiceConfig
 from sidelinja_worker.db import Database, connect, create_pool, resolve_database, say
 from sidelinja_worker.durations import parse_duration_s
 from sidelinja_worker.errors import UserError
@@ -169,7 +170,8 @@ def worker_settings(args: argparse.Namespace) -> WorkerSettings:
 async def cmd_run(args: argparse.Namespace) -> int:
     settings = worker_settings(args)  # bad flags fail before any database work
     async with opened(args, pool_size=5) as (db, pool):
-        worker = Worker(pool, db.url, REGISTRY, settings)
+        config = ServiceConfig.from_env(_service_overrides(args))
+        worker = Worker(pool, db.url, REGISTRY, settings, config)
         install_stop_signals(worker)
         if args.metrics_port:  # the server lives on this loop until the process ends
             await metrics.serve(pool, args.metrics_port)
@@ -225,6 +227,10 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _service_overrides(args: argparse.Namespace) -> dict[str, str | None]:
+    return {s.env: getattr(args, f"service_{s.env}", None) for s in SETTINGS}
+
+
 def _json_default(value: Any) -> str:
     if isinstance(value, datetime):
         return value.isoformat()
@@ -240,4 +246,4 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     from sidelinja_worker.demo import run_demo
 
     async with opened(args, pool_size=5) as (db, pool):
-        return await run_demo(db, pool)
+        return await run_demo(db, pool, ServiceConfig.from_env(_service_overrides(args)))

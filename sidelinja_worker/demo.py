@@ -34,7 +34,7 @@ SAMPLES: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
 ]
 
 
-async def run_demo(db: Database, pool: asyncpg.Pool) -> int:
+async def run_demo(db: Database, pool: asyncpg.Pool, config: ServiceConfig) -> int:
     await store.ensure_workspace(pool, DEMO_WORKSPACE, "Demo")
     jobs = [NewJob(DEMO_WORKSPACE, job_type, payload, **opts)
             for _, job_type, payload, opts in SAMPLES]
@@ -42,7 +42,7 @@ async def run_demo(db: Database, pool: asyncpg.Pool) -> int:
     print(f"enqueued {len(ids)} sample jobs in workspace {DEMO_WORKSPACE}; running them:\n",
           flush=True)
     media_root = str(resources.files("sidelinja_worker").joinpath("demo_data"))
-    config = ServiceConfig({**ServiceConfig.from_env().values, "MEDIA_ROOT": media_root})
+    config = ServiceConfig({**config.values, "MEDIA_ROOT": media_root})
     worker = Worker(pool, db.url, REGISTRY,
                     WorkerSettings(max_concurrent=3, burst=True, poll_interval_s=0.2), config)
     await worker.run()

@@ -107,3 +107,20 @@ def test_demo_runs_every_job_type_that_needs_no_service(db_url: str) -> None:
     assert "completed" in rows["downloads"] and '"new_downloads": 4' in rows["downloads"]
     assert "error" in rows["flaky"] and "the service answered 503" in rows["flaky"]
     assert "AI_GATEWAY_URL" in out.stdout  # the unconfigured types say what to set
+
+
+async def test_service_settings_are_flags_too(db_url: str, pool: asyncpg.Pool,
+                                              workspace: UUID) -> None:
+    job_id = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, max_attempts)"
+        " VALUES ($1, 'research_clip', '{\"text\": \"hei\"}', 1) RETURNING id", workspace)
+    env = {"AI_GATEWAY_URL": "", "AI_GATEWAY_KEY": ""}
+    assert cli("run", "--burst", url=db_url, env=env).returncode == 0
+    message = await pool.fetchval("SELECT error_msg FROM job_queue WHERE id = $1", job_id)
+    assert "AI_GATEWAY_URL" in message and "not set" in message
+    await pool.execute("UPDATE job_queue SET status = 'pending', attempts = 0 WHERE id = $1",
+                       job_id)
+    flags = ("--ai-gateway-url", "http://127.0.0.1:1/api/v1", "--ai-gateway-key", "sk-hemmelig")
+    assert cli("run", "--burst", *flags, url=db_url, env=env).returncode == 0
+    message = await pool.fetchval("SELECT error_msg FROM job_queue WHERE id = $1", job_id)
+    assert "not set" not in message and "hemmelig" not in message  # it tried the gateway
