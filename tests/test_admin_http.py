@@ -7,6 +7,7 @@ import re
 import asyncpg
 import httpx
 
+from sidelinja_worker import store
 from tests.admin_fixtures import admin_fixture, seed, token_for  # noqa: F401 (fixture)
 from tests.helpers import cli
 
@@ -48,11 +49,15 @@ async def test_keyset_pages_cover_every_job_once(pool: asyncpg.Pool, db_url: str
 
 async def test_overview_counts_only_the_token_s_workspace(pool: asyncpg.Pool, db_url: str,
                                                            admin: str) -> None:
-    a, _b, _ = await seed(pool)
+    a, b, _ = await seed(pool)
+    await store.set_type_limit(pool, "whisper_transcribe", 1)
+    await store.set_workspace_limit(pool, b, 7)
     headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         page = (await http.get("/admin")).text
         metrics = (await http.get("/metrics")).text
     assert "Queue overview" in page and "srt_parse" in page
+    # The limits are shown, but not another workspace's cap.
+    assert "whisper_transcribe" in page and "fair_workspaces" in page and str(b) not in page
     assert 'sidelinja_jobs{job_type="noop",status="error"} 3.0' in metrics  # B's one is not here
     assert 'sidelinja_jobs_finished_last_hour{status="completed"} 1.0' in metrics

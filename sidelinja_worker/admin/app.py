@@ -22,6 +22,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from sidelinja_worker import store as queue_store
 from sidelinja_worker import store as worker_store
 from sidelinja_worker.admin import auth, metrics_view, store
 from sidelinja_worker.admin.events import EventHub
@@ -90,8 +91,14 @@ async def overview_page(request: Request) -> Response:
         counts = await store.counts(conn)
         oldest = await store.oldest_due_s(conn)
         per_minute = await store.throughput(conn)
+    # Limits are queue-wide configuration, read with the privileged pool; a workspace token
+    # sees every type and rate limit but no other workspace's cap.
+    limits = [r for r in await queue_store.list_limits(request.app.state.pool)
+              if r["kind"] != "workspace" or scope.workspace_id is None
+              or r["name"] == str(scope.workspace_id)]
     return render(request, "overview.html", token, scope, counts=counts, oldest_due_s=oldest,
-                  per_minute=per_minute, finished=sum(r["n"] for r in per_minute))
+                  per_minute=per_minute, finished=sum(r["n"] for r in per_minute),
+                  limits=limits)
 
 
 async def job_action(request: Request) -> Response:
