@@ -94,12 +94,23 @@ async def create_pool(url: str, *, max_size: int = 4) -> asyncpg.Pool:
     try:
         pool = await asyncpg.create_pool(
             url, min_size=1, max_size=max_size, init=init_connection,
-            server_settings=SERVER_SETTINGS,
+            server_settings=SERVER_SETTINGS, reset=_reset_on_release,
         )
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise UserError(f"cannot connect to the database at {redact(url)}: {_one_line(exc)}") from None
     assert pool is not None
     return pool
+
+
+async def _reset_on_release(conn: asyncpg.Connection) -> None:
+    """What a connection needs when it goes back to the pool: nothing, as a rule. Every piece of
+    session state this program sets is transaction-scoped (SET LOCAL, xact advisory locks) and
+    LISTEN has a connection of its own, so asyncpg's default reset (advisory unlock, CLOSE ALL,
+    UNLISTEN *, RESET ALL) was one wasted round trip after every claim and every outcome
+    write: 8.6-9.1k -> 11-13k noop jobs/s at concurrency 50 in the benchmark. A transaction
+    left open by an error is still rolled back."""
+    if conn.is_in_transaction():
+        await conn.execute("ROLLBACK")
 
 
 def _one_line(exc: BaseException) -> str:
