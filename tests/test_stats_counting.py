@@ -4,14 +4,18 @@ logs (gz, zst, both naming schemes), and a partial last line."""
 from __future__ import annotations
 
 import gzip
+from itertools import accumulate
 from pathlib import Path
 
 import orjson
+import pytest
 import zstandard
 
+from sidelinja_worker.stats import logfiles
 from sidelinja_worker.stats.agents import AgentClassifier
 from sidelinja_worker.stats.counting import EpisodeRules, Tally, ip_key, is_probe
-from sidelinja_worker.stats.logfiles import LogFile, discover, fingerprint, read_batches
+from sidelinja_worker.stats.logfiles import (LogFile, discover, fingerprint, read_batches,
+                                             read_blocks)
 from sidelinja_worker.stats.media import threshold_bytes
 from sidelinja_worker.stats.parse import FileTask, parse_files
 
@@ -186,3 +190,50 @@ def test_a_truncated_rotated_file_is_read_up_to_the_damage(tmp_path: Path) -> No
     result = parse_files([FileTask(broken, True, "fp", 0)], EpisodeRules())
     assert result.errors and "EOFError" in result.errors[0]
     assert result.files[0].complete and 0 < result.files[0].offset and result.lines > 1000
+
+
+def test_a_bad_line_in_a_block_loses_only_that_line(tmp_path: Path) -> None:
+    good = [line(ip=f"198.51.100.{i}") for i in range(5)]
+    log = tmp_path / "access.log"
+    log.write_bytes(good[0] + good[1] + b'{"ts": 17\n' + b"\n" + good[2] + b"not json\n"
+                    + good[3] + good[4])
+    result = parse_files([FileTask(log, False, "fp", 0)], EpisodeRules())
+    assert len(result.listens) == 5 and result.counted_requests == 5
+    assert result.bad_lines == 2 and result.lines == 7  # the blank line is not a line
+
+
+def test_blocks_end_at_line_ends_whatever_the_chunk_size(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logfiles, "CHUNK_BYTES", 333)  # lines of ~600 bytes straddle chunks
+    lines = [line(ip=f"198.51.100.{i}") for i in range(20)]
+    text = b"".join(lines)
+    live = tmp_path / "access.log"
+    live.write_bytes(text + lines[0][:50])  # Caddy is still writing the last line
+    log = LogFile(live, rotated=False)
+    blocks = list(read_blocks(log, 0))
+    assert b"".join(bytes(b) for b, _ in blocks) == text
+    ends = set(accumulate(len(x) for x in lines))
+    assert {offset for _, offset in blocks} <= ends and blocks[-1][1] == len(text)
+    middle = blocks[len(blocks) // 2][1]
+    assert b"".join(bytes(b) for b, _ in read_blocks(log, middle)) == text[middle:]
+    rotated = LogFile(live, rotated=True)  # a rotated file's unterminated last line is final
+    assert list(read_blocks(rotated, len(text)))[-1][1] == len(text) + 50
+
+
+def test_days_of_lines_out_of_order_and_of_mixed_timestamp_formats() -> None:
+    iso = orjson.loads(line())
+    iso["ts"] = "2026-03-01T23:59:59.500Z"
+    t = Tally(EpisodeRules())
+    t.add_block(b"".join([line(ts=DAY0 + 86400), line(ts=DAY0 - 0.5), orjson.dumps(iso) + b"\n",
+                          line(ts=DAY0 + 86399.9), line(ts=DAY0 + 86400.0), line(ts=DAY0)]))
+    first = int(DAY0 // 86400)
+    days = sorted((k[0], v) for k, v in bytes_by_listener(t).items())
+    assert days == [(first - 1, 1_000_000), (first, 3_000_000), (first + 1, 2_000_000)]
+
+
+def test_odd_response_headers_count_the_request_without_a_size() -> None:
+    odd = orjson.loads(line())
+    odd["resp_headers"] = "none"  # Caddy writes an object; the request still counts
+    t = tally(orjson.dumps(odd) + b"\n")
+    assert list(bytes_by_listener(t).values()) == [1_000_000] and t.sizes == {}
+

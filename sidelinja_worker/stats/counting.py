@@ -8,15 +8,16 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import msgspec
 
 from sidelinja_worker.stats.agents import AgentClassifier
-from sidelinja_worker.stats.records import DECODER, Entry
+from sidelinja_worker.stats.records import DECODER, Entry, response_headers
 
 DAY_S = 86400
 AUDIO_EXTENSIONS = (".mp3", ".m4a", ".aac", ".ogg", ".opus", ".mp4", ".m4b", ".flac", ".wav")
-_PATH_CACHE_MAX = 100_000
+_CACHE_MAX = 100_000
 
 # (UTC day as days since 1970-01-01, episode, IP key, User-Agent)
 ListenerKey = tuple[int, str, str, str]
@@ -39,8 +40,10 @@ class EpisodeRules:
         return None
 
 
-@dataclass(slots=True)
-class Listen:
+class Listen(msgspec.Struct, gc=False):
+    """What one listener received of one episode in one UTC day. A Struct: built in C, so
+    the worker unpickling a big result (parse.py) spends little on it."""
+
     bytes: int = 0
     whole: bool = False  # a 200 that delivered its whole Content-Length
 
@@ -51,92 +54,147 @@ class Tally:
 
     rules: EpisodeRules
     agents: AgentClassifier = field(default_factory=AgentClassifier)
-    listens: dict[ListenerKey, Listen] = field(default_factory=dict)
     families: dict[str, str] = field(default_factory=dict)  # User-Agent -> app family
     sizes: dict[str, int] = field(default_factory=dict)     # episode -> file size seen in headers
     paths: dict[str, str] = field(default_factory=dict)     # episode -> its request path
-    lines: int = 0
+    lines: int = 0  # non-blank lines read, bad ones included
     bad_lines: int = 0
     counted_requests: int = 0
-    _paths: dict[str, str | None] = field(default_factory=dict)
-    _ips: dict[str, str] = field(default_factory=dict)
+    # Per-distinct-value caches of the hot loop. Their values are also the objects the listener
+    # keys hold, so a key shares its strings and day with every other key (memory, issue 8).
+    _uris: dict[str, str | None] = field(default_factory=dict)     # URI -> episode or None
+    _agents: dict[str, str | None] = field(default_factory=dict)   # UA -> itself, None if a bot
+    _ips: dict[str, str] = field(default_factory=dict)             # address -> listener part
     _probes: dict[str, bool] = field(default_factory=dict)
+    _hosts: dict[str, bool] = field(default_factory=dict)
+    _days: dict[int, int] = field(default_factory=dict)
+    # Per listener plain ints and a set, not an object each: less memory and a faster loop.
+    _bytes: dict[ListenerKey, int] = field(default_factory=dict)
+    _whole: set[ListenerKey] = field(default_factory=set)
+
+    @property
+    def listens(self) -> dict[ListenerKey, Listen]:
+        """Each listener's bytes of an episode in a UTC day, and whether a 200 was whole."""
+        whole = self._whole
+        return {key: Listen(sent, key in whole) for key, sent in self._bytes.items()}
+
+    def add_block(self, block: bytes | memoryview) -> None:
+        """Counts a block of whole lines, decoded in one call. A block with a line that is not
+        an entry is decoded again line by line, so only that line is lost."""
+        try:
+            entries = DECODER.decode_lines(block)
+        except msgspec.DecodeError:
+            self.add_lines(bytes(block).split(b"\n"))
+            return
+        self.lines += len(entries)
+        self.add_entries(entries)
 
     def add_lines(self, lines: list[bytes]) -> None:
-        # Every line is decoded: a byte-level pre-filter on the URI measured slower than
-        # msgspec's typed decode once more than ~30% of lines are episodes (a media host's log).
-        self.lines += len(lines)
-        add, decode = self.add, DECODER.decode
+        entries = []
         for line in lines:
             try:
-                entry = decode(line)
+                entries.append(DECODER.decode(line))
             except msgspec.DecodeError:
-                self.bad_lines += 1 if line else 0
+                if line.strip():  # blank lines are skipped, as in add_block
+                    self.bad_lines += 1
+                    self.lines += 1
+        self.lines += len(entries)
+        self.add_entries(entries)
+
+    def add_entries(self, entries: list[Entry]) -> None:
+        """Counts each entry's bytes towards its listener, or drops it by the IAB rules. The hot
+        loop, once per log line: one function, with every repeated look-up a dict hit on a
+        local (a method call per line costs as much as the rest of the loop)."""
+        listens, sizes, uris, agents, ips, probes = (
+            self._bytes, self.sizes, self._uris, self._agents, self._ips, self._probes)
+        check_host = bool(self.rules.hosts)
+        day, day_start, day_end = -1, 0.0, 0.0
+        counted = 0
+        for entry in entries:
+            status = entry.status
+            req = entry.request
+            if (status != 206 and status != 200) or req.method != "GET":
+                continue  # HEAD and other methods; 304 and errors deliver no episode
+            if check_host and not self._host_allowed(req.host):
                 continue
-            add(entry)
+            episode = uris.get(req.uri, "")
+            if episode == "":
+                episode = self._episode(req.uri)
+            if episode is None:
+                continue
+            headers = req.headers
+            if headers.range:
+                probe = probes.get(headers.range[0])
+                if probe is None:
+                    probe = self._is_probe(headers.range[0])
+                if probe:
+                    continue
+            user_agent = headers.user_agent[0] if headers.user_agent else ""
+            agent = agents.get(user_agent, "")
+            if agent == "":
+                agent = self._agent(user_agent)
+            if agent is None:
+                continue  # a bot, or an Apple Watch duplicate
+            counted += 1
+            ts = entry.ts
+            if type(ts) is not float or not day_start <= ts < day_end:
+                day, day_start, day_end = self._day(ts)
+            ip = req.client_ip or req.remote_ip
+            key = (day, episode, ips.get(ip) or self._ip_key(ip), agent)
+            listens[key] = listens.get(key, 0) + entry.size
+            if status == 200 or episode not in sizes:
+                self._note_size(entry, episode, key)
+        self.counted_requests += counted
 
-    def add(self, entry: Entry) -> None:
-        """Counts one entry's bytes towards its listener, or drops it by the IAB rules. The hot
-        path: every look-up that repeats across lines goes through a dict first."""
-        req = entry.request
-        if req.method != "GET" or entry.status not in (200, 206):
-            return  # HEAD and other methods; 304 and errors deliver no episode
-        episode = self._episode(req.uri, req.host)
-        ranges = req.headers.range
-        if episode is None or (ranges and self._is_probe(ranges[0])):
-            return
-        agents = req.headers.user_agent
-        user_agent = agents[0] if agents else ""
-        family = self.families.get(user_agent) or self.agents.family(user_agent)
-        if family is None:
-            return  # a bot, or an Apple Watch duplicate
-        self.counted_requests += 1
-        self.families[user_agent] = family
-        ip = req.client_ip or req.remote_ip
-        ts = entry.ts
-        day = int(ts // DAY_S) if type(ts) is float else _day(ts)
-        key = (day, episode, ip if ":" not in ip else self._ip_key(ip), user_agent)
-        listen = self.listens.get(key)
-        if listen is None:
-            listen = self.listens[key] = Listen()
-        listen.bytes += entry.size
-        if entry.status == 200 or episode not in self.sizes:
-            self._note_size(entry, episode, listen)
+    def _host_allowed(self, host: str) -> bool:
+        hit = self._hosts.get(host)
+        if hit is None:
+            _bound(self._hosts)
+            hit = self._hosts[host] = host.split(":")[0] in self.rules.hosts
+        return hit
 
-    def _episode(self, uri: str, host: str) -> str | None:
-        if self.rules.hosts and host.split(":")[0] not in self.rules.hosts:
-            return None
+    def _episode(self, uri: str) -> str | None:
         path = uri.partition("?")[0]
-        hit = self._paths.get(path, "")
-        if hit != "":
-            return hit
-        if len(self._paths) >= _PATH_CACHE_MAX:
-            self._paths.clear()
-        episode = self._paths[path] = self.rules.episode(path)
+        _bound(self._uris)
+        episode = self._uris[uri] = self.rules.episode(path)
         if episode is not None:
             self.paths.setdefault(episode, path)
         return episode
 
+    def _agent(self, user_agent: str) -> str | None:
+        """The User-Agent string to key listeners by (this first copy of it), None for a bot."""
+        family = self.agents.family(user_agent)
+        _bound(self._agents)
+        if family is None:
+            self._agents[user_agent] = None
+            return None
+        self.families[user_agent] = family
+        self._agents[user_agent] = user_agent
+        return user_agent
+
     def _is_probe(self, spec: str) -> bool:
-        hit = self._probes.get(spec)
-        if hit is None:
-            hit = self._probes[spec] = is_probe(spec)
-            if len(self._probes) > _PATH_CACHE_MAX:
-                self._probes.clear()
+        _bound(self._probes)
+        hit = self._probes[spec] = is_probe(spec)
         return hit
 
     def _ip_key(self, ip: str) -> str:
-        hit = self._ips.get(ip)
-        if hit is None:
-            hit = self._ips[ip] = ip_key(ip)
-            if len(self._ips) > _PATH_CACHE_MAX:
-                self._ips.clear()
+        _bound(self._ips)
+        hit = self._ips[ip] = ip_key(ip)
         return hit
 
-    def _note_size(self, entry: Entry, episode: str, listen: Listen) -> None:
+    def _day(self, ts: float | str) -> tuple[int, float, float]:
+        """The UTC day of `ts` (days since 1970-01-01) and, for a float, the span of seconds
+        it covers: the next lines mostly fall in it and skip the division."""
+        day = _day(ts)
+        day = self._days.setdefault(day, day)  # one int object per day for all the keys
+        if type(ts) is not float:
+            return day, 0.0, 0.0
+        return day, float(day * DAY_S), float((day + 1) * DAY_S)
+
+    def _note_size(self, entry: Entry, episode: str, key: ListenerKey) -> None:
         """The file's size, from the response headers: 206 `Content-Range: bytes a-b/total`,
         200 `Content-Length`. The threshold falls back to it when the media file is absent."""
-        resp = entry.resp_headers
+        resp = response_headers(entry)
         if entry.status == 206 and resp.content_range:
             total = resp.content_range[0].rpartition("/")[2]
             if total.isdigit():
@@ -145,9 +203,16 @@ class Tally:
             length = resp.content_length[0] if resp.content_length else ""
             if length.isdigit():
                 self.sizes[episode] = int(length)
-                listen.whole = listen.whole or entry.size >= int(length) > 0
-            else:
-                listen.whole = listen.whole or entry.size > 0
+                if entry.size >= int(length) > 0:
+                    self._whole.add(key)
+            elif entry.size > 0:
+                self._whole.add(key)
+
+
+def _bound(cache: dict[Any, Any]) -> None:
+    """Empties a cache at its cap: a log has few distinct values, a hostile one can have many."""
+    if len(cache) >= _CACHE_MAX:
+        cache.clear()
 
 
 def is_probe(spec: str) -> bool:

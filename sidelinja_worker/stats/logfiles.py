@@ -13,7 +13,9 @@ from typing import BinaryIO
 
 import zstandard
 
-CHUNK_BYTES = 1 << 20
+# Read, and decoded, a chunk at a time: the ~140 Caddy lines of 128 KiB stay in the CPU cache
+# while they are counted; the entries of a 1 MiB chunk did not (measured 1.2-1.5x slower, issue 8).
+CHUNK_BYTES = 1 << 17
 # A longer "line" is not a Caddy entry; dropping it keeps memory bounded on a hostile file.
 MAX_LINE_BYTES = 1 << 20
 FINGERPRINT_BYTES = 4096
@@ -83,25 +85,38 @@ def fingerprint(path: Path) -> str | None:
     return hashlib.sha256(first).hexdigest()[:32]
 
 
-def read_batches(log: LogFile, start: int) -> Iterator[tuple[list[bytes], int]]:
-    """Complete lines from byte `start` of the log text, in batches, each with the offset just
-    past its last line. A live file's unterminated last line is still being written: it is left
-    for the next run, which resumes at the last offset yielded."""
+def read_blocks(log: LogFile, start: int) -> Iterator[tuple[memoryview, int]]:
+    """Complete lines from byte `start` of the log text, as blocks of whole lines (about
+    CHUNK_BYTES each, newline-terminated), each with the offset just past it. A live file's
+    unterminated last line is still being written: it is left for the next run, which resumes at
+    the last offset yielded; a rotated file's is final and comes as the last block.
+
+    A block is a view into the chunk read, not a copy, and not one bytes object per line: the
+    decoder takes the whole block in one call (issue 8)."""
     with open_stream(log.path) as stream:
         _skip(stream, start, log.compressed)
         offset, tail = start, b""
         while chunk := stream.read(CHUNK_BYTES):
             buf = tail + chunk if tail else chunk
-            lines = buf.split(b"\n")
-            tail = lines.pop()  # after the last newline: incomplete (or b"")
-            if not lines:
+            end = buf.rfind(b"\n") + 1
+            if end == 0:  # no line ends in it yet
+                tail = buf
                 if len(tail) > MAX_LINE_BYTES:
                     offset, tail = offset + len(tail), b""
                 continue
-            offset += len(buf) - len(tail)
-            yield lines, offset
+            offset, tail = offset + end, buf[end:]
+            yield memoryview(buf)[:end], offset
         if tail and log.rotated:
-            yield [tail], offset + len(tail)
+            yield memoryview(tail), offset + len(tail)
+
+
+def read_batches(log: LogFile, start: int) -> Iterator[tuple[list[bytes], int]]:
+    """`read_blocks` as lists of lines (without their newlines), for callers that want lines."""
+    for block, offset in read_blocks(log, start):
+        lines = bytes(block).split(b"\n")
+        if not lines[-1]:
+            lines.pop()  # after the block's final newline
+        yield lines, offset
 
 
 def _skip(stream: BinaryIO, count: int, compressed: bool) -> None:

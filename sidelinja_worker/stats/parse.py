@@ -10,7 +10,7 @@ from pathlib import Path
 import zstandard
 
 from sidelinja_worker.stats.counting import EpisodeRules, Listen, ListenerKey, Tally
-from sidelinja_worker.stats.logfiles import LogFile, read_batches
+from sidelinja_worker.stats.logfiles import LogFile, read_blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +69,8 @@ def _parse_one(task: FileTask, tally: Tally, errors: list[str]) -> FileDone:
     log = LogFile(task.path, task.rotated)
     offset = task.start
     try:
-        for lines, offset in read_batches(log, task.start):  # noqa: B007 - the last is kept
-            tally.add_lines(lines)
+        for block, offset in read_blocks(log, task.start):  # noqa: B007 - the last is kept
+            tally.add_block(block)
     except (OSError, EOFError, zstandard.ZstdError) as exc:
         errors.append(f"{task.path.name}: {type(exc).__name__}: {exc}")
     return FileDone(task.fingerprint, task.path.name, offset, task.rotated)
