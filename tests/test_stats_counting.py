@@ -4,6 +4,7 @@ logs (gz, zst, both naming schemes), and a partial last line."""
 from __future__ import annotations
 
 import gzip
+import pickle
 from itertools import accumulate
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from sidelinja_worker.stats.counting import EpisodeRules, Tally, ip_key, is_prob
 from sidelinja_worker.stats.logfiles import (LogFile, discover, fingerprint, read_batches,
                                              read_blocks)
 from sidelinja_worker.stats.media import threshold_bytes
-from sidelinja_worker.stats.parse import FileTask, parse_files
+from sidelinja_worker.stats.parse import FileTask, ParseResult, parse_files
 
 APPLE = "AppleCoreMedia/1.0.0.21E236 (iPhone; U; CPU OS 17_4 like Mac OS X; nb_no)"
 SPOTIFY = "Spotify/8.9.30 iOS/17.4 (iPhone15,2)"
@@ -237,3 +238,13 @@ def test_odd_response_headers_count_the_request_without_a_size() -> None:
     t = tally(orjson.dumps(odd) + b"\n")
     assert list(bytes_by_listener(t).values()) == [1_000_000] and t.sizes == {}
 
+
+def test_a_parse_result_survives_the_trip_to_the_worker(tmp_path: Path) -> None:
+    log = tmp_path / "access.log"
+    log.write_bytes(line(status=200, range_=None, size=SIZE) + line(ip="198.51.100.8", ua=SPOTIFY)
+                    + line(ip="2001:db8:1:2::1", ts=DAY0 + 86400) + b"not json\n")
+    result = parse_files([FileTask(log, False, "fp", 0)], EpisodeRules())
+    again = pickle.loads(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
+    assert again == result and len(again.listens) == 3 and again.bad_lines == 1
+    assert [v.whole for v in again.listens.values()] == [True, False, False]
+    assert pickle.loads(pickle.dumps(ParseResult())) == ParseResult()

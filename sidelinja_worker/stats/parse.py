@@ -4,8 +4,10 @@ worker process, returning plain, picklable totals."""
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import zstandard
 
@@ -42,6 +44,24 @@ class ParseResult:
     bad_lines: int = 0
     counted_requests: int = 0
     errors: list[str] = field(default_factory=list)
+
+    def __reduce__(self) -> tuple[Callable[..., ParseResult], tuple[Any, ...]]:
+        # The child hands this to the worker pickled. As columns of plain values it pickles in
+        # C, ~3x faster and with a much smaller memo than a tuple and a Listen per listener, and
+        # each shared string (episode, agent, address) goes once (issue 8).
+        keys = self.listens.keys()
+        days, episodes, ips, agents = ([key[i] for key in keys] for i in range(4))
+        sent = [listen.bytes for listen in self.listens.values()]
+        whole = [listen.whole for listen in self.listens.values()]
+        return _unpickle, ((days, episodes, ips, agents, sent, whole), self.families, self.sizes,
+                           self.paths, self.files, self.lines, self.bad_lines,
+                           self.counted_requests, self.errors)
+
+
+def _unpickle(columns: tuple[list[Any], ...], *rest: Any) -> ParseResult:
+    days, episodes, ips, agents, sent, whole = columns
+    listens = dict(zip(zip(days, episodes, ips, agents), map(Listen, sent, whole)))
+    return ParseResult(listens, *rest)
 
 
 def parse_files(tasks: list[FileTask], rules: EpisodeRules) -> ParseResult:
