@@ -112,24 +112,25 @@ class Tally:
         counted = 0
         for entry in entries:
             status = entry.status
+            if status != 206 and status != 200:
+                continue  # 304 and errors deliver no episode
             req = entry.request
-            if (status != 206 and status != 200) or req.method != "GET":
-                continue  # HEAD and other methods; 304 and errors deliver no episode
-            if check_host and not self._host_allowed(req.host):
-                continue
-            episode = uris.get(req.uri, "")
+            if req.method != "GET" or (check_host and not self._host_allowed(req.host)):
+                continue  # HEAD and other methods
+            uri = req.uri
+            episode = uris.get(uri, "")
             if episode == "":
-                episode = self._episode(req.uri)
+                episode = self._episode(uri)
             if episode is None:
                 continue
             headers = req.headers
-            if headers.range:
-                probe = probes.get(headers.range[0])
-                if probe is None:
-                    probe = self._is_probe(headers.range[0])
-                if probe:
+            ranges = headers.range
+            if ranges:
+                probe = probes.get(ranges[0])
+                if self._is_probe(ranges[0]) if probe is None else probe:
                     continue
-            user_agent = headers.user_agent[0] if headers.user_agent else ""
+            user_agents = headers.user_agent
+            user_agent = user_agents[0] if user_agents else ""
             agent = agents.get(user_agent, "")
             if agent == "":
                 agent = self._agent(user_agent)
