@@ -4,14 +4,18 @@
 
 Writes a synthetic Caddy access log (~900-byte lines: episode downloads with ranges, probes,
 HEAD, 304, bots, plus feed/page/image requests) to a temporary folder, then parses it in a fresh
-child process, as the worker does, and reports that process's time and peak RSS."""
+child process, as the worker does (parse, then pickle the result), and reports that process's
+CPU time and peak RSS: the median of --repeat runs, as other jobs share the machine's cores."""
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import os
+import pickle
 import random
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -78,7 +82,8 @@ def write_log(folder: Path, lines: int, compress: str) -> Path:
 
 
 def child(path: str) -> None:
-    """Runs in a fresh process: parse the file, print lines, seconds, peak RSS."""
+    """Runs in a fresh process and does what the worker's child does (parse, then pickle the
+    result for the worker; to /dev/null here), then prints times, peak RSS and yardsticks."""
     from sidelinja_worker.stats.counting import EpisodeRules
     from sidelinja_worker.stats.logfiles import ROTATED
     from sidelinja_worker.stats.parse import FileTask, parse_files
@@ -86,10 +91,16 @@ def child(path: str) -> None:
     began, began_cpu = time.perf_counter(), time.process_time()
     result = parse_files([FileTask(p, bool(ROTATED.match(p.name)), "bench", 0)], EpisodeRules())
     elapsed, cpu = time.perf_counter() - began, time.process_time() - began_cpu
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(orjson.dumps({"lines": result.lines, "seconds": elapsed, "cpu_s": cpu, "rss_mb": rss_mb,
-                        "json_lines_s": baseline(p, "json"), "msgspec_lines_s": baseline(p, "msgspec"), "listeners": len(result.listens),
-                        "counted": result.counted_requests}).decode())
+    began_cpu = time.process_time()
+    with open(os.devnull, "wb") as sink:
+        pickle.dump(result, sink, protocol=pickle.HIGHEST_PROTOCOL)
+    pickle_s = time.process_time() - began_cpu
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # before the yardsticks
+    print(orjson.dumps({
+        "lines": result.lines, "seconds": elapsed, "cpu_s": cpu, "pickle_s": pickle_s,
+        "rss_mb": usage.ru_maxrss / 1024, "process_cpu_s": usage.ru_utime + usage.ru_stime,
+        "json_lines_s": baseline(p, "json"), "msgspec_lines_s": baseline(p, "msgspec"),
+        "listeners": len(result.listens), "counted": result.counted_requests}).decode())
 
 
 def baseline(path: Path, kind: str) -> float:
@@ -113,6 +124,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=500_000)
     ap.add_argument("--compress", choices=["none", "gz", "zst"], default="none")
+    ap.add_argument("--repeat", type=int, default=3, help="fresh child processes on the same log")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -121,18 +133,29 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = write_log(Path(tmp), args.lines, args.compress)
         size_mb = path.stat().st_size / 1e6
-        out = subprocess.run([sys.executable, __file__, "--child", str(path)], check=True,
-                             capture_output=True, text=True).stdout
-    r = orjson.loads(out)
-    per_core = r["lines"] / r["cpu_s"]
-    # CPU time is what one core delivers; wall time also counts waiting for a shared CPU.
-    print(f"{r['lines']:,} lines ({args.compress}, {size_mb:.0f} MB on disk) in {r['seconds']:.2f} s "
-          f"wall, {r['cpu_s']:.2f} s CPU: {r['lines'] / r['cpu_s']:,.0f} lines/s per core "
-          f"({r['lines'] / r['seconds']:,.0f} wall); peak RSS {r['rss_mb']:.0f} MB; "
-          f"{r['counted']:,} counted requests, {r['listeners']:,} listener-days; "
-          f"decode-only yardsticks on the same lines: stdlib json {r['json_lines_s']:,.0f}/s, "
-          f"msgspec {r['msgspec_lines_s']:,.0f}/s (end to end = {per_core / r['json_lines_s']:.1f}x "
-          f"json, {per_core / r['msgspec_lines_s']:.2f}x msgspec)")
+        runs = [orjson.loads(subprocess.run([sys.executable, __file__, "--child", str(path)],
+                                            check=True, capture_output=True, text=True).stdout)
+                for _ in range(args.repeat)]
+    print(summary(runs, args.compress, size_mb))
+
+
+def summary(runs: list[dict[str, float]], compress: str, size_mb: float) -> str:
+    """One line: the median run by CPU time (what one core delivers; wall time also counts
+    waiting for a shared CPU), the range over the runs, and the largest peak RSS."""
+    per_core = sorted(r["lines"] / r["cpu_s"] for r in runs)
+    r = sorted(runs, key=lambda run: run["cpu_s"])[len(runs) // 2]
+    mid = r["lines"] / r["cpu_s"]
+    json_s = statistics.median(run["json_lines_s"] for run in runs)
+    msgspec_s = statistics.median(run["msgspec_lines_s"] for run in runs)
+    return (f"{r['lines']:,.0f} lines ({compress}, {size_mb:.0f} MB on disk), {len(runs)} runs: "
+            f"{mid:,.0f} lines/s per core (median; range {per_core[0]:,.0f}-{per_core[-1]:,.0f}), "
+            f"{r['lines'] / r['seconds']:,.0f} wall; {r['cpu_s']:.2f} s CPU, then "
+            f"{r['pickle_s']:.2f} s pickling the result ({r['process_cpu_s']:.2f} s for the whole "
+            f"process with its start-up); peak RSS {max(run['rss_mb'] for run in runs):.0f} MB; "
+            f"{r['counted']:,.0f} counted requests, {r['listeners']:,.0f} listener-days; "
+            f"decode-only yardsticks on the same lines: stdlib json {json_s:,.0f}/s, msgspec "
+            f"{msgspec_s:,.0f}/s (end to end = {mid / json_s:.1f}x json, "
+            f"{mid / msgspec_s:.2f}x msgspec)")
 
 
 if __name__ == "__main__":
