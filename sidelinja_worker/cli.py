@@ -22,6 +22,9 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
 def _env_flag(name: str) -> bool:
     return (os.environ.get(name) or "").lower() in {"1", "true", "yes", "on"}
 
@@ -38,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="data folder of the embedded database [env SIDELINJA_DATA_DIR]")
     parser.add_argument("--debug", action="store_true", default=_env_flag("SIDELINJA_DEBUG"),
                         help="show tracebacks and debug logs [env SIDELINJA_DEBUG=1]")
+    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS,
+                        default=(_env("SIDELINJA_LOG_LEVEL") or "").upper() or None,
+                        help="debug, info (default; a line per job), warning or error "
+                             "[env SIDELINJA_LOG_LEVEL]")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("migrate", help="apply the schema migrations")
@@ -118,8 +125,12 @@ def add_service_flags(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.log_level is not None and args.log_level not in LOG_LEVELS:  # from the env var
+        print(f"sidelinja-worker: error: SIDELINJA_LOG_LEVEL must be one of "
+              f"{', '.join(LOG_LEVELS).lower()}, not {args.log_level.lower()!r}", file=sys.stderr)
+        return 2
     logging.basicConfig(
-        level=logging.DEBUG if args.debug else logging.INFO, stream=sys.stderr,
+        level=args.log_level or ("DEBUG" if args.debug else "INFO"), stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
     )
     logs.setup()

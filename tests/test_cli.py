@@ -45,6 +45,22 @@ async def test_enqueue_prints_the_id_and_run_completes_it(db_url: str, pool: asy
     assert json.loads(shown.stdout)["status"] == "completed"
 
 
+async def test_log_level_quiets_the_line_per_job(db_url: str, pool: asyncpg.Pool,
+                                                 workspace: UUID) -> None:
+    await pool.execute("INSERT INTO job_queue (workspace_id, job_type, payload)"
+                       " VALUES ($1, 'noop', '{}')", workspace)
+    chatty = cli("run", "--burst", url=db_url, env={"SIDELINJA_LOG_FORMAT": "text"})
+    await pool.execute("INSERT INTO job_queue (workspace_id, job_type, payload)"
+                       " VALUES ($1, 'noop', '{}')", workspace)
+    quiet = cli("--log-level", "warning", "run", "--burst", url=db_url,
+                env={"SIDELINJA_LOG_FORMAT": "text"})
+    assert chatty.returncode == quiet.returncode == 0, (chatty.stderr, quiet.stderr)
+    assert "completed" in chatty.stderr and "completed" not in quiet.stderr
+    assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE status = 'completed'") == 2
+    bad = cli("run", "--burst", url=db_url, env={"SIDELINJA_LOG_LEVEL": "loud"})
+    assert "SIDELINJA_LOG_LEVEL must be one of" in one_line_error(bad)
+
+
 @pytest.mark.parametrize(("args", "expected"), [
     (["--payload", "[1, 2]"], "--payload must be a JSON object"),
     (["--payload", "{nope"], "--payload is not JSON"),
