@@ -81,6 +81,8 @@ class Tally:
     def add_block(self, block: bytes | memoryview) -> None:
         """Counts a block of whole lines, decoded in one call. A block with a line that is not
         an entry is decoded again line by line, so only that line is lost."""
+        # Every line is decoded: a byte-level pre-filter on the URI measured slower than
+        # msgspec's typed decode once more than ~30% of lines are episodes (a media host's log).
         try:
             entries = DECODER.decode_lines(block)
         except msgspec.DecodeError:
