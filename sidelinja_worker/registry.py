@@ -57,6 +57,9 @@ class Registry(Mapping[str, JobType]):
     def __getitem__(self, name: str) -> JobType:
         return self._types[name]
 
+    def get(self, name: str, default: JobType | None = None) -> JobType | None:  # type: ignore[override]
+        return self._types.get(name, default)  # Mapping's own get goes through __getitem__
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._types)
 

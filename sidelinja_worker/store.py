@@ -67,10 +67,20 @@ async def claim_with_limits(conn: asyncpg.Connection, worker_id: UUID, limit: in
     return [ClaimedJob(*r) for r in rows]
 
 
+# The same statement without its RETURNING clause, for the common batch with no follow-up
+# jobs: nothing to send back and decode.
+_COMPLETE_QUIET = Q["complete"].rsplit("RETURNING", 1)[0]
+
+
 async def complete(conn: Conn, worker_id: UUID, done: Sequence[tuple[UUID, Any]]) -> set[UUID]:
     """Marks the jobs completed; returns those that were still ours to complete."""
     rows = await conn.fetch(Q["complete"], [d[0] for d in done], [d[1] for d in done], worker_id)
     return {r[0] for r in rows}
+
+
+async def complete_quietly(conn: Conn, worker_id: UUID, done: Sequence[tuple[UUID, Any]]) -> None:
+    """`complete`, not saying which jobs were still ours."""
+    await conn.execute(_COMPLETE_QUIET, [d[0] for d in done], [d[1] for d in done], worker_id)
 
 
 async def fail(conn: Conn, worker_id: UUID, failures: Sequence[Failure]) -> None:

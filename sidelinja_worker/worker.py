@@ -28,12 +28,19 @@ from sidelinja_worker.store import Release
 log = logging.getLogger("sidelinja_worker.worker")
 
 CLAIM_RETRY_MAX_S = 5.0
-# Jobs that take less than this on average are claimed ahead: up to --max-concurrent more are
-# held ready, so the next batch is in hand when the current one ends and the claim's round trip
-# overlaps with running jobs. Longer jobs are never hoarded from other workers.
+# Jobs that take less than this on average are claimed ahead, so the next batch is in hand when
+# the current one ends and the claim's round trip overlaps with running jobs. Longer jobs are
+# never hoarded from other workers.
 PREFETCH_BELOW_S = 0.005
 PREFETCH_MIN = 64  # even a worker of concurrency 1 claims short jobs in batches
+# Held jobs are bounded by time, not count: at most PREFETCH_WORK_S of work (at the moving
+# average run time) waits here, so a job of another workspace claimed next waits no longer than
+# that, however short the jobs. Big claims are what make short jobs cheap: the per-statement
+# costs (round trip, commit, trigger) are shared by more jobs.
+PREFETCH_WORK_S = 0.05
+PREFETCH_MAX = 1000
 CLAIM_MIN = 32     # the least a claim asks for when prefetching
+CLAIM_MAX = 500
 TIMEOUT_TICK_S = 0.05  # how late a timeout may fire
 DRAIN_AT_EXIT_S = 10.0
 LOST_LEASE = "lost-lease"
@@ -148,7 +155,7 @@ class Worker:
                 continue
             self._wake.clear()
             try:
-                jobs = await self._claim(min(want, max(self.settings.max_concurrent, CLAIM_MIN)))
+                jobs = await self._claim(min(want, self._claim_size()))
                 # Drained in burst mode, once nothing we hold was lost on the way here (if it
                 # was, it is due again now: run it rather than strand it).
                 if self.settings.burst and not jobs and not self._running and not self._ready:
@@ -187,12 +194,19 @@ class Worker:
         return not due
 
     def _prefetch(self) -> int:
-        """Jobs to hold beyond the free slots. Twice the concurrency, so that when a claim's
-        answer arrives the next claim (at most one slot-full) goes out at once and is on the
-        wire while the slots run the batch just received."""
+        """Jobs to hold beyond the free slots: at least twice the concurrency, so that when a
+        claim's answer arrives the next claim goes out at once and is on the wire while the slots
+        run the batch just received; more for very short jobs, up to PREFETCH_WORK_S of work."""
         if self._job_time_s > PREFETCH_BELOW_S or self._limits.capped(self.job_types):
             return 0
-        return max(2 * self.settings.max_concurrent, PREFETCH_MIN)
+        conc = self.settings.max_concurrent
+        by_time = int(conc * PREFETCH_WORK_S / max(self._job_time_s, 1e-6))
+        return max(2 * conc, PREFETCH_MIN, min(by_time, PREFETCH_MAX))
+
+    def _claim_size(self) -> int:
+        """The most one claim asks for: a slot-full, or half the prefetch for short jobs (so one
+        claim is in flight while the slots run the other half)."""
+        return max(self.settings.max_concurrent, CLAIM_MIN, min(self._prefetch() // 2, CLAIM_MAX))
 
     async def _claim(self, want: int) -> list[ClaimedJob]:
         async with self._claim_lock:
@@ -231,13 +245,14 @@ class Worker:
 
     async def _run_job(self, job: ClaimedJob, slot_task: asyncio.Task[None]) -> None:
         metrics.picked_up(job.job_type, job.waited_s)
-        timeout_s = executor.timeout_for(job, self._registry, self.settings.max_timeout_s)
+        jt = self._registry.get(job.job_type)
+        timeout_s = executor.timeout_for(job, jt, self.settings.max_timeout_s)
         started = time.monotonic()
         self._deadlines[job.id] = started + timeout_s
         self._running[job.id] = slot_task  # cancelling it cancels this job (see executor)
         try:
             assert self._services is not None
-            await executor.execute(job, self._registry, self._writer, self._services, self.id,
+            await executor.execute(job, jt, self._writer, self._services, self.id,
                                    timeout_s, lambda: self._cancel_reasons.get(job.id))
         finally:
             self._job_time_s += (time.monotonic() - started - self._job_time_s) * 0.1
