@@ -169,7 +169,9 @@ async def parse_in_child(tasks: list[FileTask], rules: EpisodeRules) -> ParseRes
             await proc.wait()
     if proc.returncode != 0:
         raise RetryJob(f"log parser exited with {proc.returncode}: {err.decode(errors='replace')[-300:]}")
-    result = pickle.loads(out)  # our own child's output
+    # Our own child's output; a big log's result takes ~0.5 s to unpickle, which must not
+    # stall the other jobs on the event loop.
+    result = await asyncio.to_thread(pickle.loads, out)
     if isinstance(result, tuple):
         raise PermanentError(f"reading the logs failed: {result[1]}")
     return result
