@@ -38,6 +38,9 @@ class OutcomeWriter:
         self._empty = asyncio.Event()
         self._empty.set()
 
+    def use_pool(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
     def completed(self, job_id: UUID, result: RawJson, follow_ups: list[NewJob] | None = None) -> None:
         self._done.append((job_id, result))
         if follow_ups:

@@ -18,7 +18,8 @@ from sidelinja_worker.context import Services
 from sidelinja_worker.jobs import ClaimedJob
 from sidelinja_worker.limits import LimitsCache, RateLimiter
 from sidelinja_worker.listener import Listener
-from sidelinja_worker.db import DB_ERRORS
+from sidelinja_worker.db import DB_ERRORS, create_pool
+from sidelinja_worker.errors import UserError
 from sidelinja_worker.maintenance import prune_loop, rescue_loop
 from sidelinja_worker.outcomes import OutcomeWriter
 from sidelinja_worker.registry import Registry
@@ -74,6 +75,9 @@ class Worker:
         # Held while a claim is in flight and its jobs are being started, so the heartbeat's
         # reconciliation never mistakes a job on its way here for a lost one.
         self._claim_lock = asyncio.Lock()
+        # Claims and outcome writes run on a pool of their own (`run` opens it) with generic
+        # plans; handlers, leases and maintenance use `pool`.
+        self._queue_pool = pool
         self._writer = OutcomeWriter(pool, self.id)
         self._limits = LimitsCache(pool)
         self._config = config or ServiceConfig.from_env()
@@ -113,9 +117,16 @@ class Worker:
         self._services = Services(self._pool, None, self._config,
                                   RateLimiter(self._pool, self._limits))
         try:
+            self._queue_pool = await create_pool(self._url, max_size=2, generic_plans=True)
+        except UserError as exc:  # the shared pool works: go on with it, plans left to choose
+            log.warning("no pool for claims (%s); using the shared one", exc)
+        self._writer.use_pool(self._queue_pool)
+        try:
             await self._run()
         finally:
             await self._services.aclose()
+            if self._queue_pool is not self._pool:
+                await self._queue_pool.close()
 
     async def _run(self) -> None:
         await self._register()
@@ -212,9 +223,9 @@ class Worker:
         async with self._claim_lock:
             capped = self._limits.capped(self.job_types)
             if not capped and not self._limits.current.fair:
-                jobs = await store.claim(self._pool, self.id, want, self.job_types)
+                jobs = await store.claim(self._queue_pool, self.id, want, self.job_types)
             else:
-                async with self._pool.acquire() as conn:
+                async with self._queue_pool.acquire() as conn:
                     jobs = await store.claim_with_limits(conn, self.id, want, self.job_types,
                                                          self._limits.current.fair, capped)
             self._ready.extend(sorted(jobs, key=lambda j: -j.priority))
