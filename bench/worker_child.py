@@ -1,5 +1,5 @@
-"""One sidelinja-worker in its own process, as `sidelinja-worker run` builds it but logging at
-WARNING (the CLI has no log-level flag and logs a line per job). Prints its memory as JSON on exit.
+"""One sidelinja-worker in its own process, as `sidelinja-worker --log-level warning run` builds
+it (at info it logs a line per job). Prints its memory as JSON on exit.
 
     python bench/worker_child.py URL CONCURRENCY [--serve]
 
