@@ -58,6 +58,8 @@ async def test_a_big_statement_is_split_under_the_notify_limit(pool: asyncpg.Poo
     a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
     got = await collect(db_url, lambda: insert_jobs(pool, a, 1000))
     assert sum(len(p["ids"]) for p in got) == 1000
+    assert len({i for p in got for i in p["ids"]}) == 1000  # each job once
+    assert all(len(p["ids"]) == len(p["attempts"]) <= 150 for p in got)
     assert max(len(orjson.dumps(p)) for p in got) < 8000
 
 
