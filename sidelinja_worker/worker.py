@@ -191,7 +191,17 @@ class Worker:
                 self._slot_freed.clear()
                 await self._wait_for(self._slot_freed, self.settings.poll_interval_s, self._wake)
                 continue
-            await self._wait_for(self._wake, self.settings.poll_interval_s)
+            await self._idle(self.settings.poll_interval_s)
+
+    async def _idle(self, timeout_s: float) -> None:
+        """Until woken (a NOTIFY, a stop: request_stop wakes too) or `timeout_s`. One future on
+        one event, so the claim for a new job is sent in the loop turn after its notification
+        arrives (the general `_wait_for` races several, and took turns more)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._wake.wait()
+        except TimeoutError:
+            pass
 
     async def _drained(self) -> bool:
         """Burst mode's end: no due job, or due jobs that nothing running will ever free (a cap
