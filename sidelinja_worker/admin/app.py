@@ -62,7 +62,8 @@ async def jobs_page(request: Request) -> Response:
     scope, token = await session(request)
     f = job_filter(request.query_params, scope)
     async with store.scoped(request.app.state.pool, scope) as conn:
-        rows = await store.list_jobs(conn, f, page_cursor(request.query_params), store.PAGE_SIZE + 1)
+        rows = await store.list_jobs(conn, f, page_cursor(request.query_params, f),
+                                     store.PAGE_SIZE + 1)
     more = len(rows) > store.PAGE_SIZE
     rows = rows[:store.PAGE_SIZE]
     next_qs = query_string(f, rows[-1]) if more else None

@@ -51,7 +51,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
 
 def add_jobs_commands(jsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    j = jsub.add_parser("list", help="jobs, newest first (default: errors)")
+    j = jsub.add_parser("list", help="jobs, newest first (default: errors); with --status all, "
+                                     "errors first, then retry, running, pending, cancelled, "
+                                     "completed")
     j.add_argument("--status", default=os.environ.get("SIDELINJA_JOBS_STATUS", "error"),
                    help="error|retry|pending|running|completed|cancelled|all "
                         "[env SIDELINJA_JOBS_STATUS] (error)")
