@@ -4,13 +4,15 @@
 --
 -- On created_at alone, not (created_at, id) as 0009's indexes: one bulk enqueue gives its whole
 -- batch one created_at, and ordering a batch by its random UUIDs puts every insert at a random
--- place in the index. With (created_at DESC, id DESC), enqueue_many of 20,000 jobs ran 13-16 %
--- slower (the bulk enqueue target is 30,000/s; we do ~35,000); with (created_at DESC) the
--- difference is within the noise of the 2-core test machine (bench/admin_list_bench.py, "what
--- the pending index costs writers"). The reader pays instead: the list breaks ties on id, so a
--- page inside one batch sorts that batch (Incremental Sort). A pending page costs 2 ms among
--- jobs enqueued one by one, 20-45 ms inside a batch of 20,000, ~100 ms inside 100,000, and
--- ~1.2 s inside one enqueue of 1,000,000 (where (created_at, id) would answer in 1-2 ms).
+-- place in the index instead of after the last one. Server CPU for enqueue_many of 20,000 jobs
+-- (COPY): +4 % with (created_at DESC), +10-19 % with (created_at DESC, id DESC)
+-- (bench/admin_list_bench.py, "what the pending index costs writers"); committed, in a one-off
+-- run, 32,400 jobs/s without an index, 32,000 with this one, 27,100 with (created_at, id), where
+-- the bulk enqueue target is 30,000/s (medians of 15 on a busy 2-core machine, whose wall times
+-- wander by 10 %). The reader pays instead: the list breaks ties on id, so a page inside one
+-- batch sorts that batch (Incremental Sort). A pending page costs 2 ms among jobs enqueued one
+-- by one, 20-45 ms inside a batch of 20,000, ~100 ms inside 100,000, and ~1.2 s inside one
+-- enqueue of 1,000,000 (where (created_at, id) answers in 1-2 ms).
 --
 -- Writers. Partial on status = 'pending', so PostgreSQL adds an entry only for a row version
 -- that is pending: each enqueue, and each job put back (a deferral, release_held, an admin
