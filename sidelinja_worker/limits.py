@@ -58,9 +58,10 @@ class RateLimiter:
     asked of the database every time, so a pause set by another worker's 429 a millisecond ago
     holds here too (a cached "no limit" could not promise that; an outside call takes far longer
     than the statement). A wait longer than `max_wait_s` defers the job instead of holding a
-    worker slot."""
+    worker slot. `margin_s` widens the window, for calls that reach the service sooner after
+    their grant than others did: 20 per minute becomes 20 per 60.5 s."""
 
-    def __init__(self, pool: asyncpg.Pool, cache: LimitsCache, *, margin_s: float = 0.25,
+    def __init__(self, pool: asyncpg.Pool, cache: LimitsCache, *, margin_s: float = 0.5,
                  max_wait_s: float = 10.0) -> None:
         self._pool = pool
         self._cache = cache

@@ -154,31 +154,35 @@ SELECT
 -- (true, …); otherwise (false, seconds until a call may be allowed). A key with no row (no
 -- limit, never paused) is always granted. The UPDATE re-checks its
 -- WHERE against the row's latest version under the row lock, so concurrent workers never
--- overrun the limit. $2: a safety margin added to the window, so that the gap between a grant
--- and the request reaching the service never lets a 21st call into a window.
+-- overrun the limit. clock_timestamp(), not now(): a grant is recorded at the moment it is
+-- made, after any wait for the row lock (concurrent workers queue on it), not when the
+-- statement began; with now() a call that waited 0.3 s for the lock was recorded 0.3 s early,
+-- and the window it opened closed 0.3 s too soon. $2: a safety margin added to the window, so
+-- that differences in the time from grant to the request reaching the service never let a 21st
+-- call into a window.
 WITH granted AS (
     UPDATE rate_limits
     SET recent = CASE WHEN max_requests IS NULL THEN '{}'::timestamptz[]
                       ELSE array(SELECT t FROM unnest(recent) t
-                                 WHERE t > now() - make_interval(secs => per_s + $2)) || now()
+                                 WHERE t > clock_timestamp() - make_interval(secs => per_s + $2)) || clock_timestamp()
                  END
     WHERE key = $1
-      AND paused_until <= now()
+      AND paused_until <= clock_timestamp()
       AND (max_requests IS NULL
            OR (SELECT count(*) FROM unnest(recent) t
-               WHERE t > now() - make_interval(secs => per_s + $2)) < max_requests)
+               WHERE t > clock_timestamp() - make_interval(secs => per_s + $2)) < max_requests)
     RETURNING key
 )
 SELECT EXISTS (SELECT 1 FROM granted)
            OR NOT EXISTS (SELECT 1 FROM rate_limits WHERE key = $1) AS granted,
        coalesce((
            SELECT greatest(
-               extract(epoch FROM greatest(paused_until, now()) - now()),
+               extract(epoch FROM greatest(paused_until, clock_timestamp()) - clock_timestamp()),
                coalesce(extract(epoch FROM (
                    SELECT t FROM unnest(recent) t
-                   WHERE t > now() - make_interval(secs => per_s + $2)
+                   WHERE t > clock_timestamp() - make_interval(secs => per_s + $2)
                    ORDER BY t DESC OFFSET max_requests - 1 LIMIT 1)
-                   + make_interval(secs => per_s + $2) - now()), 0),
+                   + make_interval(secs => per_s + $2) - clock_timestamp()), 0),
                0.01)
            FROM rate_limits WHERE key = $1), 0.01) AS wait_s;
 
