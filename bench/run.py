@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ TARGET_IDLE_MB = 60
 TARGET_DRAINING_MB = 120
 TARGET_CLAIM_GROWTH = 2.0
 # Anything else running (a test suite, say) takes CPU from PostgreSQL and the worker alike.
+FAIRNESS_PAIRS = 3
 BUSY_LOAD = len(os.sched_getaffinity(0)) / 2
 
 
@@ -48,7 +50,9 @@ class Ours:
     latency: Latency
     claims: list[claim_latency.ClaimTiming]
     plan_summary: str
-    unfair: sw.Drain  # concurrency 50 with fairness off: the plain claim, for issue 6's 10 %
+    # (fair, plain) jobs/s of alternating concurrency-50 drains with fairness on and off, for
+    # issue 6's 10 %: one pair is within the machine's noise, so the row takes the medians.
+    fairness_pairs: list[tuple[float, float]]
 
 
 def say(line: str) -> None:
@@ -68,7 +72,9 @@ async def measure_ours(url: str, dbname: str, n: int) -> Ours:
             rates.append(await sw.enqueue(conn, workspace_id, n))
             await sw.refresh_statistics(conn)
             drains.append(await sw.drain(conn, url, concurrency, since))
-        unfair = await _drain_without_fairness(conn, url, workspace_id, n)
+        fairness_pairs = [(await _drain_with_fairness(conn, url, workspace_id, n, True),
+                           await _drain_with_fairness(conn, url, workspace_id, n, False))
+                          for _ in range(FAIRNESS_PAIRS)]
         say("seed loop baseline (3 slots)")
         seed_per_s, seed_wall_s, seed_enqueue_per_s = await _seed(conn, url, workspace_id, n)
         rates.append(seed_enqueue_per_s)
@@ -78,23 +84,23 @@ async def measure_ours(url: str, dbname: str, n: int) -> Ours:
         plan_file = RESULTS_DIR / "claim_plan_1m.txt"
         claims, summary = await claim_latency.measure(conn, workspace_id, plan_file)
         return Ours(rates, drains, seed_per_s, seed_wall_s, idle, latency, claims, summary,
-                    unfair)
+                    fairness_pairs)
     finally:
         await conn.close()
 
 
-async def _drain_without_fairness(conn: asyncpg.Connection, url: str, workspace_id: UUID,
-                                  n: int) -> sw.Drain:
-    """The concurrency-50 drain again with the queue setting fair_workspaces off, so the worker
-    uses the plain claim: what the fairness feature costs when no limit is configured."""
-    say(f"sidelinja-worker: enqueue {n}, drain at concurrency 50, fairness off")
-    await conn.execute("UPDATE queue_settings SET value = 'false' WHERE name = 'fair_workspaces'")
+async def _drain_with_fairness(conn: asyncpg.Connection, url: str, workspace_id: UUID,
+                               n: int, fair: bool) -> float:
+    """jobs/s of a concurrency-50 drain with the queue setting fair_workspaces on (the default:
+    the fair claim) or off (the plain claim): what fairness costs when no limit is configured."""
+    say(f"sidelinja-worker: enqueue {n}, drain at concurrency 50, fairness {'on' if fair else 'off'}")
+    await conn.execute("UPDATE queue_settings SET value = $1 WHERE name = 'fair_workspaces'", fair)
     try:
         await sw.empty_queue(conn)
         since = await sw.server_now(conn)
         await sw.enqueue(conn, workspace_id, n)
         await sw.refresh_statistics(conn)
-        return await sw.drain(conn, url, 50, since)
+        return (await sw.drain(conn, url, 50, since)).jobs_per_s
     finally:
         await conn.execute("UPDATE queue_settings SET value = 'true' WHERE name = 'fair_workspaces'")
 
@@ -167,10 +173,12 @@ def _throughput_rows(ours: Ours) -> list[Row]:
                        f"{_rate(d.jobs_per_s)} (wall {d.wall_s:.1f} s incl. start-up)",
                        f"≥ {TARGET_DRAIN_50_PER_S:,}/s" if d.concurrency == 50 else "",
                        target_met))
-    fair = next(d.jobs_per_s for d in ours.drains if d.concurrency == 50)
-    plain = ours.unfair.jobs_per_s
-    out.append(Row("Drain, concurrency 50, fairness off (plain claim) [e]",
-                   f"{_rate(plain)}; fairness on (default) is {fair / plain - 1:+.0%} of it",
+    fair = statistics.median(f for f, _ in ours.fairness_pairs)
+    plain = statistics.median(p for _, p in ours.fairness_pairs)
+    out.append(Row(f"Drain, concurrency 50, fairness off (plain claim), median of "
+                   f"{len(ours.fairness_pairs)} [e]",
+                   f"{_rate(plain)}; fairness on (default), median of "
+                   f"{len(ours.fairness_pairs)}: {_rate(fair)}, {fair / plain - 1:+.0%}",
                    "fair within 10 %", fair >= 0.9 * plain))
     return out
 
@@ -251,9 +259,10 @@ def notes(ours: Ours, n: int) -> list[str]:
         "filled by generate_series, then VACUUM ANALYZE. "
         "EXPLAIN (ANALYZE, BUFFERS) at 1M pending in bench/results/claim_plan_1m.txt; "
         f"indexes the generic plans use: {ours.plan_summary}.",
-        "[e] The concurrency-50 drain once more with `queue_settings.fair_workspaces` off, so "
-        "the worker runs the plain claim; the fair claim is the default. Issue 6 asks that, "
-        "with no limit configured, throughput stay within 10 % of it.",
+        f"[e] {FAIRNESS_PAIRS} more pairs of concurrency-50 drains, alternating "
+        "`queue_settings.fair_workspaces` on (the default: the fair claim) and off (the plain "
+        "claim). Issue 6 asks that, with no limit configured, throughput stay within 10 % of "
+        "the plain claim's.",
     ]
 
 
