@@ -131,6 +131,20 @@ def test_episode_mapping_and_hosts() -> None:
     assert t2.listens == {}
 
 
+def test_hosts_match_without_port_brackets_or_case() -> None:
+    def at(host: str) -> bytes:
+        return line().replace(b'"pod.example.no"', orjson.dumps(host))
+
+    for host, allowed, counts in [("Pod.Example.no:443", "pod.example.no", True),
+                                  ("[2001:db8::1]:8443", "2001:db8::1", True),
+                                  ("[2001:db8::1]", "[2001:db8::1]", True),
+                                  ("[2001:db8::1]:8443", "2001:db8::2", False),
+                                  ("pod.example.no.evil:443", "pod.example.no", False)]:
+        t = Tally(EpisodeRules(hosts=(allowed,)))
+        t.add_lines([at(host)])
+        assert bool(t.listens) is counts, (host, allowed)
+
+
 def test_partial_last_line_is_left_for_the_next_run(tmp_path: Path) -> None:
     live = tmp_path / "access.log"
     first, second = line(ip="198.51.100.1"), line(ip="198.51.100.2")

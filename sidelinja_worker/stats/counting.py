@@ -23,6 +23,17 @@ _CACHE_MAX = 100_000
 ListenerKey = tuple[int, str, str, str]
 
 
+def host_name(host: str) -> str:
+    """A Host header (or a configured host) without its port, brackets or case:
+    `Pod.example.no:443` -> `pod.example.no`, `[2001:db8::1]:8443` -> `2001:db8::1`."""
+    host = host.strip().lower()
+    if host.startswith("["):  # an IPv6 literal, with or without a port
+        return host[1:host.index("]")] if "]" in host else host[1:]
+    if host.count(":") == 1:  # name:port (a bare IPv6 address has more colons)
+        return host.partition(":")[0]
+    return host
+
+
 @dataclass(frozen=True)
 class EpisodeRules:
     """Which request paths are episodes (from the workspace's `stats` settings)."""
@@ -153,7 +164,8 @@ class Tally:
         hit = self._hosts.get(host)
         if hit is None:
             _bound(self._hosts)
-            hit = self._hosts[host] = host.split(":")[0] in self.rules.hosts
+            name = host_name(host)
+            hit = self._hosts[host] = any(host_name(h) == name for h in self.rules.hosts)
         return hit
 
     def _episode(self, uri: str) -> str | None:
