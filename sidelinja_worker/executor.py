@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
@@ -38,10 +38,10 @@ def timeout_for(job: ClaimedJob, jt: JobType | None, max_timeout_s: float) -> fl
 
 async def execute(job: ClaimedJob, jt: JobType | None, writer: OutcomeWriter,
                   services: Services, worker_id: UUID, timeout_s: float,
-                  cancel_reason: Callable[[], str | None]) -> None:
+                  cancel_reasons: Mapping[UUID, str]) -> None:
     """Runs `job` to one recorded outcome. The worker enforces `timeout_s` by cancelling the
-    task with the reason TIMED_OUT (one watchdog for all jobs is far cheaper than a timer per
-    job); the reason decides what a cancellation means."""
+    task with the reason TIMED_OUT in `cancel_reasons` (one watchdog for all jobs is far
+    cheaper than a timer per job); the reason decides what a cancellation means."""
     logs.bind_job(job)  # every line this task logs carries the job's id, type, workspace
     if jt is None:  # only when a worker was started with a type it then lost; be explicit
         _fail(writer, job, "unknown_type", f"no handler for job type {job.job_type!r}",
@@ -76,7 +76,7 @@ async def execute(job: ClaimedJob, jt: JobType | None, writer: OutcomeWriter,
         writer.released(Release(job.id, until, str(exc)))
     except asyncio.CancelledError:
         asyncio.current_task().uncancel()  # type: ignore[union-attr]
-        reason = cancel_reason()
+        reason = cancel_reasons.get(job.id)
         if reason == TIMED_OUT:
             _fail(writer, job, "timeout", f"timed out after {timeout_s:g} s")
         elif reason == CANCEL_REQUESTED:

@@ -42,10 +42,12 @@ class OutcomeWriter:
         self._pool = pool
 
     def completed(self, job_id: UUID, result: RawJson, follow_ups: list[NewJob] | None = None) -> None:
-        self._done.append((job_id, result))
+        done = self._done
+        done.append((job_id, result))
         if follow_ups:
             self._follow_ups[job_id] = follow_ups
-        self._note()
+        if len(done) == 1:  # a flush takes the whole list, so only the first needs the signal
+            self._note()
 
     def failed(self, failure: Failure) -> None:
         self._failed.append(failure)

@@ -250,7 +250,15 @@ class Worker:
         took in the executor's micro-benchmark."""
         slot_task = asyncio.current_task()
         assert slot_task is not None
-        while (job := await self._next_job()) is not None:
+        loop = asyncio.get_running_loop()
+        while True:
+            # The common case inline (a held job, the lease good): one coroutine less per job.
+            if self._ready and loop.time() < self._lease_deadline and not self._stop.is_set():
+                job = self._ready.popleft()
+            elif (next_job := await self._next_job()) is not None:
+                job = next_job
+            else:
+                return
             await self._run_job(job, slot_task)
 
     async def _next_job(self) -> ClaimedJob | None:
@@ -274,12 +282,13 @@ class Worker:
         try:
             assert self._services is not None
             await executor.execute(job, jt, self._writer, self._services, self.id,
-                                   timeout_s, lambda: self._cancel_reasons.get(job.id))
+                                   timeout_s, self._cancel_reasons)
         finally:
             self._job_time_s += (time.monotonic() - started - self._job_time_s) * 0.1
             del self._running[job.id]
             del self._deadlines[job.id]
-            self._cancel_reasons.pop(job.id, None)
+            if self._cancel_reasons:
+                self._cancel_reasons.pop(job.id, None)
             self._slot_freed.set()
 
     async def _jobs_done(self, timeout_s: float) -> bool:
