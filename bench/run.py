@@ -72,8 +72,8 @@ async def measure_ours(url: str, dbname: str, n: int) -> Ours:
             rates.append(await sw.enqueue(conn, workspace_id, n))
             await sw.refresh_statistics(conn)
             drains.append(await sw.drain(conn, url, concurrency, since))
-        fairness_pairs = [(await _drain_with_fairness(conn, url, workspace_id, n, True),
-                           await _drain_with_fairness(conn, url, workspace_id, n, False))
+        fairness_pairs = [(await _drain_with_fairness(conn, url, workspace_id, n, True, rates),
+                           await _drain_with_fairness(conn, url, workspace_id, n, False, rates))
                           for _ in range(FAIRNESS_PAIRS)]
         say("seed loop baseline (3 slots)")
         seed_per_s, seed_wall_s, seed_enqueue_per_s = await _seed(conn, url, workspace_id, n)
@@ -90,15 +90,16 @@ async def measure_ours(url: str, dbname: str, n: int) -> Ours:
 
 
 async def _drain_with_fairness(conn: asyncpg.Connection, url: str, workspace_id: UUID,
-                               n: int, fair: bool) -> float:
+                               n: int, fair: bool, enqueue_rates: list[float]) -> float:
     """jobs/s of a concurrency-50 drain with the queue setting fair_workspaces on (the default:
-    the fair claim) or off (the plain claim): what fairness costs when no limit is configured."""
+    the fair claim) or off (the plain claim): what fairness costs when no limit is configured.
+    Its enqueue's rate goes to `enqueue_rates`."""
     say(f"sidelinja-worker: enqueue {n}, drain at concurrency 50, fairness {'on' if fair else 'off'}")
     await conn.execute("UPDATE queue_settings SET value = $1 WHERE name = 'fair_workspaces'", fair)
     try:
         await sw.empty_queue(conn)
         since = await sw.server_now(conn)
-        await sw.enqueue(conn, workspace_id, n)
+        enqueue_rates.append(await sw.enqueue(conn, workspace_id, n))
         await sw.refresh_statistics(conn)
         return (await sw.drain(conn, url, 50, since)).jobs_per_s
     finally:
