@@ -250,26 +250,22 @@ class Worker:
         took in the executor's micro-benchmark."""
         slot_task = asyncio.current_task()
         assert slot_task is not None
-        loop = asyncio.get_running_loop()
         while True:
-            # The common case inline (a held job, the lease good): one coroutine less per job.
-            if self._ready and loop.time() < self._lease_deadline and not self._stop.is_set():
-                job = self._ready.popleft()
-            elif (next_job := await self._next_job()) is not None:
-                job = next_job
-            else:
+            job = self._held_job()
+            if job is not None:
+                await self._run_job(job, slot_task)
+            elif self._stop.is_set():
                 return
-            await self._run_job(job, slot_task)
+            else:
+                self._job_ready.clear()
+                await self._job_ready.wait()
 
-    async def _next_job(self) -> ClaimedJob | None:
-        """The next held job; None once stopping. Never a job once the lease has lapsed: it may
-        be rescued and run elsewhere."""
-        loop = asyncio.get_running_loop()
-        while not self._stop.is_set():
-            if self._ready and loop.time() < self._lease_deadline:
-                return self._ready.popleft()
-            self._job_ready.clear()
-            await self._job_ready.wait()
+    def _held_job(self) -> ClaimedJob | None:
+        """The next held job, if one may start now: none once stopping, and none once the lease
+        has lapsed (the job may be rescued and run elsewhere)."""
+        if (self._ready and not self._stop.is_set()
+                and asyncio.get_running_loop().time() < self._lease_deadline):
+            return self._ready.popleft()
         return None
 
     async def _run_job(self, job: ClaimedJob, slot_task: asyncio.Task[None]) -> None:

@@ -22,7 +22,6 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from sidelinja_worker import store as queue_store
 from sidelinja_worker import store as worker_store
 from sidelinja_worker.admin import auth, metrics_view, store
 from sidelinja_worker.admin.events import EventHub
@@ -94,7 +93,7 @@ async def overview_page(request: Request) -> Response:
         per_minute = await store.throughput(conn)
     # Limits are queue-wide configuration, read with the privileged pool; a workspace token
     # sees every type and rate limit but no other workspace's cap.
-    limits = [r for r in await queue_store.list_limits(request.app.state.pool)
+    limits = [r for r in await worker_store.list_limits(request.app.state.pool)
               if r["kind"] != "workspace" or scope.workspace_id is None
               or r["name"] == str(scope.workspace_id)]
     return render(request, "overview.html", token, scope, counts=counts, oldest_due_s=oldest,
