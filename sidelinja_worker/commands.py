@@ -19,7 +19,7 @@ from sidelinja_worker import metrics
 from sidelinja_worker import client, limits_cli, migrate, store
 from sidelinja_worker.admin import cli as admin_cli
 from sidelinja_worker.config import SETTINGS, ServiceConfig
-from sidelinja_worker.db import Database, connect, create_pool, resolve_database, say
+from sidelinja_worker.db import DB_ERRORS, Database, connect, create_pool, resolve_database, say
 from sidelinja_worker.durations import parse_duration_s
 from sidelinja_worker.errors import UserError
 from sidelinja_worker.handlers import REGISTRY
@@ -40,20 +40,32 @@ async def dispatch(args: argparse.Namespace) -> int:
     return await handlers[args.command](args)
 
 
+START_ATTEMPTS = 4  # a connection lost while starting is tried again, ~0.7 s in all
+
+
 @asynccontextmanager
 async def opened(args: argparse.Namespace, *, pool_size: int = 2,
                  must_be_migrated: bool = True) -> AsyncIterator[tuple[Database, asyncpg.Pool]]:
     """The database named by the arguments, announced in one line, migrated if embedded."""
     db = resolve_database(args.database_url, args.data_dir)
     say(f"sidelinja-worker: {db.describe()}")
-    conn = await connect(db.url, timeout=10)
-    try:
-        if db.embedded:
-            await migrate.apply_all(conn)
-        elif must_be_migrated:
-            await migrate.require_migrated(conn)
-    finally:
-        await conn.close()
+    for attempt in range(START_ATTEMPTS):
+        conn = await connect(db.url, timeout=10)  # unreachable: a UserError, at once
+        try:
+            if db.embedded:
+                await migrate.apply_all(conn)
+            elif must_be_migrated:
+                await migrate.require_migrated(conn)
+            break
+        except DB_ERRORS:  # the connection was lost during the check: connect again
+            if attempt == START_ATTEMPTS - 1:
+                raise
+            await asyncio.sleep(0.1 * 2 ** attempt)
+        finally:
+            try:
+                await conn.close()
+            except DB_ERRORS:
+                conn.terminate()
     pool = await create_pool(db.url, max_size=pool_size)
     try:
         yield db, pool
