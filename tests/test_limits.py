@@ -203,3 +203,43 @@ async def test_every_fair_claim_is_a_prefix_of_the_fair_order(pool: asyncpg.Pool
         assert set(j.id for j in got) == set(_fair_order(list(left))[:len(got)])
         claims += 1
     assert claims < len(rows)  # claims of more than one job did take more than one
+
+
+async def test_jobs_why_names_each_reason(pool: asyncpg.Pool, db_url: str,
+                                          workspace: UUID) -> None:
+    """Every reason issue 6 lists, each set up by plain SQL and read back through the CLI."""
+    async def why(job_id: UUID) -> str:
+        out = cli("jobs", "why", str(job_id), url=db_url)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    async def job(sql_tail: str = "", *args: Any) -> UUID:
+        return await pool.fetchval(
+            "INSERT INTO job_queue (workspace_id, job_type, payload" + sql_tail + " RETURNING id",
+            workspace, *args)
+
+    later = await job(", scheduled_for) VALUES ($1, 'noop', '{}', now() + interval '1 hour')")
+    assert "not due until" in await why(later)
+    lone = await job(") VALUES ($1, 'noop', '{}')")
+    assert "no live worker handles noop jobs" in await why(lone)
+
+    worker_id = uuid4()
+    await store.register_worker(pool, worker_id, "test", 1, ["noop"], 600)
+    holder = await job(", status, worker_id, started_at) VALUES ($1, 'noop', '{}', 'running', $2,"
+                       " now())", worker_id)
+    await store.set_type_limit(pool, "noop", 1)
+    capped = await why(lone)
+    assert "no live worker" not in capped
+    assert f"the cluster limit for noop (1 at once) is full, held by jobs {holder}" in capped
+
+    await store.rate_pause(pool, "ai_gateway", 300)
+    assert "service ai_gateway is rate-limited (paused) until" in await why(lone)
+
+    deferred = await job(", scheduled_for, progress) VALUES ($1, 'noop', '{}', now() + interval"
+                         " '60 seconds', jsonb_build_object('message', 'the call is live',"
+                         " 'deferred_until', now() + interval '60 seconds'))")
+    assert "deferred until" in await why(deferred) and "the call is live" in await why(deferred)
+
+    for _ in range(2):
+        await job(", priority) VALUES ($1, 'noop', '{}', 9)")
+    assert "waiting behind 2 due jobs of higher priority" in await why(lone)
