@@ -262,3 +262,34 @@ def test_a_parse_result_survives_the_trip_to_the_worker(tmp_path: Path) -> None:
     assert again == result and len(again.listens) == 3 and again.bad_lines == 1
     assert [v.whole for v in again.listens.values()] == [True, False, False]
     assert pickle.loads(pickle.dumps(ParseResult())) == ParseResult()
+
+
+def old_caddy(ip: str, client_ip: str | None = None) -> bytes:
+    """A line as Caddy < 2.7 writes it (no `client_ip`), or with the given `client_ip`."""
+    entry = orjson.loads(line(ip=ip))
+    del entry["request"]["client_ip"]
+    if client_ip is not None:
+        entry["request"]["client_ip"] = client_ip
+    return orjson.dumps(entry) + b"\n"
+
+
+@pytest.mark.parametrize("hosts", [(), ("pod.example.no",)])
+@pytest.mark.parametrize("by_block", [True, False])
+def test_remote_ip_counts_when_client_ip_is_missing_or_empty(hosts: tuple[str, ...],
+                                                            by_block: bool) -> None:
+    # The parse decodes without remote_ip until it meets such a line, mid-block here, then
+    # decodes the rest of the block again with it: every line still counts exactly once.
+    lines = [line(ip="198.51.100.1"), line(uri="/feed.xml", status=200, range_=None),
+             old_caddy("198.51.100.2"), line(ip="198.51.100.3"), old_caddy("198.51.100.4", ""),
+             old_caddy("198.51.100.5", "198.51.100.6"), line(ip="198.51.100.1", start=5)]
+    t = Tally(EpisodeRules(hosts=hosts))
+    if by_block:
+        t.add_block(b"".join(lines))
+    else:
+        t.add_lines(b"".join(lines).split(b"\n"))
+    assert {k[2]: v for k, v in bytes_by_listener(t).items()} == {
+        "198.51.100.1": 2_000_000, "198.51.100.2": 1_000_000, "198.51.100.3": 1_000_000,
+        "198.51.100.4": 1_000_000, "198.51.100.6": 1_000_000}
+    assert t.counted_requests == 6 and t.lines == 7 and t.bad_lines == 0
+    t.add_block(old_caddy("198.51.100.7"))  # from now on every line keeps remote_ip
+    assert t.counted_requests == 7

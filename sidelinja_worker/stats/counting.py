@@ -13,7 +13,8 @@ from typing import Any
 import msgspec
 
 from sidelinja_worker.stats.agents import AgentClassifier
-from sidelinja_worker.stats.records import DECODER, Entry, response_headers
+from sidelinja_worker.stats.records import (FULL_DECODER, Entry, FullRequest, HostRequest,
+                                            Request, decoder_for, response_headers)
 
 DAY_S = 86400
 AUDIO_EXTENSIONS = (".mp3", ".m4a", ".aac", ".ogg", ".opus", ".mp4", ".m4b", ".flac", ".wav")
@@ -82,6 +83,10 @@ class Tally:
     # Per listener plain ints and a set, not an object each: less memory and a faster loop.
     _bytes: dict[ListenerKey, int] = field(default_factory=dict)
     _whole: set[ListenerKey] = field(default_factory=set)
+    _decoder: msgspec.json.Decoder[Entry] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._decoder = decoder_for(bool(self.rules.hosts))
 
     @property
     def listens(self) -> dict[ListenerKey, Listen]:
@@ -95,29 +100,40 @@ class Tally:
         # Every line is decoded: a byte-level pre-filter on the URI measured slower than
         # msgspec's typed decode once more than ~30% of lines are episodes (a media host's log).
         try:
-            entries = DECODER.decode_lines(block)
+            entries = self._decoder.decode_lines(block)
         except msgspec.DecodeError:
             self.add_lines(bytes(block).split(b"\n"))
             return
         self.lines += len(entries)
-        self.add_entries(entries)
+        stop = self.add_entries(entries)
+        if stop is not None:
+            self._decoder = FULL_DECODER
+            self.add_entries(FULL_DECODER.decode_lines(block)[stop:])
 
     def add_lines(self, lines: list[bytes]) -> None:
-        entries = []
+        good: list[bytes] = []
+        entries: list[Entry] = []
         for line in lines:
             try:
-                entries.append(DECODER.decode(line))
+                entries.append(self._decoder.decode(line))
+                good.append(line)
             except msgspec.DecodeError:
                 if line.strip():  # blank lines are skipped, as in add_block
                     self.bad_lines += 1
                     self.lines += 1
         self.lines += len(entries)
-        self.add_entries(entries)
+        stop = self.add_entries(entries)
+        if stop is not None:
+            self._decoder = FULL_DECODER
+            self.add_entries([FULL_DECODER.decode(line) for line in good[stop:]])
 
-    def add_entries(self, entries: list[Entry]) -> None:
+    def add_entries(self, entries: list[Entry]) -> int | None:
         """Counts each entry's bytes towards its listener, or drops it by the IAB rules. The hot
         loop, once per log line: one function, with every repeated look-up a dict hit on a
-        local (a method call per line costs as much as the rest of the loop)."""
+        local (a method call per line costs as much as the rest of the loop).
+
+        Stops at a counted entry without `client_ip` that was decoded without `remote_ip`, and
+        returns its index: the caller decodes the rest again with FULL_DECODER."""
         listens, sizes, uris, agents, ips, probes = (
             self._bytes, self.sizes, self._uris, self._agents, self._ips, self._probes)
         check_host = bool(self.rules.hosts)
@@ -128,7 +144,7 @@ class Tally:
             if status != 206 and status != 200:
                 continue  # 304 and errors deliver no episode
             req = entry.request
-            if req.method != "GET" or (check_host and not self._host_allowed(req.host)):
+            if req.method != "GET" or (check_host and not self._host_allowed(req)):
                 continue  # HEAD and other methods
             uri = req.uri
             episode = uris.get(uri, "")
@@ -153,14 +169,22 @@ class Tally:
             ts = entry.ts
             if type(ts) is not float or not day_start <= ts < day_end:
                 day, day_start, day_end = self._day(ts)
-            ip = req.client_ip or req.remote_ip
+            ip = req.client_ip
+            if not ip:
+                if type(req) is not FullRequest:
+                    self.counted_requests += counted - 1
+                    return _index(entries, entry)
+                ip = req.remote_ip
             key = (day, episode, ips.get(ip) or self._ip_key(ip), agent)
             listens[key] = listens.get(key, 0) + entry.size
             if status == 200 or episode not in sizes:
                 self._note_size(entry, episode, key)
         self.counted_requests += counted
+        return None
 
-    def _host_allowed(self, host: str) -> bool:
+    def _host_allowed(self, req: Request) -> bool:
+        # A hosts filter decodes with HostRequest or FullRequest (`decoder_for`).
+        host = req.host if isinstance(req, HostRequest) else ""
         hit = self._hosts.get(host)
         if hit is None:
             _bound(self._hosts)
@@ -222,6 +246,11 @@ class Tally:
                     self._whole.add(key)
             elif entry.size > 0:
                 self._whole.add(key)
+
+
+def _index(entries: list[Entry], entry: Entry) -> int:
+    """Where `entry` itself is in `entries` (not an equal one: a log repeats lines)."""
+    return next(i for i, e in enumerate(entries) if e is entry)
 
 
 def _bound(cache: dict[Any, Any]) -> None:
