@@ -293,3 +293,32 @@ def test_remote_ip_counts_when_client_ip_is_missing_or_empty(hosts: tuple[str, .
     assert t.counted_requests == 6 and t.lines == 7 and t.bad_lines == 0
     t.add_block(old_caddy("198.51.100.7"))  # from now on every line keeps remote_ip
     assert t.counted_requests == 7
+
+
+def blocks_and_error(log: LogFile) -> tuple[list[tuple[bytes, int]], str]:
+    got: list[tuple[bytes, int]] = []
+    try:
+        got.extend((bytes(block), offset) for block, offset in read_blocks(log, 0))
+    except Exception as exc:  # what parse_files would report, or let through
+        return got, type(exc).__name__
+    return got, ""
+
+
+@pytest.mark.parametrize("damage", ["none", "truncated", "corrupt"])
+def test_gzip_reads_with_isal_and_like_the_stdlib_up_to_damage(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str) -> None:
+    data = bytearray(gzip.compress(b"".join(line(ip=f"198.51.{i // 250}.{i % 250}")
+                                            for i in range(6000))))
+    if damage == "truncated":
+        data = data[: len(data) // 2]
+    elif damage == "corrupt":
+        data[len(data) // 2: len(data) // 2 + 64] = bytes(64)
+    path = tmp_path / "access-2024-05-01T12-30-00.000.log.gz"
+    path.write_bytes(data)
+    log = LogFile(path, rotated=True)
+    with logfiles.open_stream(path) as stream:
+        assert isinstance(stream.raw, logfiles.GzipReader)  # type: ignore[attr-defined]
+    fast = blocks_and_error(log)
+    monkeypatch.setattr(logfiles, "open_stream", lambda p: gzip.open(p, "rb"))
+    assert fast == blocks_and_error(log)
+    assert (fast[1] == "") == (damage == "none") and len(fast[0]) > 5

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import zstandard
+from isal import igzip
 
 # Read, and decoded, a chunk at a time: the ~140 Caddy lines of 128 KiB stay in the CPU cache
 # while they are counted; the entries of a 1 MiB chunk did not (measured 1.2-1.5x slower, issue 8).
@@ -65,12 +67,53 @@ def _rotation_time(path: Path) -> str:
 def open_stream(path: Path) -> BinaryIO:
     """The file's log text as a binary stream, decompressed as it is read (bounded memory)."""
     if path.suffix == ".gz":
-        return gzip.open(path, "rb")  # type: ignore[return-value]
+        return io.BufferedReader(GzipReader(path), CHUNK_BYTES)
     if path.suffix == ".zst":
         raw = path.open("rb")
         return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True,
                                                           closefd=True)  # type: ignore[return-value]
     return path.open("rb")
+
+
+class GzipReader(io.RawIOBase):
+    """A gzip file's text, decompressed by ISA-L's igzip: 3.1x the stdlib's zlib here (1,575 vs
+    501 MB/s; ~1.3 us less per ~950-byte line, a quarter of a rotated file's parse, issue 8).
+
+    igzip drops what it had decompressed of its last input buffer when it meets damage, where
+    the stdlib yields everything up to it. So on any error it reads again with the stdlib's
+    gzip from where it got to, and a damaged file gives the same lines and error as before."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self._path = path
+        self._stream: BinaryIO = igzip.open(path, "rb")  # type: ignore[assignment]
+        self._fallback = False
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        try:
+            got = self._stream.readinto(buffer)
+        except Exception:
+            if self._fallback:
+                raise
+            got = self._fall_back(buffer)
+        self._pos += got
+        return got
+
+    def _fall_back(self, buffer: bytearray | memoryview) -> int:
+        self._stream.close()
+        self._fallback = True
+        self._stream = gzip.open(self._path, "rb")  # type: ignore[assignment]
+        _skip(self._stream, self._pos, compressed=True)
+        return self._stream.readinto(buffer)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._stream.close()
+        super().close()
 
 
 def fingerprint(path: Path) -> str | None:
