@@ -7,9 +7,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from sidelinja_worker import store
+from sidelinja_worker.ids import uuid7s
 from sidelinja_worker.priorities import default_priority
 
 SMALLINT_MAX = 32767
@@ -56,7 +57,7 @@ async def enqueue_many(conn: store.Conn, jobs: Sequence[NewJob]) -> list[UUID]:
     if not jobs:
         return []
     checked = [job.checked() for job in jobs]
-    ids = [uuid4() for _ in checked]
+    ids = uuid7s(len(checked))
     rows = store.EnqueueRows(
         ids=ids,
         workspace_ids=[_uuid(j.workspace_id) for j in checked],
