@@ -78,7 +78,13 @@ async def test_a_killed_listen_connection_is_replaced(pool: asyncpg.Pool, db_url
 
 async def test_kill_9_mid_run_loses_nothing(pool: asyncpg.Pool, db_url: str,
                                             workspace: UUID) -> None:
-    await insert_jobs(pool, workspace, 3000, '{"sleep_ms": 20}')
+    # Every 100th job takes 500 ms, so that the victim can be killed while it surely holds one:
+    # with only 20 ms jobs, all of its jobs could be finished, their completion in flight (and
+    # committed by the server after the kill), leaving nothing to rescue.
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload)"
+        " SELECT $1, 'noop', CASE WHEN i % 100 = 0 THEN '{\"sleep_ms\": 500}'"
+        " ELSE '{\"sleep_ms\": 20}' END::jsonb FROM generate_series(1, 3000) AS i", workspace)
     args = ("run", "--max-concurrent", "20", "--lease", "3s", "--poll-interval", "200ms")
     victim = spawn(*args, url=db_url)
     await _wait_until(lambda: pool.fetchval(
@@ -87,7 +93,8 @@ async def test_kill_9_mid_run_loses_nothing(pool: asyncpg.Pool, db_url: str,
     survivors = [spawn(*args, url=db_url) for _ in range(2)]
     await _wait_until(lambda: pool.fetchval("SELECT count(*) = 3 FROM job_workers"))
     await _wait_until(lambda: pool.fetchval(
-        "SELECT count(*) > 0 FROM job_queue WHERE status = 'running' AND worker_id = $1",
+        "SELECT count(*) > 0 FROM job_queue WHERE status = 'running' AND worker_id = $1"
+        " AND payload->>'sleep_ms' = '500' AND started_at > now() - interval '250 ms'",
         victim_id))
     victim.send_signal(signal.SIGKILL)
     victim_err = victim.communicate()[1]
