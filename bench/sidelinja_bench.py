@@ -43,14 +43,21 @@ async def prepare(conn: asyncpg.Connection) -> UUID:
     return await conn.fetchval("INSERT INTO workspaces (name) VALUES ('bench') RETURNING id")
 
 
+async def more_workspaces(conn: asyncpg.Connection, n: int) -> list[UUID]:
+    rows = await conn.fetch("INSERT INTO workspaces (name) SELECT 'bench-' || i"
+                            " FROM generate_series(1, $1) AS i RETURNING id", n)
+    return [r[0] for r in rows]
+
+
 async def empty_queue(conn: asyncpg.Connection) -> None:
     await conn.execute("TRUNCATE job_queue, job_workers")
 
 
-async def enqueue(conn: asyncpg.Connection, workspace_id: UUID, n: int) -> float:
-    """Enqueues n noop jobs in one enqueue_many call; returns jobs/s. Building the NewJob list
-    is the caller's work and is not timed."""
-    jobs = [NewJob(workspace_id, "noop", {}) for _ in range(n)]
+async def enqueue(conn: asyncpg.Connection, workspace_id: UUID | list[UUID], n: int) -> float:
+    """Enqueues n noop jobs in one enqueue_many call, dealt round-robin when given several
+    workspaces; returns jobs/s. Building the NewJob list is the caller's work and is not timed."""
+    spaces = workspace_id if isinstance(workspace_id, list) else [workspace_id]
+    jobs = [NewJob(spaces[i % len(spaces)], "noop", {}) for i in range(n)]
     started = time.perf_counter()
     await enqueue_many(conn, jobs)
     return n / (time.perf_counter() - started)
