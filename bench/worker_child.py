@@ -14,6 +14,7 @@ import logging
 import signal
 
 from sidelinja_worker.db import create_pool
+from sidelinja_worker.gctune import tune_for_serving
 from sidelinja_worker.handlers import REGISTRY
 from sidelinja_worker.settings import WorkerSettings
 from sidelinja_worker.worker import Worker
@@ -29,6 +30,7 @@ async def run(url: str, concurrency: int, burst: bool) -> int:
         settings = WorkerSettings(max_concurrent=concurrency, poll_interval_s=1.0, burst=burst)
         worker = Worker(pool, url, REGISTRY, settings)
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, worker.request_stop)
+        tune_for_serving()  # as `sidelinja-worker run` does
         await worker.run()
         return worker.claimed_total
     finally:

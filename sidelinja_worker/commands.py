@@ -16,7 +16,7 @@ from uuid import UUID, uuid4
 import asyncpg
 
 from sidelinja_worker import metrics
-from sidelinja_worker import client, limits_cli, migrate, store
+from sidelinja_worker import client, gctune, limits_cli, migrate, store
 from sidelinja_worker.admin import cli as admin_cli
 from sidelinja_worker.config import SETTINGS, ServiceConfig
 from sidelinja_worker.db import DB_ERRORS, Database, connect, create_pool, resolve_database, say
@@ -185,6 +185,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         config = ServiceConfig.from_env(_service_overrides(args))
         worker = Worker(pool, db.url, REGISTRY, settings, config)
         install_stop_signals(worker)
+        gctune.tune_for_serving()
         if args.metrics_port:  # the server lives on this loop until the process ends
             await metrics.serve(pool, args.metrics_port)
         await worker.run()
