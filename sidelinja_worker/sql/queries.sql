@@ -74,9 +74,11 @@ WITH type_room AS (
                     AND j.status IN ('pending', 'retry')
                     AND j.scheduled_for <= statement_timestamp()
                     AND j.job_type = ANY((SELECT types FROM open_types)::text[]))
+), type_capped AS MATERIALIZED (  -- a job type cap could cut this claim short
+    SELECT EXISTS (SELECT 1 FROM type_room WHERE room < $2) AS yes
 ), one_workspace AS MATERIALIZED (
     SELECT (SELECT count(*) FROM ws WHERE room > 0) = 1
-           AND NOT EXISTS (SELECT 1 FROM type_room WHERE room < $2) AS one
+           AND NOT (SELECT yes FROM type_capped) AS one
 ), share AS (
     SELECT ((count(*) + $2 - 1) / greatest(count(*), 1))::int AS k FROM ws WHERE room > 0
 ), fair_candidates AS (
@@ -127,9 +129,20 @@ WITH type_room AS (
     FROM ranked r
     JOIN type_room tr ON tr.job_type = r.job_type
     WHERE NOT (SELECT one FROM one_workspace)
+      AND (SELECT yes FROM type_capped)
       AND r.type_rank <= tr.room
       AND EXISTS (SELECT 1 FROM job_workers w WHERE w.id = $1 AND w.expires_at > statement_timestamp())
     ORDER BY r.priority DESC, r.turn, r.scheduled_for
+    LIMIT $2
+), chosen_uncapped AS (  -- `chosen` without the per-type ranking no cap needs
+    SELECT c.id
+    FROM candidates c
+    WHERE NOT (SELECT one FROM one_workspace)
+      AND NOT (SELECT yes FROM type_capped)
+      AND NOT EXISTS (
+          SELECT 1 FROM frontier f WHERE (-c.priority, c.turn) > (f.neg_priority, f.turn))
+      AND EXISTS (SELECT 1 FROM job_workers w WHERE w.id = $1 AND w.expires_at > statement_timestamp())
+    ORDER BY c.priority DESC, c.turn, c.scheduled_for
     LIMIT $2
 ), chosen_in_one AS (
     SELECT c.id
@@ -155,7 +168,8 @@ SET status = 'running',
     attempts = attempts + 1,
     worker_id = $1,
     cancel_requested_at = NULL
-WHERE id = ANY(ARRAY(SELECT id FROM chosen UNION ALL SELECT id FROM chosen_in_one))
+WHERE id = ANY(ARRAY(SELECT id FROM chosen UNION ALL SELECT id FROM chosen_uncapped
+                     UNION ALL SELECT id FROM chosen_in_one))
 RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts, timeout_s,
           extract(epoch FROM now() - scheduled_for)::float8 AS waited_s;
 
