@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import statistics
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -100,7 +101,7 @@ async def drain(conn: asyncpg.Connection, url: str, concurrency: int, since: dat
 
 
 async def idle_and_latency(conn: asyncpg.Connection, url: str, dbname: str,
-                           workspace_id: UUID) -> tuple[Memory, Latency]:
+                           workspace_id: UUID) -> tuple[Memory, Latency, Latency]:
     """Starts a serving worker, reads its memory once it idles, then inserts single jobs by
     plain SQL, as the web app does, and measures started_at - created_at."""
     await empty_queue(conn)
@@ -109,13 +110,13 @@ async def idle_and_latency(conn: asyncpg.Connection, url: str, dbname: str,
         await wait_until(lambda: _ready(conn, dbname), 30, "the worker to register and LISTEN")
         await asyncio.sleep(IDLE_SETTLE_S)
         idle = read_memory(child.pid)
-        await insert_singles(url, workspace_id, LATENCY_JOBS, LATENCY_GAP_S)
+        round_trips = await insert_singles(url, workspace_id, LATENCY_JOBS, LATENCY_GAP_S)
         await wait_until(lambda: _completed(conn, LATENCY_JOBS), 30, "the single jobs to finish")
     finally:
         if child.proc.returncode is None:
             child.proc.send_signal(signal.SIGTERM)
         await child.finish()
-    return idle, await pickup_latency(conn)
+    return idle, await pickup_latency(conn), _percentiles(round_trips)
 
 
 async def _ready(conn: asyncpg.Connection, dbname: str) -> bool:
@@ -127,18 +128,30 @@ async def _completed(conn: asyncpg.Connection, n: int) -> bool:
     return await conn.fetchval("SELECT count(*) FROM job_queue WHERE status = 'completed'") >= n
 
 
-async def insert_singles(url: str, workspace_id: UUID, n: int, gap_s: float) -> None:
-    """n one-row INSERTs, each its own transaction, `gap_s` apart, on a plain connection."""
+async def insert_singles(url: str, workspace_id: UUID, n: int, gap_s: float) -> list[float]:
+    """n one-row INSERTs, each its own transaction, `gap_s` apart, on a plain connection.
+    Returns each INSERT's round trip as the inserter saw it (ms): the part of a pickup that is
+    the insert's own commit and the machine waking up for it, before any worker is involved."""
     conn = await asyncpg.connect(url)
+    round_trips = []
     try:
         for _ in range(n):
+            began = time.perf_counter()
             await conn.execute(
                 "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'noop', '{}')",
                 workspace_id,
             )
+            round_trips.append((time.perf_counter() - began) * 1000)
             await asyncio.sleep(gap_s)
     finally:
         await conn.close()
+    return round_trips
+
+
+def _percentiles(ms: list[float]) -> Latency:
+    ordered = sorted(ms)
+    return Latency(len(ordered), statistics.median(ordered),
+                   ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))])
 
 
 async def pickup_latency(conn: asyncpg.Connection) -> Latency:
