@@ -186,9 +186,9 @@ async def _explain_update(conn, ids: list, enabled: bool) -> tuple[float, float]
     return total, float(trig[1]) if trig else 0.0
 
 
-# The admin list's pending index as migration 0011 makes it, and the shape it did not take.
-PENDING_INDEXES = {"0011 (created_at DESC)": "idx_job_queue_admin_pending",
-                   "(created_at DESC, id DESC)": "bench_pending_by_id"}
+# The admin list's pending index as migration 0013 makes it, and 0011's shape it replaced.
+PENDING_INDEXES = {"0013 (created_at DESC, id DESC)": "idx_job_queue_admin_pending_by_id",
+                   "0011 (created_at DESC)": "bench_pending_by_time"}
 # A claim (pending -> running) of 20,000 jobs and a completion of the 10,000 running ones.
 UPDATES = {
     "claim": "UPDATE job_queue SET status = 'running', started_at = now(), attempts = attempts + 1,"
@@ -208,8 +208,8 @@ async def index_cost(url: str) -> None:
     never writes it."""
     conn = await connect(url)
     try:
-        await conn.execute("CREATE INDEX bench_pending_by_id ON job_queue"
-                           " (created_at DESC, id DESC) WHERE status = 'pending'")
+        await conn.execute("CREATE INDEX bench_pending_by_time ON job_queue"
+                           " (created_at DESC) WHERE status = 'pending'")
         ws = await conn.fetchval("SELECT id FROM workspaces WHERE name = 'w2'")
         runs: dict[str, list[tuple[float, float]]] = {"none": []}
         runs |= {k: [] for k in PENDING_INDEXES}
@@ -219,12 +219,12 @@ async def index_cost(url: str) -> None:
                 await conn.execute("VACUUM job_queue")
         for name, results in runs.items():
             wall, cpu = (statistics.median(r[i] for r in results) for i in range(2))
-            print(f"  enqueue 20,000, pending index {name:<27} {wall:4.0f} ms,"
+            print(f"  enqueue 20,000, pending index {name:<32} {wall:4.0f} ms,"
                   f" backend CPU {cpu:4.0f} ms")
-        await conn.execute("DROP INDEX bench_pending_by_id")
+        await conn.execute("DROP INDEX bench_pending_by_time")
         for name, sql in UPDATES.items():
             rows, grew = await _update(conn, sql)
-            print(f"  {name:<8} {rows:,}: idx_job_queue_admin_pending grew {grew // 1024} kB")
+            print(f"  {name:<8} {rows:,}: idx_job_queue_admin_pending_by_id grew {grew // 1024} kB")
     finally:
         await conn.close()
 
@@ -256,7 +256,7 @@ async def _enqueue(conn, ws, kept: str | None) -> tuple[float, float]:
 
 async def _update(conn, sql: str) -> tuple[int, int]:
     """Rows the statement changed and how many bytes the pending index grew; rolled back."""
-    size = "SELECT pg_relation_size('idx_job_queue_admin_pending')"
+    size = "SELECT pg_relation_size('idx_job_queue_admin_pending_by_id')"
     tx = conn.transaction()
     await tx.start()
     try:

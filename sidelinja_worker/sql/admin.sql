@@ -40,9 +40,9 @@ ORDER BY created_at;
 -- 1,000,000 jobs). Errors, retries, cancellations and pending jobs page over the
 -- idx_job_queue_admin_* indexes: `status = $1` (not LEAKPROOF, so never an index condition
 -- under row-level security) proves the partial index's predicate, and the row comparison is
--- LEAKPROOF, so it stays an index condition. The pending index has no id (0011 says why): jobs
--- of one bulk enqueue share a created_at and are sorted by id per page. Running jobs have no
--- index by time (every claim would write it): found through idx_job_queue_running and sorted.
+-- LEAKPROOF, so it stays an index condition (pending: idx_job_queue_admin_pending_by_id, 0013).
+-- Running jobs have no index by time (every claim would write it): found through
+-- idx_job_queue_running and sorted.
 SELECT id, workspace_id, job_type, status::text AS status, attempts, max_attempts,
        created_at, scheduled_for, completed_at, left(error_msg, 200) AS error_msg,
        created_at AS sort_at
