@@ -210,6 +210,9 @@ async def index_cost(url: str) -> None:
     try:
         await conn.execute("CREATE INDEX bench_pending_by_time ON job_queue"
                            " (created_at DESC) WHERE status = 'pending'")
+        # Both freshly built: the shipped one, grown by the fill's million inserts, has
+        # half-empty pages that a new index has not, and compared 20-30 % dearer for it.
+        await conn.execute("REINDEX INDEX idx_job_queue_admin_pending_by_id")
         ws = await conn.fetchval("SELECT id FROM workspaces WHERE name = 'w2'")
         runs: dict[str, list[tuple[float, float]]] = {"none": []}
         runs |= {k: [] for k in PENDING_INDEXES}

@@ -6,11 +6,12 @@
 -- 20,000 jobs. The cost fell on readers instead: a list page inside one batch sorted the batch
 -- (20-45 ms inside 20,000 jobs, ~1.2 s inside one enqueue of 1,000,000). The Python client now
 -- makes time-ordered UUIDv7 ids (ids.py), so a batch's entries go in at the index's edge in
--- order. Measured with bench/admin_list_bench.py's pieces on 200,000 jobs (2-core machine):
---   enqueue_many of 20,000, backend CPU (median of 15): no pending index 500 ms, 0011's index
---   540 ms, this one 560 ms; wall time 681 and 682 ms for the two;
---   pending page, all workspaces or one workspace's token: 27-37 ms -> 1.1-1.4 ms;
---   all statuses of one workspace, 21 pages deep: 45 ms -> 2.2 ms.
+-- order. Measured with bench/admin_list_bench.py's fill (2-core machine), each index freshly
+-- built, enqueue_many of 20,000 in a rolled-back transaction, backend CPU:
+--   1,000,000 jobs, median of 9: no pending index 380 ms, 0011's 470 ms, this one 430 ms
+--   (ascending (created_at, id) 450 ms); 200,000 jobs, median of 15: 470, 510 and 540 ms.
+--   Pending page, all workspaces or one workspace's token, 200,000 jobs: 27-37 ms -> 1.1-1.4
+--   ms; on 1,000,000: 1.5-2.4 ms; all statuses of one workspace 21 pages deep: 45 -> 2.2 ms.
 -- A plain-SQL multi-row INSERT still uses gen_random_uuid() (the seed's default): its rows share
 -- a created_at and go in at random places among themselves only.
 --
