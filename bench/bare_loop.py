@@ -12,35 +12,17 @@ import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
-from uuid import uuid4
 
 import asyncpg
 import orjson
+from sidelinja_worker import migrate
 
 BATCHES = (200, 1000)
 
-# The seed's schema, exactly (DESIGN.md §2): no triggers, only its one partial index.
-SEED_SCHEMA = """
-CREATE TYPE job_status AS ENUM ('pending', 'running', 'completed', 'error', 'retry');
-CREATE TABLE job_queue (
-    id UUID PRIMARY KEY DEFAULT gen_random_uuid(),
-    workspace_id UUID NOT NULL,
-    job_type TEXT NOT NULL,
-    payload JSONB NOT NULL,
-    status job_status NOT NULL DEFAULT 'pending',
-    priority SMALLINT NOT NULL DEFAULT 0,
-    result JSONB,
-    error_msg TEXT,
-    attempts SMALLINT NOT NULL DEFAULT 0,
-    max_attempts SMALLINT NOT NULL DEFAULT 3,
-    created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-    started_at TIMESTAMPTZ,
-    completed_at TIMESTAMPTZ,
-    scheduled_for TIMESTAMPTZ NOT NULL DEFAULT now()
-);
-CREATE INDEX idx_job_queue_pending ON job_queue (priority DESC, scheduled_for ASC)
-    WHERE status IN ('pending', 'retry');
-"""
+# The seed's schema exactly as the first migration writes it (DESIGN.md §2): workspaces and
+# job_queue with its one partial index, none of the later migrations' triggers or indexes.
+SEED_SCHEMA = next(m.sql for m in migrate.shipped_migrations() if m.version == 1)
+WORKSPACE = "INSERT INTO workspaces (name) VALUES ('bare loop') RETURNING id"
 FILL = ("INSERT INTO job_queue (workspace_id, job_type, payload)"
         " SELECT $1, 'noop', '{}' FROM generate_series(1, $2)")
 CLAIM = """
@@ -86,8 +68,8 @@ async def drain(url: str, n: int, batch: int) -> BareRun:
     try:
         if not await setup.fetchval("SELECT to_regclass('job_queue') IS NOT NULL"):
             await setup.execute(SEED_SCHEMA)
-        await setup.execute("TRUNCATE job_queue")
-        await setup.execute(FILL, uuid4(), n)
+        await setup.execute("TRUNCATE job_queue, workspaces")
+        await setup.execute(FILL, await setup.fetchval(WORKSPACE), n)
         await setup.execute("ANALYZE job_queue")
         claimer = await asyncpg.connect(url, server_settings=GENERIC_PLANS)
         completer = await asyncpg.connect(url, server_settings=GENERIC_PLANS)

@@ -31,7 +31,3 @@ def uuid7s(n: int) -> list[UUID]:
         r = from_bytes(noise[i:i + 10])
         ids.append(UUID(int=head | ((r >> 62) & _RAND_A) << 64 | (r & _RAND_B)))
     return ids
-
-
-def uuid7() -> UUID:
-    return uuid7s(1)[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from uuid import UUID
 
-from sidelinja_worker.ids import uuid7, uuid7s
+from sidelinja_worker.ids import uuid7s
 
 
 def _millis(u: UUID) -> int:
@@ -21,13 +21,13 @@ def test_ids_are_version_7_with_the_rfc_variant() -> None:
 def test_ids_carry_the_current_millisecond_and_later_batches_sort_later() -> None:
     before = time.time_ns() // 1_000_000
     first = uuid7s(100)
-    later = uuid7()
+    later = uuid7s(1)[0]
     after = time.time_ns() // 1_000_000
     assert all(before <= _millis(u) <= after for u in first)
     # A later batch never sorts before an earlier one (the millisecond comes first).
     assert _millis(later) >= max(_millis(u) for u in first)
     time.sleep(0.002)
-    assert uuid7() > max(first)
+    assert uuid7s(1)[0] > max(first)
 
 
 def test_a_batch_has_no_repeats() -> None:

@@ -81,14 +81,12 @@ WITH type_room AS (
            AND NOT (SELECT yes FROM type_capped) AS one
 ), share AS (
     SELECT ((count(*) + $2 - 1) / greatest(count(*), 1))::int AS k FROM ws WHERE room > 0
-), fair_candidates AS (
-    -- Locked here, in each workspace's scan, so that concurrent workers skip each other's
-    -- candidates instead of choosing the same ones and coming back half empty. Locks on
-    -- candidates that are not chosen end with the statement.
-    SELECT c.id, c.priority, c.scheduled_for, c.job_type,
-           row_number() OVER (PARTITION BY ws.id, c.priority ORDER BY c.scheduled_for) AS turn,
-           row_number() OVER (PARTITION BY ws.id ORDER BY c.priority DESC, c.scheduled_for)
-               = share.k AND share.k < ws.room AS frontier  -- its share is full: more may wait
+), locked AS (
+    -- Each workspace's share, locked here, in its own index scan, so that concurrent workers
+    -- skip each other's candidates instead of choosing the same ones and coming back half
+    -- empty. Locks on candidates that are not chosen end with the statement. With one
+    -- workspace the share is the whole claim, so this is that workspace's queue order.
+    SELECT ws.id AS ws_id, ws.room, share.k, c.id, c.priority, c.scheduled_for, c.job_type
     FROM ws
     CROSS JOIN share
     CROSS JOIN LATERAL (
@@ -103,6 +101,12 @@ WITH type_room AS (
         FOR UPDATE SKIP LOCKED
     ) c
     WHERE ws.room > 0
+), fair_candidates AS (
+    SELECT l.id, l.priority, l.scheduled_for, l.job_type,
+           row_number() OVER (PARTITION BY l.ws_id, l.priority ORDER BY l.scheduled_for) AS turn,
+           row_number() OVER (PARTITION BY l.ws_id ORDER BY l.priority DESC, l.scheduled_for)
+               = l.k AND l.k < l.room AS frontier  -- its share is full: more may wait
+    FROM locked l
 ), plain_candidates AS (
     SELECT j.id, j.priority, j.scheduled_for, j.job_type, 1::bigint AS turn, false AS frontier
     FROM job_queue j
@@ -145,21 +149,9 @@ WITH type_room AS (
     ORDER BY c.priority DESC, c.turn, c.scheduled_for
     LIMIT $2
 ), chosen_in_one AS (
-    SELECT c.id
-    FROM ws
-    CROSS JOIN LATERAL (
-        SELECT j.id
-        FROM job_queue j
-        WHERE j.workspace_id = ws.id
-          AND j.status IN ('pending', 'retry')
-          AND j.scheduled_for <= statement_timestamp()
-          AND j.job_type = ANY((SELECT types FROM open_types)::text[])
-        ORDER BY j.priority DESC, j.scheduled_for
-        LIMIT ws.room
-        FOR UPDATE SKIP LOCKED
-    ) c
+    SELECT l.id
+    FROM locked l
     WHERE (SELECT one FROM one_workspace)
-      AND ws.room > 0
       AND EXISTS (SELECT 1 FROM job_workers w WHERE w.id = $1 AND w.expires_at > statement_timestamp())
 )
 UPDATE job_queue
