@@ -32,7 +32,9 @@ class JobType:
         if not isinstance(raw, dict):
             raise PermanentError(f"invalid payload: expected a JSON object, got {type(raw).__name__}")
         try:
-            return self.payload_model.model_validate(raw)
+            # The model's own pydantic-core validator: what model_validate calls, without its
+            # Python wrapper, which cost 1 of its 2.6 µs a job (issue 7's profile).
+            return self.payload_model.__pydantic_validator__.validate_python(raw)
         except ValidationError as exc:
             raise PermanentError(f"invalid payload: {describe_validation_error(exc)}") from None
 

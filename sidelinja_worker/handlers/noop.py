@@ -28,7 +28,9 @@ async def run_noop(ctx: JobContext, payload: NoopPayload) -> Any:
         raise PermanentError(payload.fail_permanent)
     if payload.fail is not None:
         raise RetryJob(payload.fail)
-    return payload.model_dump(exclude_unset=True)
+    # model_dump(exclude_unset=True) by the model's pydantic-core serializer, without the Python
+    # wrapper that doubled its cost (2.6 -> 1.3 µs): the benchmark's no-op job measures the queue.
+    return payload.__pydantic_serializer__.to_python(payload, exclude_unset=True)
 
 
 JOB_TYPE = JobType(
