@@ -58,23 +58,27 @@ def _pgqueuer_args() -> list[str]:
     return [str(PGQUEUER_BATCH), str(PGQUEUER_MAX_IN_FLIGHT)]
 
 
-async def run_pgqueuer(url: str, n: int, singles: int,
-                       gap_s: float) -> tuple[PeerRun, Latency]:
+async def run_pgqueuer(url: str, n: int, runs: int, singles: int,
+                       gap_s: float) -> tuple[list[PeerRun], Latency]:
+    """`runs` drains of n fresh jobs (the caller takes the median, as for ours), then the
+    pickup latency of `singles` single enqueues."""
     await peer_pgqueuer.prepare(url)
     conn = await asyncpg.connect(url)
+    drains = []
     try:
-        enqueue_per_s = await peer_pgqueuer.enqueue(conn, n)
-        await conn.execute("ANALYZE")
-        child = await spawn("peer_pgqueuer.py", url, *_pgqueuer_args())
-        wall_s, report, stopped = await child.finish(PEER_TIME_LIMIT_S)
-        jobs, span_s = await peer_pgqueuer.drain_span(conn)
+        for _ in range(runs):
+            await conn.execute("TRUNCATE pgqueuer, pgqueuer_log")
+            enqueue_per_s = await peer_pgqueuer.enqueue(conn, n)
+            await conn.execute("ANALYZE")
+            child = await spawn("peer_pgqueuer.py", url, *_pgqueuer_args())
+            wall_s, report, stopped = await child.finish(PEER_TIME_LIMIT_S)
+            jobs, span_s = await peer_pgqueuer.drain_span(conn)
+            drains.append(PeerRun("PGQueuer 1.6", f"batch {PGQUEUER_BATCH}, in flight unbounded",
+                                  jobs, span_s, wall_s, enqueue_per_s, report["hwm_kb"], stopped))
         latency = await _pgqueuer_latency(conn, url, singles, gap_s)
     finally:
         await conn.close()
-    settings = f"batch {PGQUEUER_BATCH}, in flight unbounded"
-    run = PeerRun("PGQueuer 1.6", settings, jobs, span_s, wall_s, enqueue_per_s,
-                  report["hwm_kb"], stopped)
-    return run, latency
+    return drains, latency
 
 
 async def _pgqueuer_latency(conn: asyncpg.Connection, url: str, singles: int,
