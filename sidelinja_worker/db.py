@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,10 +98,19 @@ async def connect(url: str, **kwargs: Any) -> asyncpg.Connection:
 GENERIC_PLANS = {"plan_cache_mode": "force_generic_plan"}
 
 
-async def create_pool(url: str, *, max_size: int = 4, generic_plans: bool = False) -> asyncpg.Pool:
+async def create_pool(url: str, *, min_size: int = 1, max_size: int = 4, generic_plans: bool = False,
+                      prepare: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
+                      ) -> asyncpg.Pool:
+    """A pool whose connections speak JSON through orjson; `prepare` runs on each new one
+    after that. Connections above `min_size` close after asyncpg's 300 s of idleness."""
+    async def init(conn: asyncpg.Connection) -> None:
+        await init_connection(conn)
+        if prepare is not None:
+            await prepare(conn)
+
     try:
         pool = await asyncpg.create_pool(
-            url, min_size=1, max_size=max_size, init=init_connection,
+            url, min_size=min_size, max_size=max_size, init=init,
             server_settings={**SERVER_SETTINGS, **GENERIC_PLANS} if generic_plans else SERVER_SETTINGS,
             reset=_reset_on_release,
         )

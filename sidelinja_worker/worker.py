@@ -117,7 +117,12 @@ class Worker:
         self._services = Services(self._pool, None, self._config,
                                   RateLimiter(self._pool, self._limits))
         try:
-            self._queue_pool = await create_pool(self._url, max_size=2, generic_plans=True)
+            # Both connections open now, claims and completion prepared on each, and kept (a
+            # pool's floor is never closed for idleness): the first job after start-up or after
+            # a quiet spell pays no connect, parse or planning in its pickup.
+            self._queue_pool = await create_pool(
+                self._url, min_size=2, max_size=2, generic_plans=True,
+                prepare=lambda conn: store.prepare_hot_path(conn, self.job_types))
         except UserError as exc:  # the shared pool works: go on with it, plans left to choose
             log.warning("no pool for claims (%s); using the shared one", exc)
         self._writer.use_pool(self._queue_pool)

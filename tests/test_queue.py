@@ -11,9 +11,11 @@ import asyncpg
 import pytest
 
 from sidelinja_worker import client, store
+from sidelinja_worker.db import create_pool
+from sidelinja_worker.queries import QUERIES as Q
 from sidelinja_worker.context import JobContext
 from sidelinja_worker.registry import Registry
-from tests.helpers import job_type, run_burst, statuses
+from tests.helpers import insert_jobs, job_type, run_burst, statuses
 
 
 async def _worker_row(pool: asyncpg.Pool) -> UUID:
@@ -159,3 +161,25 @@ async def test_bulk_enqueue_by_copy_keeps_order_defaults_and_transaction(
     assert [rows[i]["payload"]["i"] for i in ids] == list(range(300))
     assert {(r["priority"], r["status"], r["attempts"], r["max_attempts"], r["default_schedule"])
             for r in rows.values()} == {(10, "pending", 0, 3, True)}
+
+
+async def test_claim_pool_connections_come_prepared_and_claim_nothing(
+        db_url: str, pool: asyncpg.Pool, workspace: UUID) -> None:
+    """Each connection of a worker's claim pool has the claims and the completion parsed and
+    planned before its first job (a first use cost that job ~5 ms of pickup), and preparing
+    them touches no job, even with a live worker and a due job in the table."""
+    await insert_jobs(pool, workspace, 1)
+    await _worker_row(pool)
+    hot = [Q["claim"], Q["claim_fair"], store.COMPLETE_QUIET]
+    queue_pool = await create_pool(db_url, min_size=2, max_size=2, generic_plans=True,
+                                   prepare=lambda conn: store.prepare_hot_path(conn, ["noop"]))
+    try:
+        async with queue_pool.acquire() as first, queue_pool.acquire() as second:
+            for conn in (first, second):
+                rows = await conn.fetch("SELECT statement, generic_plans FROM pg_prepared_statements")
+                planned = {r["statement"]: r["generic_plans"] for r in rows}
+                assert all(planned.get(sql, 0) >= 1 for sql in hot), planned
+    finally:
+        await queue_pool.close()
+    assert await pool.fetchval("SELECT attempts FROM job_queue WHERE status = 'pending'") == 0
+    assert await statuses(pool) == {"pending": 1}
