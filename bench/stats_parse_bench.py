@@ -100,19 +100,38 @@ def child(path: str) -> None:
         "lines": result.lines, "seconds": elapsed, "cpu_s": cpu, "pickle_s": pickle_s,
         "rss_mb": usage.ru_maxrss / 1024, "process_cpu_s": usage.ru_utime + usage.ru_stime,
         "json_lines_s": baseline(p, "json"), "msgspec_lines_s": baseline(p, "msgspec"),
+        "lean_block_lines_s": baseline(p, "lean-block"), "skip_lines_s": baseline(p, "skip"),
         "listeners": len(result.listens), "counted": result.counted_requests}).decode())
 
 
 def baseline(path: Path, kind: str) -> float:
-    """Decode-only lines/s (CPU time) on 20,000 of the same lines, right after the run, with the
-    stdlib `json` or our msgspec decoder: yardsticks for a shared machine (issue 8 measured them
-    at ~110,000 and ~790,000 lines/s here when idle)."""
+    """Decode-only lines/s (CPU time) on 20,000 of the same lines, right after the run: the
+    stdlib `json` and our msgspec decoder per line (issue 8 measured ~110,000 and ~790,000
+    lines/s here when idle); the lean decoder the parse itself uses, a block per call
+    ("lean-block": the parse's floor, before reading, decompressing and counting); and a
+    decoder of a struct with no fields ("skip": msgspec only scanning the lines)."""
     import json
 
-    from sidelinja_worker.stats.logfiles import open_stream
-    from sidelinja_worker.stats.records import decode
+    import msgspec
+
+    from sidelinja_worker.stats.logfiles import CHUNK_BYTES, open_stream
+    from sidelinja_worker.stats.records import LEAN_DECODER, decode
+
+    class Nothing(msgspec.Struct):
+        pass
+
     with open_stream(path) as stream:
         lines = stream.read(20_000 * 1100).split(b"\n")[:20_000]
+    if kind in ("lean-block", "skip"):
+        # In the parse's own chunks (CHUNK_BYTES): a 20,000-line block decoded at once runs
+        # out of the CPU cache and measured a third slower.
+        per_block = max(1, CHUNK_BYTES * len(lines) // sum(len(line) + 1 for line in lines))
+        blocks = [b"\n".join(lines[i:i + per_block]) for i in range(0, len(lines), per_block)]
+        decoder = LEAN_DECODER if kind == "lean-block" else msgspec.json.Decoder(Nothing)
+        began = time.process_time()
+        for block in blocks:
+            decoder.decode_lines(block)
+        return len(lines) / (time.process_time() - began)
     parse = json.loads if kind == "json" else decode
     began = time.process_time()
     for line in lines:
@@ -147,6 +166,8 @@ def summary(runs: list[dict[str, float]], compress: str, size_mb: float) -> str:
     mid = r["lines"] / r["cpu_s"]
     json_s = statistics.median(run["json_lines_s"] for run in runs)
     msgspec_s = statistics.median(run["msgspec_lines_s"] for run in runs)
+    lean_s = statistics.median(run["lean_block_lines_s"] for run in runs)
+    skip_s = statistics.median(run["skip_lines_s"] for run in runs)
     return (f"{r['lines']:,.0f} lines ({compress}, {size_mb:.0f} MB on disk), {len(runs)} runs: "
             f"{mid:,.0f} lines/s per core (median; range {per_core[0]:,.0f}-{per_core[-1]:,.0f}), "
             f"{r['lines'] / r['seconds']:,.0f} wall; {r['cpu_s']:.2f} s CPU, then "
@@ -155,7 +176,9 @@ def summary(runs: list[dict[str, float]], compress: str, size_mb: float) -> str:
             f"{r['counted']:,.0f} counted requests, {r['listeners']:,.0f} listener-days; "
             f"decode-only yardsticks on the same lines: stdlib json {json_s:,.0f}/s, msgspec "
             f"{msgspec_s:,.0f}/s (end to end = {mid / json_s:.1f}x json, "
-            f"{mid / msgspec_s:.2f}x msgspec)")
+            f"{mid / msgspec_s:.2f}x msgspec); the parse's own lean decoder alone, a block per "
+            f"call, {lean_s:,.0f}/s (end to end = {mid / lean_s:.2f}x it); msgspec only "
+            f"scanning the lines (a struct with no fields) {skip_s:,.0f}/s")
 
 
 if __name__ == "__main__":
