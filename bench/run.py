@@ -54,16 +54,6 @@ DRAIN_RUNS = 3
 class Ours:
     enqueue_per_s: list[float]
     drains: list[sw.Drain]  # DRAIN_RUNS per concurrency
-
-    def median_drain(self, concurrency: int) -> sw.Drain:
-        """The drain with the median jobs/s at `concurrency` (DRAIN_RUNS is odd)."""
-        runs = sorted((d for d in self.drains if d.concurrency == concurrency),
-                      key=lambda d: d.jobs_per_s)
-        return runs[len(runs) // 2]
-
-    def range_at(self, concurrency: int) -> tuple[float, float]:
-        rates = [d.jobs_per_s for d in self.drains if d.concurrency == concurrency]
-        return min(rates), max(rates)
     seed_per_s: float
     seed_wall_s: float
     idle: Memory
@@ -74,6 +64,16 @@ class Ours:
     # (fair, plain) jobs/s of alternating concurrency-50 drains with fairness on and off, for
     # issue 6's 10 %: one pair is within the machine's noise, so the row takes the medians.
     fairness_pairs: list[tuple[float, float]]
+
+    def median_drain(self, concurrency: int) -> sw.Drain:
+        """The drain with the median jobs/s at `concurrency` (DRAIN_RUNS is odd)."""
+        runs = sorted((d for d in self.drains if d.concurrency == concurrency),
+                      key=lambda d: d.jobs_per_s)
+        return runs[len(runs) // 2]
+
+    def range_at(self, concurrency: int) -> tuple[float, float]:
+        rates = [d.jobs_per_s for d in self.drains if d.concurrency == concurrency]
+        return min(rates), max(rates)
 
 
 def say(line: str) -> None:
