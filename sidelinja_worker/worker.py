@@ -8,6 +8,7 @@ import os
 import socket
 import time
 from collections import deque
+from collections.abc import Sequence
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -41,8 +42,8 @@ PREFETCH_MIN = 64  # even a worker of concurrency 1 claims short jobs in batches
 # this machine starts in ~80 ms. Big claims are what make short jobs cheap: the per-statement
 # costs (round trip, commit, trigger) are shared by more jobs. Claims of 1,000 noop jobs drained
 # ~9 % faster than claims of 500 (interleaved drains at concurrency 50 in one database, median
-# of 10), as issue 7's bare loop does at B = 1,000 against B = 200. (A bound by the measured start rate instead of
-# PREFETCH_MAX ramped up too slowly for a 20,000-job drain: 5 % slower.)
+# of 10), as issue 7's bare loop does at B = 1,000 against B = 200. (A bound by the measured
+# start rate instead of PREFETCH_MAX ramped up too slowly for a 20,000-job drain: 5 % slower.)
 PREFETCH_WORK_S = 0.05
 PREFETCH_MAX = 2000
 CLAIM_MIN = 32     # the least a claim asks for when prefetching
@@ -50,6 +51,15 @@ CLAIM_MAX = 1000
 TIMEOUT_TICK_S = 0.05  # how late a timeout may fire
 DRAIN_AT_EXIT_S = 10.0
 LOST_LEASE = "lost-lease"
+
+
+async def open_claim_pool(url: str, job_types: Sequence[str]) -> asyncpg.Pool:
+    """The pool for claims and outcome writes, with generic plans. Both connections open now,
+    the claims and the completion prepared on each, and stay open (a pool's floor is never
+    closed for idleness): the first job after start-up or a quiet spell pays no connect, parse
+    or planning in its pickup."""
+    return await create_pool(url, min_size=2, max_size=2, generic_plans=True,
+                             prepare=lambda conn: store.prepare_hot_path(conn, job_types))
 
 
 class Worker:
@@ -122,12 +132,7 @@ class Worker:
         self._services = Services(self._pool, None, self._config,
                                   RateLimiter(self._pool, self._limits))
         try:
-            # Both connections open now, claims and completion prepared on each, and kept (a
-            # pool's floor is never closed for idleness): the first job after start-up or after
-            # a quiet spell pays no connect, parse or planning in its pickup.
-            self._queue_pool = await create_pool(
-                self._url, min_size=2, max_size=2, generic_plans=True,
-                prepare=lambda conn: store.prepare_hot_path(conn, self.job_types))
+            self._queue_pool = await open_claim_pool(self._url, self.job_types)
         except UserError as exc:  # the shared pool works: go on with it, plans left to choose
             log.warning("no pool for claims (%s); using the shared one", exc)
         self._writer.use_pool(self._queue_pool)

@@ -11,10 +11,10 @@ import asyncpg
 import pytest
 
 from sidelinja_worker import client, store
-from sidelinja_worker.db import create_pool
-from sidelinja_worker.queries import QUERIES as Q
 from sidelinja_worker.context import JobContext
+from sidelinja_worker.queries import QUERIES as Q
 from sidelinja_worker.registry import Registry
+from sidelinja_worker.worker import open_claim_pool
 from tests.helpers import insert_jobs, job_type, run_burst, statuses
 
 
@@ -171,12 +171,12 @@ async def test_claim_pool_connections_come_prepared_and_claim_nothing(
     await insert_jobs(pool, workspace, 1)
     await _worker_row(pool)
     hot = [Q["claim"], Q["claim_fair"], store.COMPLETE_QUIET]
-    queue_pool = await create_pool(db_url, min_size=2, max_size=2, generic_plans=True,
-                                   prepare=lambda conn: store.prepare_hot_path(conn, ["noop"]))
+    queue_pool = await open_claim_pool(db_url, ["noop"])
     try:
         async with queue_pool.acquire() as first, queue_pool.acquire() as second:
             for conn in (first, second):
-                rows = await conn.fetch("SELECT statement, generic_plans FROM pg_prepared_statements")
+                rows = await conn.fetch(
+                    "SELECT statement, generic_plans FROM pg_prepared_statements")
                 planned = {r["statement"]: r["generic_plans"] for r in rows}
                 assert all(planned.get(sql, 0) >= 1 for sql in hot), planned
     finally:
