@@ -17,6 +17,7 @@ from sidelinja_worker.context import JobContext
 from sidelinja_worker.registry import Registry
 from sidelinja_worker.settings import WorkerSettings
 from sidelinja_worker.worker import Worker
+from tests.admin_fixtures import free_port
 from tests.helpers import insert_jobs, job_type, spawn, statuses
 
 DONE = re.compile(r"job ([0-9a-f-]{36}) noop completed")
@@ -28,6 +29,21 @@ async def _wait_until(probe: Any, timeout_s: float = 30.0) -> None:
     while not await probe():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.02)
+
+
+async def _jobs_started(port: int, n: int) -> bool:
+    """Whether the worker serving /metrics on `port` has started `n` noop jobs: the count of its
+    pickup histogram, which a slot adds to as it starts a job."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:  # not serving yet
+        return False
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    body = (await reader.read()).decode()
+    writer.close()
+    found = re.search(r'^sidelinja_job_pickup_latency_seconds_count\{job_type="noop"\} (\S+)$',
+                      body, re.MULTILINE)
+    return found is not None and float(found.group(1)) >= n
 
 
 async def test_plain_sql_insert_wakes_an_idle_worker_at_once(pool: asyncpg.Pool, db_url: str,
@@ -140,9 +156,12 @@ async def test_sigterm_waits_for_grace_then_gives_jobs_back(pool: asyncpg.Pool, 
                                                             workspace: UUID) -> None:
     await insert_jobs(pool, workspace, 2, '{"sleep_ms": 60000}')
     await insert_jobs(pool, workspace, 1, '{"sleep_ms": 300}')
-    proc = spawn("run", "--grace", "1s", "--max-concurrent", "5", url=db_url)
-    await _wait_until(lambda: pool.fetchval(
-        "SELECT count(*) = 3 FROM job_queue WHERE status = 'running'"))
+    port = free_port()
+    proc = spawn("run", "--grace", "1s", "--max-concurrent", "5", "--metrics-port", str(port),
+                 url=db_url)
+    # Started by the worker, not only claimed: a claim is `running` in the table a moment before
+    # its answer reaches the worker, and a SIGTERM in that moment gives the jobs back unstarted.
+    await _wait_until(lambda: _jobs_started(port, 3))
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     _, err = await asyncio.to_thread(proc.communicate, timeout=30)
