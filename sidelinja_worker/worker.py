@@ -265,8 +265,11 @@ class Worker:
         took in the executor's micro-benchmark."""
         slot_task = asyncio.current_task()
         assert slot_task is not None
+        # Looked up once: asyncio.get_running_loop() makes a getpid() system call on Python
+        # 3.11 (its fork check), which a per-job look-up paid for every job.
+        clock = asyncio.get_running_loop().time
         while True:
-            job = self._held_job()
+            job = self._held_job(clock())
             if job is not None:
                 await self._run_job(job, slot_task)
             elif self._stop.is_set():
@@ -275,11 +278,10 @@ class Worker:
                 self._job_ready.clear()
                 await self._job_ready.wait()
 
-    def _held_job(self) -> ClaimedJob | None:
-        """The next held job, if one may start now: none once stopping, and none once the lease
-        has lapsed (the job may be rescued and run elsewhere)."""
-        if (self._ready and not self._stop.is_set()
-                and asyncio.get_running_loop().time() < self._lease_deadline):
+    def _held_job(self, now: float) -> ClaimedJob | None:
+        """The next held job, if one may start at loop time `now`: none once stopping, and none
+        once the lease has lapsed (the job may be rescued and run elsewhere)."""
+        if self._ready and not self._stop.is_set() and now < self._lease_deadline:
             return self._ready.popleft()
         return None
 
