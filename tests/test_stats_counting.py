@@ -225,8 +225,8 @@ def test_blocks_end_at_line_ends_whatever_the_chunk_size(tmp_path: Path,
     live = tmp_path / "access.log"
     live.write_bytes(text + lines[0][:50])  # Caddy is still writing the last line
     log = LogFile(live, rotated=False)
-    blocks = list(read_blocks(log, 0))
-    assert b"".join(bytes(b) for b, _ in blocks) == text
+    blocks = [(bytes(b), offset) for b, offset in read_blocks(log, 0)]  # a view lasts one turn
+    assert b"".join(b for b, _ in blocks) == text
     ends = set(accumulate(len(x) for x in lines))
     assert {offset for _, offset in blocks} <= ends and blocks[-1][1] == len(text)
     middle = blocks[len(blocks) // 2][1]
@@ -234,6 +234,22 @@ def test_blocks_end_at_line_ends_whatever_the_chunk_size(tmp_path: Path,
     rotated = LogFile(live, rotated=True)  # a rotated file's unterminated last line is final
     assert list(read_blocks(rotated, len(text)))[-1][1] == len(text) + 50
 
+
+
+def test_an_overlong_line_is_dropped_and_memory_stays_bounded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logfiles, "CHUNK_BYTES", 333)
+    monkeypatch.setattr(logfiles, "MAX_LINE_BYTES", 4000)
+    junk = b"x" * 50_000 + b"\n"  # no Caddy entry: it must not be held whole
+    good = [line(ip="198.51.100.1"), line(ip="198.51.100.2")]
+    log = tmp_path / "access.log"
+    log.write_bytes(good[0] + junk + good[1])
+    blocks = [(bytes(b), offset) for b, offset in read_blocks(LogFile(log, False), 0)]
+    assert max(len(b) for b, _ in blocks) < 4000 + 2 * 333
+    assert good[0] in blocks[0][0] and blocks[-1][0].endswith(good[1])
+    assert blocks[-1][1] == log.stat().st_size
+    result = parse_files([FileTask(log, False, "fp", 0)], EpisodeRules())
+    assert result.counted_requests == 2 and result.bad_lines == 1
 
 def test_days_of_lines_out_of_order_and_of_mixed_timestamp_formats() -> None:
     iso = orjson.loads(line())
