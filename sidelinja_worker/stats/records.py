@@ -24,10 +24,13 @@ class RespHeaders(msgspec.Struct, gc=False):
 # sizes and a parse decodes the smallest that serves it: `host` only under a hosts filter, and
 # `remote_ip` only for a log without `client_ip` (Caddy < 2.7). The lean one decodes ~5% fewer
 # instructions per line than the full one (callgrind, issue 8).
+# Fields in the order Caddy writes the keys: msgspec looks for a key's field from just after the
+# last field it found, so in-order fields match on the first compare (-0.9 % instructions per
+# line, callgrind, issue 8).
 class Request(msgspec.Struct, gc=False):
+    client_ip: str = ""
     method: str = ""
     uri: str = ""
-    client_ip: str = ""
     headers: Headers = msgspec.field(default_factory=Headers)
 
 
@@ -41,9 +44,9 @@ class FullRequest(HostRequest, gc=False):
 
 class Entry(msgspec.Struct, gc=False):
     ts: float | str = 0.0  # float Unix seconds unless Caddy's time_format says otherwise
-    status: int = 0
-    size: int = 0
     request: Request = msgspec.field(default_factory=Request)
+    size: int = 0
+    status: int = 0
     # Kept as raw JSON and decoded by `response_headers` only for the few entries that need it
     # (a 200, or an episode's first 206): ~10% less decoding per line.
     resp_headers: msgspec.Raw = msgspec.Raw(b"{}")
