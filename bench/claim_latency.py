@@ -139,8 +139,9 @@ async def write_plans(conn: asyncpg.Connection, worker_id: UUID, plan_file: Path
 async def measure(conn: asyncpg.Connection, workspace_id: UUID,
                   plan_file: Path) -> tuple[list[ClaimTiming], str]:
     """The table shapes, smallest first; returns every timing and the plan summary. The last
-    spreads 10k pending jobs over 100 workspaces: the fair claim's worst case is many
-    workspaces, each of which it must look at."""
+    two are the fair claim's hard cases: 10k pending jobs spread over 100 workspaces, each of
+    which it must look at, and 10k pending in one of 10,000 workspaces, where it must not look
+    at the idle ones."""
     await conn.execute("TRUNCATE job_queue, job_workers")
     # As the worker's claim pool runs them (db.GENERIC_PLANS); reset at the end.
     await conn.execute("SET plan_cache_mode = force_generic_plan")
@@ -160,6 +161,13 @@ async def measure(conn: asyncpg.Connection, workspace_id: UUID,
         " RETURNING id")]
     await fill(conn, [workspace_id, *others], SMALL, "pending")
     timings += await time_all(conn, worker_id, "10k pending, 100 workspaces")
+    await conn.execute("TRUNCATE job_queue")
+    # A platform of many workspaces, one busy: the idle ones must cost the fair claim nothing.
+    others += [r[0] for r in await conn.fetch(
+        "INSERT INTO workspaces (name) SELECT 'bench idle ' || g FROM generate_series(1, 9900) g"
+        " RETURNING id")]
+    await fill(conn, [workspace_id], SMALL, "pending")
+    timings += await time_all(conn, worker_id, "10k pending in 1 of 10,000 workspaces")
     await conn.execute("TRUNCATE job_queue")
     await conn.execute("DELETE FROM workspaces WHERE id = ANY($1::uuid[])", others)
     await conn.execute("RESET plan_cache_mode")

@@ -32,7 +32,7 @@ RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts,
 -- The claim when fairness or limits apply; otherwise `claim` above, which is cheaper.
 -- Fair: within a priority level, jobs are taken round-robin across workspaces, so 50,000 jobs of
 -- one workspace do not starve another's single job. Priority still comes first.
---   The workspaces with a due job are found first (one probe each of
+--   The workspaces with a due job are found first (a skip scan of
 --   idx_job_queue_workspace_pending, no lock), and each is asked for an even share of the claim,
 --   ceil($2 / workspaces), so a claim locks about as many rows as it takes whatever the number
 --   of workspaces (asking each for all $2 locked 3,200 rows to claim 32 at 100 workspaces and
@@ -50,7 +50,7 @@ RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts,
 -- $1 worker, $2 how many, $3 job types, $4 fair (false: one queue, oldest first).
 -- statement_timestamp(), not now(): after waiting for the claim lock, `started_at` must say
 -- when the job was really claimed, not when the transaction began.
-WITH type_room AS (
+WITH RECURSIVE type_room AS (
     SELECT t.job_type,
            coalesce((SELECT greatest(l.max_running - (
                          SELECT count(*) FROM job_queue r
@@ -59,21 +59,39 @@ WITH type_room AS (
     FROM unnest($3::text[]) AS t(job_type)
 ), open_types AS MATERIALIZED (
     SELECT coalesce(array_agg(job_type), '{}') AS types FROM type_room WHERE room > 0
+), due_workspaces AS (
+    -- The workspaces with a due job, by a skip scan of idx_job_queue_workspace_pending: one
+    -- index descent per such workspace, each starting past the previous one. Probing every row
+    -- of `workspaces` instead cost a claim ~5 ms more at 10,000 workspaces with one busy.
+    (SELECT j.workspace_id AS id
+     FROM job_queue j
+     WHERE $4
+       AND j.status IN ('pending', 'retry')
+       AND j.scheduled_for <= statement_timestamp()
+       AND j.job_type = ANY((SELECT types FROM open_types)::text[])
+     ORDER BY j.workspace_id
+     LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.workspace_id
+            FROM job_queue j
+            WHERE j.workspace_id > d.id
+              AND j.status IN ('pending', 'retry')
+              AND j.scheduled_for <= statement_timestamp()
+              AND j.job_type = ANY((SELECT types FROM open_types)::text[])
+            ORDER BY j.workspace_id
+            LIMIT 1)
+    FROM due_workspaces d
+    WHERE d.id IS NOT NULL
 ), ws AS MATERIALIZED (
-    SELECT w.id,
+    SELECT d.id,
            CASE WHEN wl.max_running IS NULL THEN $2
                 ELSE least($2, greatest(wl.max_running - (
                     SELECT count(*) FROM job_queue r
-                    WHERE r.status = 'running' AND r.workspace_id = w.id), 0))
+                    WHERE r.status = 'running' AND r.workspace_id = d.id), 0))
            END AS room
-    FROM workspaces w
-    LEFT JOIN workspace_limits wl ON wl.workspace_id = w.id
-    WHERE $4
-      AND EXISTS (SELECT 1 FROM job_queue j
-                  WHERE j.workspace_id = w.id
-                    AND j.status IN ('pending', 'retry')
-                    AND j.scheduled_for <= statement_timestamp()
-                    AND j.job_type = ANY((SELECT types FROM open_types)::text[]))
+    FROM due_workspaces d
+    LEFT JOIN workspace_limits wl ON wl.workspace_id = d.id
+    WHERE d.id IS NOT NULL
 ), type_capped AS MATERIALIZED (  -- a job type cap could cut this claim short
     SELECT EXISTS (SELECT 1 FROM type_room WHERE room < $2) AS yes
 ), one_workspace AS MATERIALIZED (
