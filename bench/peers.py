@@ -58,27 +58,35 @@ def _pgqueuer_args() -> list[str]:
     return [str(PGQUEUER_BATCH), str(PGQUEUER_MAX_IN_FLIGHT)]
 
 
-async def run_pgqueuer(url: str, n: int, runs: int, singles: int,
-                       gap_s: float) -> tuple[list[PeerRun], Latency]:
-    """`runs` drains of n fresh jobs (the caller takes the median, as for ours), then the
-    pickup latency of `singles` single enqueues."""
-    await peer_pgqueuer.prepare(url)
-    conn = await asyncpg.connect(url)
-    drains = []
-    try:
-        for _ in range(runs):
-            await conn.execute("TRUNCATE pgqueuer, pgqueuer_log")
-            enqueue_per_s = await peer_pgqueuer.enqueue(conn, n)
-            await conn.execute("ANALYZE")
-            child = await spawn("peer_pgqueuer.py", url, *_pgqueuer_args())
-            wall_s, report, stopped = await child.finish(PEER_TIME_LIMIT_S)
-            jobs, span_s = await peer_pgqueuer.drain_span(conn)
-            drains.append(PeerRun("PGQueuer 1.6", f"batch {PGQUEUER_BATCH}, in flight unbounded",
-                                  jobs, span_s, wall_s, enqueue_per_s, report["hwm_kb"], stopped))
-        latency = await _pgqueuer_latency(conn, url, singles, gap_s)
-    finally:
-        await conn.close()
-    return drains, latency
+class PgqueuerRuns:
+    """PGQueuer in its database: drains one at a time (the caller interleaves them with ours, so
+    that a slow minute of this VM falls on both), then the pickup latency."""
+
+    def __init__(self, url: str, conn: asyncpg.Connection) -> None:
+        self.url = url
+        self.conn = conn
+
+    @classmethod
+    async def open(cls, url: str) -> PgqueuerRuns:
+        await peer_pgqueuer.prepare(url)
+        return cls(url, await asyncpg.connect(url))
+
+    async def drain(self, n: int) -> PeerRun:
+        """One drain of n fresh jobs."""
+        await self.conn.execute("TRUNCATE pgqueuer, pgqueuer_log")
+        enqueue_per_s = await peer_pgqueuer.enqueue(self.conn, n)
+        await self.conn.execute("ANALYZE")
+        child = await spawn("peer_pgqueuer.py", self.url, *_pgqueuer_args())
+        wall_s, report, stopped = await child.finish(PEER_TIME_LIMIT_S)
+        jobs, span_s = await peer_pgqueuer.drain_span(self.conn)
+        return PeerRun("PGQueuer 1.6", f"batch {PGQUEUER_BATCH}, in flight unbounded", jobs,
+                       span_s, wall_s, enqueue_per_s, report["hwm_kb"], stopped)
+
+    async def latency(self, singles: int, gap_s: float) -> Latency:
+        return await _pgqueuer_latency(self.conn, self.url, singles, gap_s)
+
+    async def close(self) -> None:
+        await self.conn.close()
 
 
 async def _pgqueuer_latency(conn: asyncpg.Connection, url: str, singles: int,

@@ -43,10 +43,10 @@ TARGET_PICKUP_P99_MS = 5.0
 FAIRNESS_PAIRS = 3
 FAIRNESS_WORKSPACES = 10  # the fairness rows deal their jobs over this many workspaces
 BUSY_LOAD = len(os.sched_getaffinity(0)) / 2
-BARE_RUNS = 3  # per batch size; one bare drain of 20,000 jobs takes about a second
-# Drains per concurrency: one drain of 20,000 jobs lasts about a second, and on this shared
-# 2-core VM one second can be 25 % slower than the next, so each row is a median. The rounds
-# go 1, 10, 50, 1, 10, 50, ... so a slow minute falls on every concurrency alike.
+# Drains per concurrency, per batch size of the bare loop and of PGQueuer: one drain of 20,000
+# jobs lasts about a second, and on this shared 2-core VM one second can be 25 % slower than the
+# next, so each row is a median. They run in rounds (drain_rounds), so a slow minute falls on
+# every one of them alike.
 DRAIN_RUNS = 3
 
 
@@ -80,36 +80,54 @@ def say(line: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
 
 
-async def measure_ours(url: str, dbname: str, n: int) -> Ours:
-    conn = await connect(url)
-    try:
-        workspace_id = await sw.prepare(conn)
-        await sw.warm_up(conn, workspace_id)
-        rates, drains = [], []
-        for concurrency in CONCURRENCIES * DRAIN_RUNS:
-            say(f"sidelinja-worker: enqueue {n}, drain at concurrency {concurrency}")
+async def drain_rounds(conn: asyncpg.Connection, url: str, workspace_id: UUID, bare_url: str,
+                       pgqueuer: peers.PgqueuerRuns, n: int) -> tuple[
+                           list[float], list[sw.Drain], list[bare_loop.BareRun],
+                           list[peers.PeerRun]]:
+    """The drains the targets compare, in DRAIN_RUNS rounds of: ours at each concurrency, the
+    bare loop at each batch size, PGQueuer. This VM's speed moves within minutes; in rounds, a
+    slow minute falls on all of them alike instead of on whichever ran then. Returns our
+    enqueue rates, our drains, the bare loop's and PGQueuer's."""
+    rates: list[float] = []
+    drains: list[sw.Drain] = []
+    bare: list[bare_loop.BareRun] = []
+    pgq: list[peers.PeerRun] = []
+    for round_ in range(1, DRAIN_RUNS + 1):
+        for concurrency in CONCURRENCIES:
+            say(f"round {round_}: sidelinja-worker: enqueue {n}, drain at concurrency {concurrency}")
             await sw.empty_queue(conn)
             since = await sw.server_now(conn)
             rates.append(await sw.enqueue(conn, workspace_id, n))
             await sw.refresh_statistics(conn)
             drains.append(await sw.drain(conn, url, concurrency, since))
-        spread = await sw.more_workspaces(conn, FAIRNESS_WORKSPACES)
-        fairness_pairs = [(await _drain_with_fairness(conn, url, spread, n, True, rates),
-                           await _drain_with_fairness(conn, url, spread, n, False, rates))
-                          for _ in range(FAIRNESS_PAIRS)]
-        say("seed loop baseline (3 slots)")
-        seed_per_s, seed_wall_s, seed_enqueue_per_s = await _seed(conn, url, workspace_id, n)
-        rates.append(seed_enqueue_per_s)
-        say("sidelinja-worker: idle memory and pickup latency")
-        idle, latency, insert_round_trip = await sw.idle_and_latency(conn, url, dbname,
-                                                                     workspace_id)
-        say("claim latency at 10k / 10k + 1M completed / 1M pending / 100 and 10,000 workspaces (the slow part)")
-        plan_file = RESULTS_DIR / "claim_plan_1m.txt"
-        claims, summary = await claim_latency.measure(conn, workspace_id, plan_file)
-        return Ours(rates, drains, seed_per_s, seed_wall_s, idle, latency, insert_round_trip,
-                    claims, summary, fairness_pairs)
-    finally:
-        await conn.close()
+        for batch in bare_loop.BATCHES:
+            say(f"round {round_}: bare batched loop on the seed's table, B = {batch}")
+            bare.append(await bare_loop.drain(bare_url, n, batch))
+        say(f"round {round_}: PGQueuer 1.6 drain")
+        pgq.append(await pgqueuer.drain(n))
+    return rates, drains, bare, pgq
+
+
+async def measure_ours(conn: asyncpg.Connection, url: str, dbname: str,
+                       workspace_id: UUID, n: int, rates: list[float],
+                       drains: list[sw.Drain]) -> Ours:
+    """Everything of ours but the drain rounds: fairness, the seed's loop, idle memory and
+    pickup, claim latency."""
+    spread = await sw.more_workspaces(conn, FAIRNESS_WORKSPACES)
+    fairness_pairs = [(await _drain_with_fairness(conn, url, spread, n, True, rates),
+                       await _drain_with_fairness(conn, url, spread, n, False, rates))
+                      for _ in range(FAIRNESS_PAIRS)]
+    say("seed loop baseline (3 slots)")
+    seed_per_s, seed_wall_s, seed_enqueue_per_s = await _seed(conn, url, workspace_id, n)
+    rates.append(seed_enqueue_per_s)
+    say("sidelinja-worker: idle memory and pickup latency")
+    idle, latency, insert_round_trip = await sw.idle_and_latency(conn, url, dbname, workspace_id)
+    say("claim latency at 10k / 10k + 1M completed / 1M pending / 100 and 10,000 workspaces "
+        "(the slow part)")
+    plan_file = RESULTS_DIR / "claim_plan_1m.txt"
+    claims, summary = await claim_latency.measure(conn, workspace_id, plan_file)
+    return Ours(rates, drains, seed_per_s, seed_wall_s, idle, latency, insert_round_trip,
+                claims, summary, fairness_pairs)
 
 
 async def _drain_with_fairness(conn: asyncpg.Connection, url: str, workspace_ids: list[UUID],
@@ -151,15 +169,22 @@ async def run_all(admin_url: str, n: int) -> str:
         for part, name in names.items():
             urls[part] = await create_database(admin_url, name)
             created.append(name)
-        ours = await measure_ours(urls["sw"], names["sw"], n)
-        say(f"bare batched loop on the seed's table, B = {bare_loop.BATCHES}")
-        bare = [await bare_loop.drain(urls["bare"], n, batch)
-                for _ in range(BARE_RUNS) for batch in bare_loop.BATCHES]
-        say("procrastinate 3.10")
-        procrastinate = await peers.run_procrastinate(urls["procrastinate"], n)
-        say(f"PGQueuer 1.6: {DRAIN_RUNS} drains, then pickup latency")
-        pgqueuer_runs, pgq_latency = await peers.run_pgqueuer(
-            urls["pgqueuer"], n, DRAIN_RUNS, sw.LATENCY_JOBS, sw.LATENCY_GAP_S)
+        conn = await connect(urls["sw"])
+        pgqueuer = await peers.PgqueuerRuns.open(urls["pgqueuer"])
+        try:
+            workspace_id = await sw.prepare(conn)
+            await sw.warm_up(conn, workspace_id)
+            rates, drains, bare, pgqueuer_runs = await drain_rounds(
+                conn, urls["sw"], workspace_id, urls["bare"], pgqueuer, n)
+            ours = await measure_ours(conn, urls["sw"], names["sw"], workspace_id, n, rates,
+                                      drains)
+            say("procrastinate 3.10")
+            procrastinate = await peers.run_procrastinate(urls["procrastinate"], n)
+            say("PGQueuer 1.6: pickup latency")
+            pgq_latency = await pgqueuer.latency(sw.LATENCY_JOBS, sw.LATENCY_GAP_S)
+        finally:
+            await pgqueuer.close()
+            await conn.close()
         pg_version = await _server_version(admin_url)
     finally:
         for name in created:
