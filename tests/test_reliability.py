@@ -173,9 +173,14 @@ async def test_sigterm_waits_for_grace_then_gives_jobs_back(pool: asyncpg.Pool, 
     assert await pool.fetchval("SELECT count(*) FROM job_workers") == 0
 
 
+JOBS_THROUGH_KILLS = 6000
+
+
 async def test_workers_survive_their_connections_being_killed(pool: asyncpg.Pool, db_url: str,
                                                               workspace: UUID) -> None:
-    await insert_jobs(pool, workspace, 2000, '{"sleep_ms": 2}')
+    # Enough work that the workers are still at it in the third round: 2,000 jobs once drained
+    # between two rounds on a fast hour of the CI machine, and the round waited in vain.
+    await insert_jobs(pool, workspace, JOBS_THROUGH_KILLS, '{"sleep_ms": 2}')
     procs = [spawn("run", "--burst", "--max-concurrent", "10", "--poll-interval", "100ms",
                    url=db_url) for _ in range(2)]
     for _ in range(3):  # three rounds of "the database dropped every worker connection"
@@ -189,7 +194,7 @@ async def test_workers_survive_their_connections_being_killed(pool: asyncpg.Pool
     assert [p.returncode for p in procs] == [0, 0], [e[-6000:].replace("noop completed", "") for _, e in outputs]
     # Nothing waits for a lease: a claim whose answer was lost with the connection is given
     # back by the worker that holds it.
-    assert await statuses(pool) == {"completed": 2000}
+    assert await statuses(pool) == {"completed": JOBS_THROUGH_KILLS}
     assert await pool.fetchval(
         "SELECT count(*) FROM job_queue WHERE result IS NULL") == 0  # never done without result
 
