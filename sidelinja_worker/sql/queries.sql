@@ -104,26 +104,33 @@ WITH RECURSIVE type_room AS (
     -- skip each other's candidates instead of choosing the same ones and coming back half
     -- empty. Locks on candidates that are not chosen end with the statement. With one
     -- workspace the share is the whole claim, so this is that workspace's queue order.
-    SELECT ws.id AS ws_id, ws.room, share.k, c.id, c.priority, c.scheduled_for, c.job_type
+    -- Each workspace's rows come out of its index scan in queue order, so its turns are
+    -- numbered here, by windows over that order, without a sort: a job's turn is its place
+    -- within its priority level (place in the workspace minus the places of higher levels).
+    SELECT ws.id AS ws_id, c.id, c.priority, c.scheduled_for, c.job_type, c.turn,
+           c.place = share.k AND share.k < ws.room AS frontier  -- its share is full: more may wait
     FROM ws
     CROSS JOIN share
     CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.scheduled_for, j.job_type
-        FROM job_queue j
-        WHERE j.workspace_id = ws.id
-          AND j.status IN ('pending', 'retry')
-          AND j.scheduled_for <= statement_timestamp()
-          AND j.job_type = ANY((SELECT types FROM open_types)::text[])
-        ORDER BY j.priority DESC, j.scheduled_for
-        LIMIT least(ws.room, share.k)
-        FOR UPDATE SKIP LOCKED
+        SELECT q.*,
+               row_number() OVER (ORDER BY q.priority DESC, q.scheduled_for) AS place,
+               row_number() OVER (ORDER BY q.priority DESC, q.scheduled_for)
+                   - rank() OVER (ORDER BY q.priority DESC) + 1 AS turn
+        FROM (
+            SELECT j.id, j.priority, j.scheduled_for, j.job_type
+            FROM job_queue j
+            WHERE j.workspace_id = ws.id
+              AND j.status IN ('pending', 'retry')
+              AND j.scheduled_for <= statement_timestamp()
+              AND j.job_type = ANY((SELECT types FROM open_types)::text[])
+            ORDER BY j.priority DESC, j.scheduled_for
+            LIMIT least(ws.room, share.k)
+            FOR UPDATE SKIP LOCKED
+        ) q
     ) c
     WHERE ws.room > 0
 ), fair_candidates AS (
-    SELECT l.id, l.priority, l.scheduled_for, l.job_type,
-           row_number() OVER (PARTITION BY l.ws_id, l.priority ORDER BY l.scheduled_for) AS turn,
-           row_number() OVER (PARTITION BY l.ws_id ORDER BY l.priority DESC, l.scheduled_for)
-               = l.k AND l.k < l.room AS frontier  -- its share is full: more may wait
+    SELECT l.id, l.priority, l.scheduled_for, l.job_type, l.turn, l.frontier
     FROM locked l
 ), plain_candidates AS (
     SELECT j.id, j.priority, j.scheduled_for, j.job_type, 1::bigint AS turn, false AS frontier
