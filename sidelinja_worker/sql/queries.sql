@@ -104,9 +104,9 @@ WITH RECURSIVE type_room AS (
     -- skip each other's candidates instead of choosing the same ones and coming back half
     -- empty. Locks on candidates that are not chosen end with the statement. With one
     -- workspace the share is the whole claim, so this is that workspace's queue order.
-    -- Each workspace's rows come out of its index scan in queue order, so its turns are
-    -- numbered here, by windows over that order, without a sort: a job's turn is its place
-    -- within its priority level (place in the workspace minus the places of higher levels).
+    -- Each workspace's turns are numbered here, over its own share in queue order (a sort of
+    -- that share, ~100 rows, instead of two sorts of the whole claim): a job's turn is its
+    -- place within its priority level (its place in the share minus the higher levels').
     SELECT ws.id AS ws_id, c.id, c.priority, c.scheduled_for, c.job_type, c.turn,
            c.place = share.k AND share.k < ws.room AS frontier  -- its share is full: more may wait
     FROM ws
