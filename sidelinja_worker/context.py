@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +54,8 @@ class JobContext:
     worker_id: UUID
     # Jobs to enqueue in the same transaction that marks this job completed (and only then).
     follow_ups: list[NewJob] = field(default_factory=list)
+    # Made on the first report: most jobs never report, and a context is made per job.
+    _progress_lock: asyncio.Lock | None = field(default=None, repr=False, compare=False)
 
     def enqueue_on_success(self, job: NewJob) -> None:
         """`job` is enqueued atomically with this job's completion: if this job fails, is
@@ -65,9 +68,17 @@ class JobContext:
 
     async def progress(self, message: str, percent: float | None = None) -> None:
         """Reports progress ("Transkriberer…", 40 %): stored on the job and published on the
-        `sidelinja_job_events` channel. A lost report never fails the job."""
-        try:
-            await store.report_progress(self.services.pool, self.job_id, self.worker_id,
-                                        message, percent)
-        except DB_ERRORS as exc:
-            log.warning("job %s: progress not recorded (%s)", self.job_id, exc)
+        `sidelinja_job_events` channel. A lost report never fails the job.
+
+        One job's reports are written one at a time, in the order they were made: concurrent
+        parts of a job (prompt_eval's cases) each report, and on separate pool connections a
+        later report could commit first and leave an older one stored (seen: "5/6" left
+        after "6/6")."""
+        if self._progress_lock is None:
+            self._progress_lock = asyncio.Lock()
+        async with self._progress_lock:  # FIFO: waiters acquire in the order they came
+            try:
+                await store.report_progress(self.services.pool, self.job_id, self.worker_id,
+                                            message, percent)
+            except DB_ERRORS as exc:
+                log.warning("job %s: progress not recorded (%s)", self.job_id, exc)

@@ -109,6 +109,24 @@ async def test_progress_reports_reach_the_channel(pool: asyncpg.Pool, db_url: st
     assert got[0]["id"] == str(job) and got[0]["progress"]["message"] == "Transkriberer…"
 
 
+
+async def test_progress_reports_of_one_job_are_stored_in_the_order_made(
+        pool: asyncpg.Pool) -> None:
+    """Concurrent parts of a job report at once (prompt_eval's cases): the last report made is
+    the one stored, although each write may go out on its own pool connection."""
+    from sidelinja_worker.context import JobContext, Services
+
+    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
+    job: UUID = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, worker_id)"
+        " VALUES ($1, 'noop', '{}', 'running', $2) RETURNING id", a, a)
+    services = Services(pool, None, None, None)  # type: ignore[arg-type]  # only the pool
+    ctx = JobContext(job, a, "noop", 1, 3, services, a)
+    for _ in range(5):
+        await asyncio.gather(*(ctx.progress(f"{i}/30", i) for i in range(1, 31)))
+        stored = await pool.fetchval("SELECT progress FROM job_queue WHERE id = $1", job)
+        assert stored["message"] == "30/30"
+
 async def test_a_stream_ends_once_its_token_is_revoked(db_url: str,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(events_module, "KEEPALIVE_S", 0.05)
