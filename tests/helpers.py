@@ -117,3 +117,14 @@ def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+async def metrics_text(port: int) -> str | None:
+    """The worker's /metrics response on `port` (status line, headers and body), or None while
+    nothing listens there yet."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return None
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    text = (await reader.read()).decode()
+    writer.close()
+    return text

@@ -13,7 +13,7 @@ import asyncpg
 
 from sidelinja_worker import logs, metrics
 from sidelinja_worker.jobs import ClaimedJob
-from tests.helpers import cli, insert_jobs, one_line_error
+from tests.helpers import cli, insert_jobs, metrics_text, one_line_error
 
 
 async def test_tokens_are_created_hashed_listed_and_revoked(pool: asyncpg.Pool, db_url: str,
@@ -64,13 +64,10 @@ async def test_worker_metrics_endpoint(pool: asyncpg.Pool, workspace: UUID) -> N
     server = await metrics.serve(pool, 0, "127.0.0.1")
     port = server.sockets[0].getsockname()[1]
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        body = (await reader.read()).decode()
-        writer.close()
+        body = await metrics_text(port)
     finally:
         server.close()
-    assert body.startswith("HTTP/1.1 200")
+    assert body is not None and body.startswith("HTTP/1.1 200")
     assert 'sidelinja_jobs{job_type="noop",status="pending"} 3.0' in body
     assert 'sidelinja_jobs_processed_total{job_type="metrics_probe",outcome="failed"}' in body
     assert "sidelinja_job_run_seconds_bucket" in body

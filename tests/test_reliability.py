@@ -18,7 +18,7 @@ from sidelinja_worker.registry import Registry
 from sidelinja_worker.settings import WorkerSettings
 from sidelinja_worker.worker import Worker
 from tests.admin_fixtures import free_port
-from tests.helpers import insert_jobs, job_type, spawn, statuses
+from tests.helpers import insert_jobs, job_type, metrics_text, spawn, statuses
 
 DONE = re.compile(r"job ([0-9a-f-]{36}) noop completed")
 
@@ -34,13 +34,9 @@ async def _wait_until(probe: Any, timeout_s: float = 30.0) -> None:
 async def _jobs_started(port: int, n: int) -> bool:
     """Whether the worker serving /metrics on `port` has started `n` noop jobs: the count of its
     pickup histogram, which a slot adds to as it starts a job."""
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    except OSError:  # not serving yet
+    body = await metrics_text(port)
+    if body is None:  # not serving yet
         return False
-    writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-    body = (await reader.read()).decode()
-    writer.close()
     found = re.search(r'^sidelinja_job_pickup_latency_seconds_count\{job_type="noop"\} (\S+)$',
                       body, re.MULTILINE)
     return found is not None and float(found.group(1)) >= n

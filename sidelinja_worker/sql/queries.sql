@@ -107,15 +107,14 @@ WITH RECURSIVE type_room AS (
     -- Each workspace's turns are numbered here, over its own share in queue order (a sort of
     -- that share, ~100 rows, instead of two sorts of the whole claim): a job's turn is its
     -- place within its priority level (its place in the share minus the higher levels').
-    SELECT ws.id AS ws_id, c.id, c.priority, c.scheduled_for, c.job_type, c.turn,
+    SELECT c.id, c.priority, c.scheduled_for, c.job_type, c.place - c.level_start + 1 AS turn,
            c.place = share.k AND share.k < ws.room AS frontier  -- its share is full: more may wait
     FROM ws
     CROSS JOIN share
     CROSS JOIN LATERAL (
         SELECT q.*,
                row_number() OVER (ORDER BY q.priority DESC, q.scheduled_for) AS place,
-               row_number() OVER (ORDER BY q.priority DESC, q.scheduled_for)
-                   - rank() OVER (ORDER BY q.priority DESC) + 1 AS turn
+               rank() OVER (ORDER BY q.priority DESC) AS level_start  -- its level's first place
         FROM (
             SELECT j.id, j.priority, j.scheduled_for, j.job_type
             FROM job_queue j
@@ -129,9 +128,6 @@ WITH RECURSIVE type_room AS (
         ) q
     ) c
     WHERE ws.room > 0
-), fair_candidates AS (
-    SELECT l.id, l.priority, l.scheduled_for, l.job_type, l.turn, l.frontier
-    FROM locked l
 ), plain_candidates AS (
     SELECT j.id, j.priority, j.scheduled_for, j.job_type, 1::bigint AS turn, false AS frontier
     FROM job_queue j
@@ -143,7 +139,7 @@ WITH RECURSIVE type_room AS (
     LIMIT $2 * 4
     FOR UPDATE SKIP LOCKED
 ), candidates AS MATERIALIZED (
-    SELECT * FROM fair_candidates UNION ALL SELECT * FROM plain_candidates
+    SELECT * FROM locked UNION ALL SELECT * FROM plain_candidates
 ), frontier AS (
     SELECT -priority AS neg_priority, turn FROM candidates WHERE frontier
     ORDER BY -priority, turn LIMIT 1
