@@ -200,6 +200,30 @@ async def test_the_fair_claim_skips_workspaces_without_due_jobs(pool: asyncpg.Po
     assert taken.count(spaces[0]) == taken.count(spaces[2]) == 5 and spaces[1] not in taken
     assert "on workspaces" not in plan
 
+async def test_a_worker_whose_lease_lapsed_claims_nothing(pool: asyncpg.Pool,
+                                                          workspace: UUID) -> None:
+    """Every path of the claim checks the worker's lease: the plain claim, the fair claim with
+    one busy workspace (its own shortcut) and with two. Another worker may be rescuing this
+    one's jobs, so it must start nothing new."""
+    other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('w2') RETURNING id")
+    await insert_jobs(pool, workspace, 3)
+    worker_id = uuid4()
+    await store.register_worker(pool, worker_id, "test", 1, ["noop"], 60)
+    await pool.execute("UPDATE job_workers SET expires_at = now() - interval '1 second'"
+                       " WHERE id = $1", worker_id)
+    for busy in (1, 2):
+        if busy == 2:
+            await insert_jobs(pool, other, 3)
+        async with pool.acquire() as conn:
+            assert await store.claim_with_limits(conn, worker_id, 10, ["noop"], True, False) == []
+            assert await store.claim_with_limits(conn, worker_id, 10, ["noop"], False, False) == []
+        assert await store.claim(pool, worker_id, 10, ["noop"]) == []
+    await pool.execute("UPDATE job_workers SET expires_at = now() + interval '1 minute'"
+                       " WHERE id = $1", worker_id)
+    async with pool.acquire() as conn:  # renewed: the same claim takes them
+        assert len(await store.claim_with_limits(conn, worker_id, 10, ["noop"], True, False)) == 6
+
+
 async def test_every_fair_claim_is_a_prefix_of_the_fair_order(pool: asyncpg.Pool,
                                                               workspace: UUID) -> None:
     """Claims of several sizes over workspaces of very different sizes and mixed priorities:
