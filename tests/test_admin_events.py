@@ -63,6 +63,16 @@ async def test_a_big_statement_is_split_under_the_notify_limit(pool: asyncpg.Poo
     assert max(len(orjson.dumps(p)) for p in got) < 8000
 
 
+async def test_a_job_type_needing_escapes_comes_through_intact(pool: asyncpg.Pool,
+                                                               db_url: str) -> None:
+    """The payload is written as text by the trigger; job_type is the one free-text field."""
+    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
+    odd = 'say "hei"\\ på\nnorsk\t{}'
+    got = await collect(db_url, lambda: pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, $2, '{}')", a, odd))
+    assert [p["job_type"] for p in got] == [odd]
+
+
 def test_explode_gives_one_event_per_job() -> None:
     batch = {"workspace_id": "w", "job_type": "t", "status": "running", "max_attempts": 3, "ids": ["1", "2"], "attempts": [1, 2]}
     events = explode(orjson.dumps(batch).decode())
