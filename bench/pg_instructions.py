@@ -1,0 +1,224 @@
+"""PostgreSQL's own work per job, in instructions: repeatable where the clock is not.
+
+    python bench/pg_instructions.py [--jobs 5000] [--batch 1000] [--workspaces 1 10]
+
+On this VM the same drain runs up to 2x faster or slower from one minute to the next (steal
+time), so a change of a few percent in what PostgreSQL does per job cannot be seen in jobs/s.
+callgrind counts instructions instead: the same binary, data and statements give the same count
+to within 0.1 %, whatever else the machine does.
+
+It makes a throwaway cluster with the local server's binaries (`--pg-bin`, default: the newest
+/usr/lib/postgresql/*/bin), applies the migrations, and for each claim (the plain one and the
+fair one the worker runs by default) and each number of workspaces, queues `--jobs` noop jobs
+with time-ordered ids (as the Python client makes them), dealt round-robin over the workspaces,
+then drains them in one single-user backend under callgrind with the worker's own statements:
+the claim of `--batch` from sql/queries.sql and the completion store.py sends, with generic
+plans, each batch completed after the next is claimed (as a prefetching worker does). Only the
+drain is counted. Needs valgrind; as root, runs the server as the `postgres` user. About 20 s
+per row."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+from sidelinja_worker import migrate
+from sidelinja_worker.db import init_connection
+from sidelinja_worker.queries import QUERIES
+from sidelinja_worker.store import COMPLETE_QUIET
+
+DATABASE = "bench"
+# The statements' parameters as the procedure's variables (names no column has).
+PARAMS = {"$1": "v_worker", "$2": "v_batch", "$3": "v_types", "$4": "v_fair"}
+
+
+@dataclass(frozen=True)
+class Row:
+    claim: str
+    workspaces: int
+    instructions_per_job: int
+
+
+def _server_bin(given: str | None) -> Path:
+    if given:
+        return Path(given)
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2]))
+    if not found:
+        sys.exit("no PostgreSQL server binaries found; give --pg-bin")
+    return Path(found[-1])
+
+
+def _as_server_user(cmd: list[str]) -> list[str]:
+    """initdb and postgres refuse to run as root."""
+    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
+
+
+def _with_variables(sql: str) -> str:
+    for name in sorted(PARAMS, key=len, reverse=True):
+        sql = sql.replace(name, PARAMS[name])
+    return sql
+
+
+def drain_procedure(claim_query: str) -> str:
+    """A procedure that drains the queue with `claim_query` and the worker's completion."""
+    head, update = _with_variables(QUERIES[claim_query]).split("\nUPDATE job_queue\n", 1)
+    update = "UPDATE job_queue\n" + update.rstrip().rstrip(";")
+    with_clause = head.strip() + ",\n" if "WITH" in head else "WITH "
+    claim = f"{with_clause}claimed AS ({update})\nSELECT array_agg(id) INTO ids FROM claimed"
+    complete = (COMPLETE_QUIET.replace("$1", "prev")
+                .replace("$2", "array_fill(NULL::jsonb, ARRAY[cardinality(prev)])")
+                .replace("$3", "v_worker"))
+    return f"""
+CREATE PROCEDURE drain_{claim_query}(v_batch int)
+LANGUAGE plpgsql AS $proc$
+DECLARE
+    v_worker uuid := gen_random_uuid();
+    v_types text[] := ARRAY['noop'];
+    v_fair bool := true;
+    ids uuid[];
+    prev uuid[];
+BEGIN
+    SET plan_cache_mode = force_generic_plan;  -- as the worker's claim pool
+    INSERT INTO job_workers (id, hostname, pid, job_types, expires_at)
+    VALUES (v_worker, 'bench', 1, NULL, now() + interval '1 hour');
+    COMMIT;
+    LOOP
+        prev := ids;
+        {claim};
+        COMMIT;
+        IF prev IS NOT NULL THEN
+            {complete};
+            COMMIT;
+        END IF;
+        EXIT WHEN ids IS NULL;
+    END LOOP;
+END
+$proc$;
+"""
+
+
+class Cluster:
+    """A throwaway data directory, started only to set it up."""
+
+    def __init__(self, bin_dir: Path, root: Path) -> None:
+        self.bin = bin_dir
+        self.root = root
+        self.data = root / "data"
+
+    def _run(self, *cmd: str) -> None:
+        subprocess.run(_as_server_user(list(cmd)), check=True, stdout=subprocess.DEVNULL)
+
+    def init(self) -> None:
+        if os.geteuid() == 0:
+            shutil.chown(self.root, "postgres")
+        self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust")
+
+    async def set_up(self, workspaces: int) -> list[str]:
+        options = f"-c listen_addresses='' -k {self.root} -c fsync=off"
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options, "-w",
+                  "-l", str(self.root / "log"), "start")
+        try:
+            conn = await asyncpg.connect(host=str(self.root), user="postgres", database="postgres")
+            await conn.execute(f"CREATE DATABASE {DATABASE}")
+            await conn.close()
+            conn = await asyncpg.connect(host=str(self.root), user="postgres", database=DATABASE)
+            await init_connection(conn)
+            await migrate.apply_all(conn)
+            ids = [str(r[0]) for r in await conn.fetch(
+                "INSERT INTO workspaces (name) SELECT 'bench-' || i"
+                " FROM generate_series(1, $1) i RETURNING id", workspaces)]
+            for claim in ("claim", "claim_fair"):
+                await conn.execute(drain_procedure(claim))
+            await conn.close()
+        finally:
+            self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-w", "stop")
+        return sorted(ids)
+
+    def count(self, script: str, out: Path) -> int:
+        """Runs `script` in a single-user backend; the instructions spent inside CALLs."""
+        (self.root / "script.sql").write_text(script)
+        cmd = _as_server_user([
+            "valgrind", "--tool=callgrind", "--collect-atstart=no",
+            "--toggle-collect=ExecuteCallStmt", f"--callgrind-out-file={out}",
+            str(self.bin / "postgres"), "--single", "-j", "-D", str(self.data),
+            "-c", "fsync=off", "-c", "jit=off", DATABASE])
+        with open(self.root / "script.sql") as stdin:
+            done = subprocess.run(cmd, stdin=stdin, capture_output=True, text=True)
+        if done.returncode != 0 or "ERROR:" in done.stdout:
+            raise RuntimeError(f"single-user run failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        summary = re.search(r"^(?:summary|totals): (\d+)", out.read_text(), re.MULTILINE)
+        assert summary is not None, out
+        return int(summary.group(1))
+
+
+def drain_script(claim_query: str, jobs: int, batch: int, workspaces: list[str]) -> str:
+    spaces = "ARRAY[" + ",".join(f"'{w}'::uuid" for w in workspaces) + "]"
+    # Statements end with a semicolon and an empty line (single-user mode's -j).
+    return f"""TRUNCATE job_queue, job_workers;
+
+INSERT INTO job_queue (id, workspace_id, job_type, payload)
+SELECT ('0190' || lpad(to_hex(i), 28, '0'))::uuid, ({spaces})[1 + i % {len(workspaces)}],
+       'noop', '{{}}'
+FROM generate_series(1, {jobs}) i;
+
+ANALYZE job_queue;
+
+CHECKPOINT;
+
+CALL drain_{claim_query}({batch});
+
+DO $$ BEGIN
+    IF (SELECT count(*) FROM job_queue WHERE status = 'completed') <> {jobs} THEN
+        RAISE EXCEPTION 'the drain did not complete every job';
+    END IF;
+END $$;
+
+"""
+
+
+async def measure(args: argparse.Namespace) -> list[Row]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="sw_pg_instr_") as tmp:
+        cluster = Cluster(_server_bin(args.pg_bin), Path(tmp))
+        cluster.init()
+        spaces = await cluster.set_up(max(args.workspaces))
+        for claim in ("claim", "claim_fair"):
+            for n in args.workspaces:
+                script = drain_script(claim, args.jobs, args.batch, spaces[:n])
+                total = cluster.count(script, Path(tmp) / f"callgrind.{claim}.{n}")
+                rows.append(Row(claim, n, round(total / args.jobs)))
+                print(f"  {claim}, {n} workspaces: {rows[-1].instructions_per_job:,}",
+                      file=sys.stderr, flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=5000)
+    parser.add_argument("--batch", type=int, default=1000, help="jobs per claim")
+    parser.add_argument("--workspaces", type=int, nargs="+", default=[1, 10])
+    parser.add_argument("--pg-bin", help="folder of initdb, pg_ctl and postgres")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None:
+        sys.exit("valgrind is needed (apt install valgrind)")
+    rows = asyncio.run(measure(args))
+    print(f"PostgreSQL instructions per job (claim + completion), {args.jobs:,} noop jobs, "
+          f"claims of {args.batch:,}:\n")
+    print("| claim | workspaces | instructions per job |")
+    print("|---|---:|---:|")
+    for r in rows:
+        print(f"| {r.claim} | {r.workspaces} | {r.instructions_per_job:,} |")
+
+
+if __name__ == "__main__":
+    main()
