@@ -195,7 +195,8 @@ async def measure(args: argparse.Namespace) -> list[Row]:
         for claim in ("claim", "claim_fair"):
             for n in args.workspaces:
                 script = drain_script(claim, args.jobs, args.batch, spaces[:n])
-                total = cluster.count(script, Path(tmp) / f"callgrind.{claim}.{n}")
+                out = Path(args.keep or tmp) / f"callgrind.{claim}.{n}"
+                total = cluster.count(script, out)
                 rows.append(Row(claim, n, round(total / args.jobs)))
                 print(f"  {claim}, {n} workspaces: {rows[-1].instructions_per_job:,}",
                       file=sys.stderr, flush=True)
@@ -208,6 +209,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1000, help="jobs per claim")
     parser.add_argument("--workspaces", type=int, nargs="+", default=[1, 10])
     parser.add_argument("--pg-bin", help="folder of initdb, pg_ctl and postgres")
+    parser.add_argument("--keep", metavar="DIR",
+                        help="write the callgrind profiles here (callgrind_annotate reads them)")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is needed (apt install valgrind)")
