@@ -192,7 +192,7 @@ async def measure(args: argparse.Namespace) -> list[Row]:
         cluster = Cluster(_server_bin(args.pg_bin), Path(tmp))
         cluster.init()
         spaces = await cluster.set_up(max(args.workspaces))
-        for claim in ("claim", "claim_fair"):
+        for claim in args.claims:
             for n in args.workspaces:
                 script = drain_script(claim, args.jobs, args.batch, spaces[:n])
                 out = Path(args.keep or tmp) / f"callgrind.{claim}.{n}"
@@ -208,6 +208,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--batch", type=int, default=1000, help="jobs per claim")
     parser.add_argument("--workspaces", type=int, nargs="+", default=[1, 10])
+    parser.add_argument("--claims", nargs="+", choices=["claim", "claim_fair"],
+                        default=["claim", "claim_fair"])
     parser.add_argument("--pg-bin", help="folder of initdb, pg_ctl and postgres")
     parser.add_argument("--keep", metavar="DIR",
                         help="write the callgrind profiles here (callgrind_annotate reads them)")
