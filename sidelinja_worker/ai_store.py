@@ -6,13 +6,11 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-import asyncpg
-
 from sidelinja_worker.ai_text import timestamped_lines
+from sidelinja_worker.db import Conn
 from sidelinja_worker.queries import load
 
 Q = load("ai.sql")
-Conn = asyncpg.Connection | asyncpg.Pool
 
 
 async def save_result(conn: Conn, workspace_id: UUID, kind: str, source_ref: str,

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -15,6 +15,9 @@ import orjson
 
 from sidelinja_worker.embedded import default_data_dir, start_embedded
 from sidelinja_worker.errors import UserError
+
+# What runs a query: a connection, or a pool that lends one for the call.
+Conn: TypeAlias = asyncpg.Connection | asyncpg.Pool
 
 # What a lost, restarted or overloaded database looks like to asyncpg: worth retrying. A SQL
 # error (a bug) is not in here and stops the program loudly. InternalClientError shows up when a

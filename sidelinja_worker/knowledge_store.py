@@ -10,10 +10,10 @@ from uuid import UUID
 
 import asyncpg
 
+from sidelinja_worker.db import Conn
 from sidelinja_worker.queries import load
 
 Q = load("knowledge.sql")
-Conn = asyncpg.Connection | asyncpg.Pool
 INDEXED_DIMS = 1536  # the dimension knowledge_embeddings_hnsw_1536 covers (migration 0010)
 
 

@@ -10,10 +10,10 @@ from uuid import UUID
 
 import asyncpg
 
+from sidelinja_worker.db import Conn
 from sidelinja_worker.queries import load
 
 Q = load("stats.sql")
-Conn = asyncpg.Connection | asyncpg.Pool
 
 # A listener's ranges are summed within a UTC day; a day's rows stay this long for lines that
 # Caddy writes late (a download is logged when it ends) and then go with the day's salt.

@@ -11,10 +11,10 @@ from uuid import UUID
 
 import asyncpg
 
+from sidelinja_worker.db import Conn
 from sidelinja_worker.jobs import ClaimedJob
 from sidelinja_worker.queries import QUERIES as Q
 
-Conn = asyncpg.Connection | asyncpg.Pool
 
 
 @dataclass(frozen=True, slots=True)

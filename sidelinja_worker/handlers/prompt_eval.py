@@ -157,7 +157,8 @@ async def gather_bounded(tasks: Sequence[Awaitable[T]]) -> list[T]:
     outage retries the job, rather than surfacing as an ExceptionGroup)."""
     try:
         async with asyncio.TaskGroup() as group:
-            running = [group.create_task(t) for t in tasks]  # type: ignore[arg-type]
+            running: list[asyncio.Task[T]] = [
+                group.create_task(t) for t in tasks]  # type: ignore[arg-type]
     except BaseExceptionGroup as exc:
         raise exc.exceptions[0] from None
     return [t.result() for t in running]

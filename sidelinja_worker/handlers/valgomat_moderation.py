@@ -117,10 +117,12 @@ async def run(ctx: JobContext, payload: ModerationPayload) -> dict[str, Any]:
     await ctx.progress("Omformulerer nøytralt…", 85)
     review = await gateway.structured(ai.model, [system_message(ai.prompt, ai.names),
                                                  {"role": "user", "content": payload.question}], Review)
+    duplicate_of = duplicate[0] if duplicate else None
+    similarity = round(best[0][1], 4) if best else None
     result = {
         "review": review.value.model_dump(mode="json"),
-        "duplicate_of": duplicate[0] if duplicate else None,
-        "similarity": round(best[0][1], 4) if best else None,
+        "duplicate_of": duplicate_of,
+        "similarity": similarity,
         "similar": [{"question_id": q, "similarity": round(s, 4)} for q, s in best[:SHOWN_CANDIDATES]],
         "threshold": threshold, "model": ai.model, "embedding_model": emb.model,
         "usage": {"chat": asdict(review.usage), "embeddings": embed_usage},
@@ -128,7 +130,7 @@ async def run(ctx: JobContext, payload: ModerationPayload) -> dict[str, Any]:
     ref = payload.submission_ref or f"job:{ctx.job_id}"
     row_id, status = await knowledge_store.save_moderation(
         ctx.services.pool, ctx.workspace_id, payload.quiz_id, ref, payload.question,
-        result["duplicate_of"], result["similarity"], review.value.neutral_question,
+        duplicate_of, similarity, review.value.neutral_question,
         review.value.flags, result, ai.model, ctx.job_id)
     return {**result, "moderation_id": str(row_id), "submission_ref": ref, "status": status}
 

@@ -6,6 +6,7 @@ because a listener's ranges can span several runs."""
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -13,8 +14,9 @@ from typing import Any
 import msgspec
 
 from sidelinja_worker.stats.agents import AgentClassifier
-from sidelinja_worker.stats.records import (FULL_DECODER, Entry, FullRequest, HostRequest,
-                                            Request, decoder_for, response_headers)
+from sidelinja_worker.stats.records import (FULL_DECODER, Entry, EntryDecoder, FullRequest,
+                                            HostRequest, Request, decoder_for,
+                                            response_headers)
 
 DAY_S = 86400
 AUDIO_EXTENSIONS = (".mp3", ".m4a", ".aac", ".ogg", ".opus", ".mp4", ".m4b", ".flac", ".wav")
@@ -83,7 +85,7 @@ class Tally:
     # Per listener plain ints and a set, not an object each: less memory and a faster loop.
     _bytes: dict[ListenerKey, int] = field(default_factory=dict)
     _whole: set[ListenerKey] = field(default_factory=set)
-    _decoder: msgspec.json.Decoder[Entry] = field(init=False, repr=False, compare=False)
+    _decoder: EntryDecoder = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._decoder = decoder_for(bool(self.rules.hosts))
@@ -127,7 +129,7 @@ class Tally:
             self._decoder = FULL_DECODER
             self.add_entries([FULL_DECODER.decode(line) for line in good[stop:]])
 
-    def add_entries(self, entries: list[Entry]) -> int | None:
+    def add_entries(self, entries: Sequence[Entry]) -> int | None:
         """Counts each entry's bytes towards its listener, or drops it by the IAB rules. The hot
         loop, once per log line: one function, with every repeated look-up a dict hit on a
         local (a method call per line costs as much as the rest of the loop).
@@ -248,7 +250,7 @@ class Tally:
                 self._whole.add(key)
 
 
-def _index(entries: list[Entry], entry: Entry) -> int:
+def _index(entries: Sequence[Entry], entry: Entry) -> int:
     """Where `entry` itself is in `entries` (not an equal one: a log repeats lines)."""
     return next(i for i, e in enumerate(entries) if e is entry)
 

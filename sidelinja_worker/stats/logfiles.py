@@ -10,7 +10,6 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import zstandard
 from isal import igzip
@@ -64,7 +63,7 @@ def _rotation_time(path: Path) -> str:
     return match["time"] if match else ""
 
 
-def open_stream(path: Path) -> BinaryIO:
+def open_stream(path: Path) -> io.BufferedIOBase | io.RawIOBase:
     """The file's log text as a binary stream, decompressed as it is read (bounded memory)."""
     if path.suffix == ".gz":
         return io.BufferedReader(GzipReader(path), CHUNK_BYTES)
@@ -86,7 +85,7 @@ class GzipReader(io.RawIOBase):
     def __init__(self, path: Path) -> None:
         super().__init__()
         self._path = path
-        self._stream: BinaryIO = igzip.open(path, "rb")  # type: ignore[assignment]
+        self._stream: io.BufferedIOBase = igzip.open(path, "rb")
         self._fallback = False
         self._pos = 0
 
@@ -106,7 +105,7 @@ class GzipReader(io.RawIOBase):
     def _fall_back(self, buffer: bytearray | memoryview) -> int:
         self._stream.close()
         self._fallback = True
-        self._stream = gzip.open(self._path, "rb")  # type: ignore[assignment]
+        self._stream = gzip.open(self._path, "rb")
         _skip(self._stream, self._pos, compressed=True)
         return self._stream.readinto(buffer)
 
@@ -176,7 +175,7 @@ def read_batches(log: LogFile, start: int) -> Iterator[tuple[list[bytes], int]]:
         yield lines, offset
 
 
-def _skip(stream: BinaryIO, count: int, compressed: bool) -> None:
+def _skip(stream: io.BufferedIOBase | io.RawIOBase, count: int, compressed: bool) -> None:
     if not compressed:
         stream.seek(count)
         return

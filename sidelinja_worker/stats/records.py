@@ -5,6 +5,9 @@ building Python objects for it: about 3x faster than orjson plus dict access (is
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
 import msgspec
 
 
@@ -66,7 +69,16 @@ FULL_DECODER = msgspec.json.Decoder(FullEntry)
 _RESP_DECODER = msgspec.json.Decoder(RespHeaders)
 
 
-def decoder_for(hosts: bool) -> msgspec.json.Decoder[Entry]:
+class EntryDecoder(Protocol):
+    """Any of the decoders above, as a parse uses them: each gives Entry or a subclass of it
+    (msgspec's Decoder[T] is invariant in T, so the three share no Decoder type)."""
+
+    def decode(self, buf: bytes | memoryview, /) -> Entry: ...
+
+    def decode_lines(self, buf: bytes | memoryview, /) -> Sequence[Entry]: ...
+
+
+def decoder_for(hosts: bool) -> EntryDecoder:
     """The leanest decoder for a parse: with `host` when a hosts filter needs it. A parse moves
     to FULL_DECODER when it meets a line without `client_ip`."""
     return HOST_DECODER if hosts else LEAN_DECODER
