@@ -139,9 +139,10 @@ async def write_plans(conn: asyncpg.Connection, worker_id: UUID, plan_file: Path
 async def measure(conn: asyncpg.Connection, workspace_id: UUID,
                   plan_file: Path) -> tuple[list[ClaimTiming], str]:
     """The table shapes, smallest first; returns every timing and the plan summary. The last
-    two are the fair claim's hard cases: 10k pending jobs spread over 100 workspaces, each of
-    which it must look at, and 10k pending in one of 10,000 workspaces, where it must not look
-    at the idle ones."""
+    three are the fair claim's hard cases: 10k pending jobs spread over 100 workspaces, each of
+    which it must look at, 10k pending in one of 10,000 workspaces, where it must not look at
+    the idle ones, and 10k pending over 1,000 of them, where a claim of 50 must not lock a row
+    in each of the 1,000."""
     await conn.execute("TRUNCATE job_queue, job_workers")
     # As the worker's claim pool runs them (db.GENERIC_PLANS); reset at the end.
     await conn.execute("SET plan_cache_mode = force_generic_plan")
@@ -168,6 +169,9 @@ async def measure(conn: asyncpg.Connection, workspace_id: UUID,
         " RETURNING id")]
     await fill(conn, [workspace_id], SMALL, "pending")
     timings += await time_all(conn, worker_id, "10k pending in 1 of 10,000 workspaces")
+    await conn.execute("TRUNCATE job_queue")
+    await fill(conn, [workspace_id, *others[:999]], SMALL, "pending")
+    timings += await time_all(conn, worker_id, "10k pending over 1,000 busy of 10,000 workspaces")
     await conn.execute("TRUNCATE job_queue")
     await conn.execute("DELETE FROM workspaces WHERE id = ANY($1::uuid[])", others)
     await conn.execute("RESET plan_cache_mode")

@@ -124,8 +124,8 @@ async def measure_ours(conn: asyncpg.Connection, url: str, dbname: str,
     rates.append(seed_enqueue_per_s)
     say("sidelinja-worker: idle memory and pickup latency")
     idle, latency, insert_round_trip = await sw.idle_and_latency(conn, url, dbname, workspace_id)
-    say("claim latency at 10k / 10k + 1M completed / 1M pending / 100 and 10,000 workspaces "
-        "(the slow part)")
+    say("claim latency at 10k / 10k + 1M completed / 1M pending / 100, 1 of 10,000 and "
+        "1,000 of 10,000 workspaces (the slow part)")
     plan_file = RESULTS_DIR / "claim_plan_1m.txt"
     claims, summary = await claim_latency.measure(conn, workspace_id, plan_file)
     return Ours(rates, drains, seed_per_s, seed_wall_s, idle, latency, insert_round_trip,
@@ -355,8 +355,8 @@ def notes(ours: Ours, n: int) -> list[str]:
         "and LISTENed, before any job; draining = at exit of the c=50 drain.",
         f"[d] plain = `store.claim(conn, worker_id, {claim_latency.CLAIM_LIMIT}, ['noop'])`; "
         "fair = `store.claim_with_limits(..., fair=True, capped=False)`, what a worker runs "
-        "by default (one workspace with jobs; the last two rows spread them over 100, or add "
-        "9,999 idle workspaces). Median of "
+        "by default (one workspace with jobs; the last three rows spread them over 100, add "
+        "9,999 idle workspaces, or spread them over 1,000 of those 10,000). Median of "
         f"{claim_latency.SAMPLES} after {claim_latency.WARM_UP} warm-up claims, each in a "
         "transaction rolled back, with generic plans as the worker's claim pool has them; rows "
         "filled by generate_series, then VACUUM ANALYZE. "
