@@ -46,8 +46,8 @@ RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts,
 -- queue order is the fair order (its share is the whole claim, and a lone frontier cuts
 -- nothing), so `locked_one` takes them straight from its index, and `locked`, with its windows,
 -- sort and materialised rows, is never run. That is the common case of a backlog from one
--- workspace. Taking `locked`'s rows instead cost PostgreSQL 12,000 more instructions per job
--- (claim and completion: 156,000 -> 144,000; callgrind of a 5,000-job drain).
+-- workspace. Taking `locked`'s rows instead cost PostgreSQL 8,400 more instructions per job
+-- (claim and completion: 156,400 -> 148,000; the plain claim 144,400; bench/pg_instructions.py).
 -- $1 worker, $2 how many, $3 job types, $4 fair (false: one queue, oldest first).
 -- statement_timestamp(), not now(): after waiting for the claim lock, `started_at` must say
 -- when the job was really claimed, not when the transaction began.
@@ -104,9 +104,9 @@ WITH RECURSIVE type_room AS (
     -- The workspaces asked for a share. When more have room than the claim takes, each share
     -- is one job, and only the $2 workspaces whose head jobs come first in the fair order
     -- (priority, then age: every head is a first turn) can be in the claim: the others are
-    -- not asked, so a claim of 50 locks ~50 rows, not one per busy workspace (1,000 busy
-    -- workspaces: 18 -> 4 ms). Not with a type cap: a capped type's heads could fill the
-    -- first $2 and starve the other types' jobs behind them.
+    -- not asked, so a claim of 50 locks ~50 rows, not one per busy workspace (1,000 busy of
+    -- 10,000 workspaces: 12.6 -> 6.8 ms). Not with a type cap: a capped type's heads could
+    -- fill the first $2 and starve the other types' jobs behind them.
     SELECT id, room FROM ws
     WHERE room > 0
       AND ((SELECT yes FROM type_capped) OR (SELECT count(*) FROM ws WHERE room > 0) <= $2)
@@ -147,8 +147,7 @@ WITH RECURSIVE type_room AS (
             FOR UPDATE SKIP LOCKED
         ) q
     ) c
-    WHERE ws.room > 0
-      AND NOT (SELECT one FROM one_workspace)
+    WHERE NOT (SELECT one FROM one_workspace)
 ), locked_one AS (  -- the one workspace's share, in its queue order: no windows, no sort
     SELECT j.id
     FROM job_queue j
