@@ -97,9 +97,10 @@ WITH RECURSIVE type_room AS (
     LEFT JOIN workspace_limits wl ON wl.workspace_id = d.id
 ), type_capped AS MATERIALIZED (  -- a job type cap could cut this claim short
     SELECT EXISTS (SELECT 1 FROM type_room WHERE room < $2) AS yes
+), busy AS MATERIALIZED (  -- workspaces with a due job and room for it
+    SELECT count(*) AS n FROM ws WHERE room > 0
 ), one_workspace AS MATERIALIZED (
-    SELECT (SELECT count(*) FROM ws WHERE room > 0) = 1
-           AND NOT (SELECT yes FROM type_capped) AS one
+    SELECT (SELECT n FROM busy) = 1 AND NOT (SELECT yes FROM type_capped) AS one
 ), asked AS MATERIALIZED (
     -- The workspaces asked for a share. When more have room than the claim takes, each share
     -- is one job, and only the $2 workspaces whose head jobs come first in the fair order
@@ -109,12 +110,12 @@ WITH RECURSIVE type_room AS (
     -- fill the first $2 and starve the other types' jobs behind them.
     SELECT id, room FROM ws
     WHERE room > 0
-      AND ((SELECT yes FROM type_capped) OR (SELECT count(*) FROM ws WHERE room > 0) <= $2)
+      AND ((SELECT yes FROM type_capped) OR (SELECT n FROM busy) <= $2)
     UNION ALL
     (SELECT id, room FROM ws
      WHERE room > 0
        AND NOT (SELECT yes FROM type_capped)
-       AND (SELECT count(*) FROM ws WHERE room > 0) > $2
+       AND (SELECT n FROM busy) > $2
      ORDER BY head_priority DESC, head_scheduled_for
      LIMIT $2)
 ), share AS (
