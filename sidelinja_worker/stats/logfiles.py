@@ -63,7 +63,11 @@ def _rotation_time(path: Path) -> str:
     return match["time"] if match else ""
 
 
-def open_stream(path: Path) -> io.BufferedIOBase | io.RawIOBase:
+# What the readers below take: any binary stream that can `readinto` a buffer.
+Stream = io.BufferedIOBase | io.RawIOBase
+
+
+def open_stream(path: Path) -> Stream:
     """The file's log text as a binary stream, decompressed as it is read (bounded memory)."""
     if path.suffix == ".gz":
         return io.BufferedReader(GzipReader(path), CHUNK_BYTES)
@@ -175,7 +179,7 @@ def read_batches(log: LogFile, start: int) -> Iterator[tuple[list[bytes], int]]:
         yield lines, offset
 
 
-def _skip(stream: io.BufferedIOBase | io.RawIOBase, count: int, compressed: bool) -> None:
+def _skip(stream: Stream, count: int, compressed: bool) -> None:
     if not compressed:
         stream.seek(count)
         return
