@@ -17,6 +17,8 @@ import asyncpg
 import orjson
 from sidelinja_worker import migrate
 
+from cpu import CpuSplit, ServerCpu, process_seconds
+
 BATCHES = (200, 1000)
 
 # The seed's schema exactly as the first migration writes it (DESIGN.md §2): workspaces and
@@ -52,6 +54,7 @@ class BareRun:
     batch: int
     jobs: int
     span_s: float  # max(completed_at) - min(started_at), as for the worker's drains
+    cpu: CpuSplit  # the loop alone: its connections were open before, and stay open after
 
     @property
     def jobs_per_s(self) -> float:
@@ -62,7 +65,7 @@ async def noop(payload: Any) -> Any:
     return payload
 
 
-async def drain(url: str, n: int, batch: int) -> BareRun:
+async def drain(url: str, n: int, batch: int, server: ServerCpu | None = None) -> BareRun:
     """Fills the seed table at `url` (created on first use) with n noop jobs and drains them."""
     setup = await asyncpg.connect(url)
     try:
@@ -74,14 +77,18 @@ async def drain(url: str, n: int, batch: int) -> BareRun:
         claimer = await asyncpg.connect(url, server_settings=GENERIC_PLANS)
         completer = await asyncpg.connect(url, server_settings=GENERIC_PLANS)
         try:
+            server_before_s = server.seconds() if server else 0.0
+            client_before_s = process_seconds()
             await _loop(claimer, completer, batch)
+            cpu = CpuSplit(process_seconds() - client_before_s,
+                           server.seconds() - server_before_s if server else None)
         finally:
             await claimer.close()
             await completer.close()
         jobs, span_s = await setup.fetchrow(SPAN)
         if jobs != n:
             raise RuntimeError(f"bare loop completed {jobs} of {n} jobs")
-        return BareRun(batch, jobs, span_s)
+        return BareRun(batch, jobs, span_s, cpu)
     finally:
         await setup.close()
 

@@ -19,6 +19,7 @@ import asyncpg
 from pgqueuer import Job, Queries, QueueManager
 from pgqueuer.types import QueueExecutionMode
 
+from cpu import process_seconds
 from procmem import print_report
 
 DEQUEUE_TIMEOUT = timedelta(seconds=1)  # as our poll interval: idle pickup is by NOTIFY
@@ -74,7 +75,8 @@ async def pickup_latency_ms(conn: asyncpg.Connection,
     return row["n"], row["p"][0] * 1000, row["p"][1] * 1000
 
 
-async def run_worker(url: str, batch_size: int, max_concurrent: int, serve: bool) -> None:
+async def run_worker(url: str, batch_size: int, max_concurrent: int, serve: bool) -> float:
+    """Runs PGQueuer's QueueManager; returns the CPU seconds of its run (as worker_child)."""
     conn = await asyncpg.connect(url)
     try:
         qm = QueueManager(Queries.from_asyncpg_connection(conn))
@@ -85,8 +87,10 @@ async def run_worker(url: str, batch_size: int, max_concurrent: int, serve: bool
 
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, qm.shutdown.set)
         mode = QueueExecutionMode.continuous if serve else QueueExecutionMode.drain
+        started_s = process_seconds()
         await qm.run(dequeue_timeout=DEQUEUE_TIMEOUT, batch_size=batch_size, mode=mode,
                      max_concurrent_tasks=max_concurrent or None)
+        return process_seconds() - started_s
     finally:
         await conn.close()
 
@@ -99,8 +103,9 @@ def main() -> None:
     parser.add_argument("--serve", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    asyncio.run(run_worker(args.url, args.batch_size, args.max_concurrent, args.serve))
-    print_report()
+    run_cpu_s = asyncio.run(run_worker(args.url, args.batch_size, args.max_concurrent,
+                                       args.serve))
+    print_report(run_cpu_s=run_cpu_s)
 
 
 if __name__ == "__main__":

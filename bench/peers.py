@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import signal
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 
 import peer_pgqueuer
 import peer_procrastinate
 from common import Latency, spawn, wait_until
+from cpu import CpuSplit, ServerCpu, backends_gone
 
 PROCRASTINATE_CONCURRENCY = 50
 PROCRASTINATE_POOL = 10     # 4 (its default) and 10 were within noise; 10 serves 50 slots better
@@ -32,6 +34,7 @@ class PeerRun:
     enqueue_per_s: float  # its own bulk enqueue of the same jobs
     peak_kb: int
     stopped: bool         # stopped at PEER_TIME_LIMIT_S before the queue was empty
+    cpu: CpuSplit | None = None  # its worker's run and the server, spawn to exit (PGQueuer)
 
     @property
     def jobs_per_s(self) -> float:
@@ -62,25 +65,39 @@ class PgqueuerRuns:
     """PGQueuer in its database: drains one at a time (the caller interleaves them with ours, so
     that a slow minute of this VM falls on both), then the pickup latency."""
 
-    def __init__(self, url: str, conn: asyncpg.Connection) -> None:
+    def __init__(self, url: str, conn: asyncpg.Connection, server: ServerCpu | None) -> None:
         self.url = url
         self.conn = conn
+        self.server = server
 
     @classmethod
     async def open(cls, url: str) -> PgqueuerRuns:
         await peer_pgqueuer.prepare(url)
-        return cls(url, await asyncpg.connect(url))
+        conn = await asyncpg.connect(url)
+        return cls(url, conn, await ServerCpu.locate(conn))
 
     async def drain(self, n: int) -> PeerRun:
         """One drain of n fresh jobs."""
         await self.conn.execute("TRUNCATE pgqueuer, pgqueuer_log")
         enqueue_per_s = await peer_pgqueuer.enqueue(self.conn, n)
         await self.conn.execute("ANALYZE")
-        child = await spawn("peer_pgqueuer.py", self.url, *_pgqueuer_args())
-        wall_s, report, stopped = await child.finish(PEER_TIME_LIMIT_S)
+        wall_s, report, stopped, cpu = await self._burst_worker()
         jobs, span_s = await peer_pgqueuer.drain_span(self.conn)
         return PeerRun("PGQueuer 1.6", f"batch {PGQUEUER_BATCH}, in flight unbounded", jobs,
-                       span_s, wall_s, enqueue_per_s, report["hwm_kb"], stopped)
+                       span_s, wall_s, enqueue_per_s, report["hwm_kb"], stopped, cpu)
+
+    async def drain_nothing(self) -> CpuSplit:
+        """The CPU of its worker's run on an empty queue (start-up and shutdown)."""
+        await self.conn.execute("TRUNCATE pgqueuer, pgqueuer_log")
+        return (await self._burst_worker())[3]
+
+    async def _burst_worker(self) -> tuple[float, dict[str, Any], bool, CpuSplit]:
+        before_s = self.server.seconds() if self.server else 0.0
+        child = await spawn("peer_pgqueuer.py", self.url, *_pgqueuer_args())
+        wall_s, report, stopped = await child.finish(PEER_TIME_LIMIT_S)
+        await wait_until(lambda: backends_gone(self.conn), 10, "PGQueuer's connection to close")
+        server_s = self.server.seconds() - before_s if self.server else None
+        return wall_s, report, stopped, CpuSplit(report["run_cpu_s"], server_s)
 
     async def latency(self, singles: int, gap_s: float) -> Latency:
         return await _pgqueuer_latency(self.conn, self.url, singles, gap_s)

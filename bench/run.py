@@ -26,6 +26,7 @@ import claim_latency
 import peers
 import sidelinja_bench as sw
 from common import RESULTS_DIR, Latency, create_database, drop_database
+from cpu import CpuSplit, ServerCpu, median_split
 from procmem import Memory
 from report import Row, document
 
@@ -50,6 +51,8 @@ BUSY_LOAD = len(os.sched_getaffinity(0)) / 2
 # next, so each row is a median. They run in rounds (drain_rounds), so a slow minute falls on
 # every one of them alike.
 DRAIN_RUNS = 3
+# Runs on an empty queue whose CPU (start-up, shutdown) is taken off each drain's.
+EMPTY_RUNS = 3
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class Ours:
     # (fair, plain) jobs/s of alternating concurrency-50 drains with fairness on and off, for
     # issue 6's 10 %: one pair is within the machine's noise, so the row takes the medians.
     fairness_pairs: list[tuple[float, float]]
+    empty_run: CpuSplit  # median CPU of a worker's run on an empty queue
 
     def median_drain(self, concurrency: int) -> sw.Drain:
         """The drain with the median jobs/s at `concurrency` (DRAIN_RUNS is odd)."""
@@ -83,7 +87,8 @@ def say(line: str) -> None:
 
 
 async def drain_rounds(conn: asyncpg.Connection, url: str, workspace_id: UUID, bare_url: str,
-                       pgqueuer: peers.PgqueuerRuns, n: int) -> tuple[
+                       pgqueuer: peers.PgqueuerRuns, n: int,
+                       server: ServerCpu | None) -> tuple[
                            list[float], list[sw.Drain], list[bare_loop.BareRun],
                            list[peers.PeerRun]]:
     """The drains the targets compare, in DRAIN_RUNS rounds of: ours at each concurrency, the
@@ -101,10 +106,10 @@ async def drain_rounds(conn: asyncpg.Connection, url: str, workspace_id: UUID, b
             since = await sw.server_now(conn)
             rates.append(await sw.enqueue(conn, workspace_id, n))
             await sw.refresh_statistics(conn)
-            drains.append(await sw.drain(conn, url, concurrency, since))
+            drains.append(await sw.drain(conn, url, concurrency, since, server))
         for batch in bare_loop.BATCHES:
             say(f"round {round_}: bare batched loop on the seed's table, B = {batch}")
-            bare.append(await bare_loop.drain(bare_url, n, batch))
+            bare.append(await bare_loop.drain(bare_url, n, batch, server))
         say(f"round {round_}: PGQueuer 1.6 drain")
         pgq.append(await pgqueuer.drain(n))
     return rates, drains, bare, pgq
@@ -112,7 +117,7 @@ async def drain_rounds(conn: asyncpg.Connection, url: str, workspace_id: UUID, b
 
 async def measure_ours(conn: asyncpg.Connection, url: str, dbname: str,
                        workspace_id: UUID, n: int, rates: list[float],
-                       drains: list[sw.Drain]) -> Ours:
+                       drains: list[sw.Drain], empty_run: CpuSplit) -> Ours:
     """Everything of ours but the drain rounds: fairness, the seed's loop, idle memory and
     pickup, claim latency."""
     spread = await sw.more_workspaces(conn, FAIRNESS_WORKSPACES)
@@ -129,7 +134,7 @@ async def measure_ours(conn: asyncpg.Connection, url: str, dbname: str,
     plan_file = RESULTS_DIR / "claim_plan_1m.txt"
     claims, summary = await claim_latency.measure(conn, workspace_id, plan_file)
     return Ours(rates, drains, seed_per_s, seed_wall_s, idle, latency, insert_round_trip,
-                claims, summary, fairness_pairs)
+                claims, summary, fairness_pairs, empty_run)
 
 
 async def _drain_with_fairness(conn: asyncpg.Connection, url: str, workspace_ids: list[UUID],
@@ -176,10 +181,16 @@ async def run_all(admin_url: str, n: int) -> str:
         try:
             workspace_id = await sw.prepare(conn)
             await sw.warm_up(conn, workspace_id)
+            server = await ServerCpu.locate(conn)
+            say(f"CPU of {EMPTY_RUNS} runs on an empty queue each: sidelinja-worker, PGQueuer")
+            empty_run = median_split([await sw.drain_nothing(conn, urls["sw"], server)
+                                      for _ in range(EMPTY_RUNS)])
+            pgqueuer_empty_run = median_split([await pgqueuer.drain_nothing()
+                                               for _ in range(EMPTY_RUNS)])
             rates, drains, bare, pgqueuer_runs = await drain_rounds(
-                conn, urls["sw"], workspace_id, urls["bare"], pgqueuer, n)
+                conn, urls["sw"], workspace_id, urls["bare"], pgqueuer, n, server)
             ours = await measure_ours(conn, urls["sw"], names["sw"], workspace_id, n, rates,
-                                      drains)
+                                      drains, empty_run)
             say("procrastinate 3.10")
             procrastinate = await peers.run_procrastinate(urls["procrastinate"], n)
             say("PGQueuer 1.6: pickup latency")
@@ -191,7 +202,8 @@ async def run_all(admin_url: str, n: int) -> str:
     finally:
         for name in created:
             await drop_database(admin_url, name)
-    table_rows = rows(ours, bare, [[procrastinate], pgqueuer_runs], pgq_latency)
+    table_rows = rows(ours, bare, [[procrastinate], pgqueuer_runs], pgq_latency,
+                      pgqueuer_empty_run)
     return document("sidelinja-worker benchmark", table_rows, pg_version, notes(ours, n))
 
 
@@ -212,9 +224,37 @@ def _mb(kb: int) -> float:
 
 
 def rows(ours: Ours, bare: list[bare_loop.BareRun], peer_runs: list[list[peers.PeerRun]],
-         pgq_latency: Latency) -> list[Row]:
+         pgq_latency: Latency, pgqueuer_empty_run: CpuSplit) -> list[Row]:
     return [*_throughput_rows(ours), *_bare_rows(ours, bare), *_peer_rows(ours, bare, peer_runs),
+            *_cpu_rows(ours, bare, peer_runs[-1], pgqueuer_empty_run),
             *_latency_rows(ours, pgq_latency), *_memory_rows(ours), *_claim_rows(ours)]
+
+
+def _cpu_rows(ours: Ours, bare: list[bare_loop.BareRun], pgqueuer_runs: list[peers.PeerRun],
+              pgqueuer_empty_run: CpuSplit) -> list[Row]:
+    """Where the drains' CPU went: the queue's process and the server, µs per job."""
+    top = max(bare_loop.BATCHES)
+    parts = [
+        ("sidelinja-worker at concurrency 50",
+         [d.cpu.less(ours.empty_run) for d in ours.drains if d.concurrency == 50],
+         [d.jobs for d in ours.drains if d.concurrency == 50]),
+        (f"the bare loop at B = {top:,}",
+         [r.cpu for r in bare if r.batch == top], [r.jobs for r in bare if r.batch == top]),
+        ("PGQueuer", [r.cpu.less(pgqueuer_empty_run) for r in pgqueuer_runs if r.cpu],
+         [r.jobs for r in pgqueuer_runs if r.cpu]),
+    ]
+    described = []
+    for name, splits, jobs in parts:
+        per_job = [CpuSplit(s.client_s / j * 1e6, s.server_s / j * 1e6 if s.server_s is not None
+                            else None) for s, j in zip(splits, jobs)]
+        m = median_split(per_job)
+        if m.server_s is None:
+            described.append(f"{name}: its process {m.client_s:.1f} µs (PostgreSQL not on this "
+                             "machine)")
+        else:
+            described.append(f"{name}: its process {m.client_s:.1f} µs + PostgreSQL "
+                             f"{m.server_s:.1f} µs = {m.client_s + m.server_s:.1f} µs")
+    return [Row("CPU per job in the drains above, medians [g]", "; ".join(described))]
 
 
 def _bare_rows(ours: Ours, bare: list[bare_loop.BareRun]) -> list[Row]:
@@ -373,6 +413,14 @@ def notes(ours: Ours, n: int) -> list[str]:
         "claim is on the wire; no leases, retries, limits, fairness, events or validation. "
         "Issue 7 measured it at ~28,000 (B=200) and 35,000–40,000 jobs/s (B=1,000) on this "
         "machine when it was written: the ratio to it says how fast the machine is today.",
+        "[g] CPU seconds from /proc, per job, median over the drain rounds: the queue's own "
+        "process while it ran (a worker child: its run, imports excluded; the bare loop: the "
+        "benchmark process during the loop) and the PostgreSQL server (the postmaster, its "
+        "live children and, through its cutime/cstime, the backends that exited). For a worker "
+        f"child, the median of {EMPTY_RUNS} runs on an empty queue (connections, prepared "
+        "statements, registration, shutdown) is taken off. The server shares these 2 cores, "
+        "so a drain that keeps both busy runs at about 2 / (total CPU per job): a drain N "
+        "times another's needs about 1/N of its CPU per job.",
     ]
 
 

@@ -19,20 +19,23 @@ from sidelinja_worker.handlers import REGISTRY
 from sidelinja_worker.settings import WorkerSettings
 from sidelinja_worker.worker import Worker
 
+from cpu import process_seconds
 from procmem import print_report
 
 POOL_SIZE = 5  # what `sidelinja-worker run` opens (commands.cmd_run)
 
 
-async def run(url: str, concurrency: int, burst: bool) -> int:
+async def run(url: str, concurrency: int, burst: bool) -> tuple[int, float]:
+    """(jobs claimed, CPU seconds of Worker.run: start-up imports and the pool excluded)."""
     pool = await create_pool(url, max_size=POOL_SIZE)
     try:
         settings = WorkerSettings(max_concurrent=concurrency, poll_interval_s=1.0, burst=burst)
         worker = Worker(pool, url, REGISTRY, settings)
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, worker.request_stop)
         tune_for_serving()  # as `sidelinja-worker run` does
+        started_s = process_seconds()
         await worker.run()
-        return worker.claimed_total
+        return worker.claimed_total, process_seconds() - started_s
     finally:
         await pool.close()
 
@@ -44,8 +47,8 @@ def main() -> None:
     parser.add_argument("--serve", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    claimed = asyncio.run(run(args.url, args.concurrency, burst=not args.serve))
-    print_report(claimed=claimed)
+    claimed, run_cpu_s = asyncio.run(run(args.url, args.concurrency, burst=not args.serve))
+    print_report(claimed=claimed, run_cpu_s=run_cpu_s)
 
 
 if __name__ == "__main__":
