@@ -32,8 +32,14 @@ TIMED_OUT = "timed-out"
 
 def timeout_for(job: ClaimedJob, jt: JobType | None, max_timeout_s: float) -> float:
     """The job's own timeout (`timeout_s`), else its type's, never above the worker's cap."""
-    default_s = jt.timeout_s if jt is not None else max_timeout_s
-    return min(float(job.timeout_s or default_s), max_timeout_s)
+    if job.timeout_s:
+        return min(float(job.timeout_s), max_timeout_s)
+    return timeout_for_type(jt, max_timeout_s)
+
+
+def timeout_for_type(jt: JobType | None, max_timeout_s: float) -> float:
+    """The timeout of a job of type `jt` that sets none of its own."""
+    return min(float(jt.timeout_s), max_timeout_s) if jt is not None else max_timeout_s
 
 
 async def execute(job: ClaimedJob, jt: JobType | None, writer: OutcomeWriter,

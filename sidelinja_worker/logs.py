@@ -14,21 +14,23 @@ import orjson
 
 # Set once per job in the job's own task (asyncio copies the context per task), so every
 # line that task logs is tagged without passing the job around.
-_JOB: contextvars.ContextVar[tuple[Any, str, Any, int, int] | None] = contextvars.ContextVar(
-    "sidelinja_job", default=None)
+# The job itself is stored, not a tuple of its fields: that tuple cost every job ~0.1 µs, and
+# only a logged line reads them.
+_JOB: contextvars.ContextVar[Any] = contextvars.ContextVar("sidelinja_job", default=None)
 
 
 def bind_job(job: Any) -> None:
-    """Hook for the executor: tag this task's log lines with `job` (a ClaimedJob)."""
-    _JOB.set((job.id, job.job_type, job.workspace_id, job.attempt, job.max_attempts))
+    """Hook for the executor: tag this task's log lines with `job` (a ClaimedJob: id,
+    job_type, workspace_id, attempt, max_attempts)."""
+    _JOB.set(job)
 
 
 def job_fields() -> dict[str, Any]:
     job = _JOB.get()
     if job is None:
         return {}
-    return {"job_id": str(job[0]), "job_type": job[1], "workspace_id": str(job[2]),
-            "attempt": job[3], "max_attempts": job[4]}
+    return {"job_id": str(job.id), "job_type": job.job_type, "workspace_id": str(job.workspace_id),
+            "attempt": job.attempt, "max_attempts": job.max_attempts}
 
 
 class JsonFormatter(logging.Formatter):

@@ -23,7 +23,7 @@ from sidelinja_worker.db import DB_ERRORS, create_pool
 from sidelinja_worker.errors import UserError
 from sidelinja_worker.maintenance import prune_loop, rescue_loop
 from sidelinja_worker.outcomes import OutcomeWriter
-from sidelinja_worker.registry import Registry
+from sidelinja_worker.registry import JobType, Registry
 from sidelinja_worker.settings import WorkerSettings
 from sidelinja_worker.store import Release
 
@@ -77,6 +77,11 @@ class Worker:
         self._pool = pool
         self._url = database_url
         self._registry = registry
+        # Each type with its timeout under the worker's cap, for a job's start: a plain dict,
+        # as Registry.get (a Mapping's) and executor.timeout_for are Python calls per job.
+        self._types: dict[str, tuple[JobType, float]] = {
+            name: (jt, executor.timeout_for_type(jt, settings.max_timeout_s))
+            for name, jt in registry.items()}
         self._running: dict[UUID, asyncio.Task[None]] = {}
         self._ready: deque[ClaimedJob] = deque()  # claimed, not started (prefetch)
         self._deadlines: dict[UUID, float] = {}  # job id -> monotonic time its timeout ends
@@ -287,8 +292,13 @@ class Worker:
 
     async def _run_job(self, job: ClaimedJob, slot_task: asyncio.Task[None]) -> None:
         metrics.picked_up(job.job_type, job.waited_s)
-        jt = self._registry.get(job.job_type)
-        timeout_s = executor.timeout_for(job, jt, self.settings.max_timeout_s)
+        known = self._types.get(job.job_type)
+        jt: JobType | None
+        if known is not None and job.timeout_s is None:
+            jt, timeout_s = known
+        else:  # a timeout of its own, or a type this worker does not know
+            jt = self._registry.get(job.job_type)
+            timeout_s = executor.timeout_for(job, jt, self.settings.max_timeout_s)
         started = time.monotonic()
         self._deadlines[job.id] = started + timeout_s
         self._running[job.id] = slot_task  # cancelling it cancels this job (see executor)
