@@ -15,6 +15,9 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
+# Where the benchmarks create their throwaway databases when neither --database-url nor
+# DATABASE_URL says otherwise: the machine's own PostgreSQL.
+DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
 STOP_TIMEOUT_S = 60.0  # a SIGTERMed child finishes its running jobs and writes outcomes

@@ -16,7 +16,11 @@ import os
 import statistics
 from dataclasses import dataclass
 
+from typing import Any
+
 import asyncpg
+
+from common import spawn, wait_until
 
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
 LOCAL_ADDRESSES = (None, "127.0.0.1", "::1")
@@ -103,3 +107,17 @@ def median_split(splits: list[CpuSplit]) -> CpuSplit:
     servers = [s.server_s for s in splits if s.server_s is not None]
     return CpuSplit(statistics.median(s.client_s for s in splits),
                     statistics.median(servers) if len(servers) == len(splits) else None)
+
+
+async def run_measured(conn: asyncpg.Connection, server: ServerCpu | None, script: str,
+                       *args: str, time_limit_s: float = 600.0,
+                       ) -> tuple[float, dict[str, Any], bool, CpuSplit]:
+    """Runs bench/`script` (a burst-mode worker child that reports `run_cpu_s`) to its end.
+    Returns (wall s, its report, whether it was stopped at `time_limit_s`, its CPU). `conn` is
+    on the child's database: the server's CPU is read once the child's connections closed."""
+    before_s = server.seconds() if server else 0.0
+    child = await spawn(script, *args)
+    wall_s, report, stopped = await child.finish(time_limit_s)
+    await wait_until(lambda: backends_gone(conn), 10, f"{script}'s connections to close")
+    server_s = server.seconds() - before_s if server else None
+    return wall_s, report, stopped, CpuSplit(report["run_cpu_s"], server_s)

@@ -14,7 +14,7 @@ import asyncpg
 import peer_pgqueuer
 import peer_procrastinate
 from common import Latency, spawn, wait_until
-from cpu import CpuSplit, ServerCpu, backends_gone
+from cpu import CpuSplit, ServerCpu, run_measured
 
 PROCRASTINATE_CONCURRENCY = 50
 PROCRASTINATE_POOL = 10     # 4 (its default) and 10 were within noise; 10 serves 50 slots better
@@ -81,7 +81,7 @@ class PgqueuerRuns:
         await self.conn.execute("TRUNCATE pgqueuer, pgqueuer_log")
         enqueue_per_s = await peer_pgqueuer.enqueue(self.conn, n)
         await self.conn.execute("ANALYZE")
-        wall_s, report, stopped, cpu = await self._burst_worker()
+        wall_s, report, stopped, cpu = await self._run()
         jobs, span_s = await peer_pgqueuer.drain_span(self.conn)
         return PeerRun("PGQueuer 1.6", f"batch {PGQUEUER_BATCH}, in flight unbounded", jobs,
                        span_s, wall_s, enqueue_per_s, report["hwm_kb"], stopped, cpu)
@@ -89,15 +89,11 @@ class PgqueuerRuns:
     async def drain_nothing(self) -> CpuSplit:
         """The CPU of its worker's run on an empty queue (start-up and shutdown)."""
         await self.conn.execute("TRUNCATE pgqueuer, pgqueuer_log")
-        return (await self._burst_worker())[3]
+        return (await self._run())[3]
 
-    async def _burst_worker(self) -> tuple[float, dict[str, Any], bool, CpuSplit]:
-        before_s = self.server.seconds() if self.server else 0.0
-        child = await spawn("peer_pgqueuer.py", self.url, *_pgqueuer_args())
-        wall_s, report, stopped = await child.finish(PEER_TIME_LIMIT_S)
-        await wait_until(lambda: backends_gone(self.conn), 10, "PGQueuer's connection to close")
-        server_s = self.server.seconds() - before_s if self.server else None
-        return wall_s, report, stopped, CpuSplit(report["run_cpu_s"], server_s)
+    async def _run(self) -> tuple[float, dict[str, Any], bool, CpuSplit]:
+        return await run_measured(self.conn, self.server, "peer_pgqueuer.py", self.url,
+                                  *_pgqueuer_args(), time_limit_s=PEER_TIME_LIMIT_S)
 
     async def latency(self, singles: int, gap_s: float) -> Latency:
         return await _pgqueuer_latency(self.conn, self.url, singles, gap_s)

@@ -23,9 +23,8 @@ from uuid import uuid4
 from sidelinja_worker.db import connect
 
 import sidelinja_bench as sw
-from common import BENCH_DIR, RESULTS_DIR, create_database, drop_database
+from common import BENCH_DIR, DEFAULT_URL, RESULTS_DIR, create_database, drop_database
 
-DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 SAMPLE_RATE = 1000  # per second
 # A frame of every sample taken in the event loop: the worker's run (its tasks' stacks start
 # there, not under Worker.run), and not the imports before it.

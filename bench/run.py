@@ -25,12 +25,11 @@ import baseline
 import claim_latency
 import peers
 import sidelinja_bench as sw
-from common import RESULTS_DIR, Latency, create_database, drop_database
+from common import DEFAULT_URL, RESULTS_DIR, Latency, create_database, drop_database
 from cpu import CpuSplit, ServerCpu, median_split
 from procmem import Memory
 from report import Row, document
 
-DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 CONCURRENCIES = (1, 10, 50)
 TARGET_ENQUEUE_PER_S = 30_000
 TARGET_DRAIN_50_PER_S = 25_000

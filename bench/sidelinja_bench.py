@@ -10,7 +10,6 @@ import statistics
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
 import asyncpg
@@ -18,7 +17,7 @@ from sidelinja_worker import migrate
 from sidelinja_worker.client import NewJob, enqueue_many
 
 from common import Latency, listening_backends, spawn, wait_until
-from cpu import CpuSplit, ServerCpu, backends_gone
+from cpu import CpuSplit, ServerCpu, run_measured
 from procmem import Memory, read_memory
 
 LATENCY_JOBS = 200
@@ -98,7 +97,8 @@ async def drain_span(conn: asyncpg.Connection, since: datetime) -> tuple[int, fl
 async def drain(conn: asyncpg.Connection, url: str, concurrency: int, since: datetime,
                 server: ServerCpu | None = None) -> Drain:
     """Drains what is queued with one burst-mode worker process."""
-    wall_s, report, cpu = await _burst_worker(conn, url, concurrency, server)
+    wall_s, report, _, cpu = await run_measured(conn, server, "worker_child.py", url,
+                                                str(concurrency))
     jobs, span_s = await drain_span(conn, since)
     return Drain(concurrency, jobs, span_s, wall_s, report["hwm_kb"], cpu)
 
@@ -107,18 +107,7 @@ async def drain_nothing(conn: asyncpg.Connection, url: str, server: ServerCpu | 
     """The CPU of a burst worker's run on an empty queue: start-up (its connections, prepared
     statements, registration) and shutdown, which each drain's CPU includes."""
     await empty_queue(conn)
-    return (await _burst_worker(conn, url, 50, server))[2]
-
-
-async def _burst_worker(conn: asyncpg.Connection, url: str, concurrency: int,
-                        server: ServerCpu | None) -> tuple[float, dict[str, Any], CpuSplit]:
-    """(wall s, the child's report, its CPU) of one burst-mode worker process run to its end."""
-    before_s = server.seconds() if server else 0.0
-    child = await spawn("worker_child.py", url, str(concurrency))
-    wall_s, report, _ = await child.finish()
-    await wait_until(lambda: backends_gone(conn), 10, "the worker's connections to close")
-    server_s = server.seconds() - before_s if server else None
-    return wall_s, report, CpuSplit(report["run_cpu_s"], server_s)
+    return (await run_measured(conn, server, "worker_child.py", url, "50"))[3]
 
 
 async def idle_and_latency(conn: asyncpg.Connection, url: str, dbname: str,

@@ -16,7 +16,6 @@ from sidelinja_worker.jobs import ClaimedJob
 from sidelinja_worker.queries import QUERIES as Q
 
 
-
 @dataclass(frozen=True, slots=True)
 class Failure:
     job_id: UUID

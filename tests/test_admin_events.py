@@ -14,6 +14,7 @@ import pytest
 from sidelinja_worker.admin import events as events_module
 from sidelinja_worker.admin.events import CHANNEL, EventHub, explode
 from sidelinja_worker.admin.store import Scope
+from sidelinja_worker.context import JobContext, Services
 from sidelinja_worker.db import connect
 from tests.helpers import insert_jobs
 
@@ -119,13 +120,10 @@ async def test_progress_reports_reach_the_channel(pool: asyncpg.Pool, db_url: st
     assert got[0]["id"] == str(job) and got[0]["progress"]["message"] == "Transkriberer…"
 
 
-
 async def test_progress_reports_of_one_job_are_stored_in_the_order_made(
         pool: asyncpg.Pool) -> None:
     """Concurrent parts of a job report at once (prompt_eval's cases): the last report made is
     the one stored, although each write may go out on its own pool connection."""
-    from sidelinja_worker.context import JobContext, Services
-
     a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
     job: UUID = await pool.fetchval(
         "INSERT INTO job_queue (workspace_id, job_type, payload, status, worker_id)"
@@ -136,6 +134,7 @@ async def test_progress_reports_of_one_job_are_stored_in_the_order_made(
         await asyncio.gather(*(ctx.progress(f"{i}/30", i) for i in range(1, 31)))
         stored = await pool.fetchval("SELECT progress FROM job_queue WHERE id = $1", job)
         assert stored["message"] == "30/30"
+
 
 async def test_a_stream_ends_once_its_token_is_revoked(db_url: str,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:

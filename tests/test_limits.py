@@ -201,6 +201,7 @@ async def test_the_fair_claim_skips_workspaces_without_due_jobs(pool: asyncpg.Po
     assert taken.count(spaces[0]) == taken.count(spaces[2]) == 5 and spaces[1] not in taken
     assert "on workspaces" not in plan
 
+
 async def test_a_worker_whose_lease_lapsed_claims_nothing(pool: asyncpg.Pool,
                                                           workspace: UUID) -> None:
     """Every path of the claim checks the worker's lease: the plain claim, the fair claim with
