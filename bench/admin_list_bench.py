@@ -32,11 +32,11 @@ import asyncpg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import create_database, drop_database, with_database
-from sidelinja_worker import migrate
 from sidelinja_worker.admin import store
 from sidelinja_worker.admin.store import Cursor, JobFilter, Scope
-from sidelinja_worker.client import NewJob, enqueue_many
-from sidelinja_worker.db import SERVER_SETTINGS, connect, init_connection
+from sidelinja_worker.queue import migrate
+from sidelinja_worker.queue.client import NewJob, enqueue_many
+from sidelinja_worker.queue.db import SERVER_SETTINGS, connect, init_connection
 
 # Status from g % 100, type and workspace from g / 100: independent of each other, so every
 # workspace has jobs of every status and type (with workspace and status both g % 100, the

@@ -9,15 +9,14 @@ batched Python worker can drain on this machine, which issue 7 measured at ~22,0
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 import orjson
-from sidelinja_worker import migrate
-
 from cpu import CpuSplit, ServerCpu, process_seconds
+
+from sidelinja_worker.queue import migrate
 
 BATCHES = (200, 1000)
 

@@ -11,9 +11,10 @@ from pathlib import Path
 from uuid import UUID, uuid4
 
 import asyncpg
-from sidelinja_worker import store
-from sidelinja_worker.jobs import ClaimedJob
-from sidelinja_worker.queries import QUERIES
+
+from sidelinja_worker.queue import store
+from sidelinja_worker.queue.jobs import ClaimedJob
+from sidelinja_worker.queue.queries import QUERIES
 
 CLAIM_LIMIT = 50
 JOB_TYPES = ["noop"]

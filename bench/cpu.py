@@ -15,11 +15,9 @@ from __future__ import annotations
 import os
 import statistics
 from dataclasses import dataclass
-
 from typing import Any
 
 import asyncpg
-
 from common import spawn, wait_until
 
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")

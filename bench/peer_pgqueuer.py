@@ -16,10 +16,9 @@ import time
 from datetime import timedelta
 
 import asyncpg
+from cpu import process_seconds
 from pgqueuer import Job, Queries, QueueManager
 from pgqueuer.types import QueueExecutionMode
-
-from cpu import process_seconds
 from procmem import print_report
 
 DEQUEUE_TIMEOUT = timedelta(seconds=1)  # as our poll interval: idle pickup is by NOTIFY

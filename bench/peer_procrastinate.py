@@ -12,7 +12,6 @@ import time
 
 import asyncpg
 import procrastinate
-
 from procmem import print_report
 
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-
 import peer_pgqueuer
 import peer_procrastinate
 from common import Latency, spawn, wait_until

@@ -32,10 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
-from sidelinja_worker import migrate
-from sidelinja_worker.db import init_connection
-from sidelinja_worker.queries import QUERIES
-from sidelinja_worker.store import COMPLETE_QUIET
+
+from sidelinja_worker.queue import migrate
+from sidelinja_worker.queue.db import init_connection
+from sidelinja_worker.queue.queries import QUERIES
+from sidelinja_worker.queue.store import COMPLETE_QUIET
 
 DATABASE = "bench"
 # The statements' parameters as the procedure's variables (names no column has).

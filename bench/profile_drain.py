@@ -20,10 +20,10 @@ import sys
 from collections import Counter
 from uuid import uuid4
 
-from sidelinja_worker.db import connect
-
 import sidelinja_bench as sw
 from common import BENCH_DIR, DEFAULT_URL, RESULTS_DIR, create_database, drop_database
+
+from sidelinja_worker.queue.db import connect
 
 SAMPLE_RATE = 1000  # per second
 # A frame of every sample taken in the event loop: the worker's run (its tasks' stacks start

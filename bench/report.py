@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import sidelinja_worker
-
 from common import BENCH_DIR
+
+import sidelinja_worker
 
 
 @dataclass(frozen=True)

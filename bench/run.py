@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from uuid import UUID, uuid4
 
 import asyncpg
-from sidelinja_worker.db import connect
-
 import bare_loop
 import baseline
 import claim_latency
@@ -29,6 +27,8 @@ from common import DEFAULT_URL, RESULTS_DIR, Latency, create_database, drop_data
 from cpu import CpuSplit, ServerCpu, median_split
 from procmem import Memory
 from report import Row, document
+
+from sidelinja_worker.queue.db import connect
 
 CONCURRENCIES = (1, 10, 50)
 TARGET_ENQUEUE_PER_S = 30_000

@@ -13,12 +13,12 @@ from datetime import datetime
 from uuid import UUID
 
 import asyncpg
-from sidelinja_worker import migrate
-from sidelinja_worker.client import NewJob, enqueue_many
-
 from common import Latency, listening_backends, spawn, wait_until
 from cpu import CpuSplit, ServerCpu, run_measured
 from procmem import Memory, read_memory
+
+from sidelinja_worker.queue import migrate
+from sidelinja_worker.queue.client import NewJob, enqueue_many
 
 LATENCY_JOBS = 200
 LATENCY_GAP_S = 0.015

@@ -84,9 +84,9 @@ def write_log(folder: Path, lines: int, compress: str) -> Path:
 def child(path: str) -> None:
     """Runs in a fresh process and does what the worker's child does (parse, then pickle the
     result for the worker; to /dev/null here), then prints times, peak RSS and yardsticks."""
-    from sidelinja_worker.stats.counting import EpisodeRules
-    from sidelinja_worker.stats.logfiles import ROTATED
-    from sidelinja_worker.stats.parse import FileTask, parse_files
+    from sidelinja_worker.jobs.stats.counting import EpisodeRules
+    from sidelinja_worker.jobs.stats.logfiles import ROTATED
+    from sidelinja_worker.jobs.stats.parse import FileTask, parse_files
     p = Path(path)
     began, began_cpu = time.perf_counter(), time.process_time()
     result = parse_files([FileTask(p, bool(ROTATED.match(p.name)), "bench", 0)], EpisodeRules())
@@ -114,8 +114,8 @@ def baseline(path: Path, kind: str) -> float:
 
     import msgspec
 
-    from sidelinja_worker.stats.logfiles import CHUNK_BYTES, open_stream
-    from sidelinja_worker.stats.records import LEAN_DECODER, decode
+    from sidelinja_worker.jobs.stats.logfiles import CHUNK_BYTES, open_stream
+    from sidelinja_worker.jobs.stats.records import LEAN_DECODER, decode
 
     class Nothing(msgspec.Struct):
         pass

@@ -13,14 +13,14 @@ import asyncio
 import logging
 import signal
 
-from sidelinja_worker.db import create_pool
-from sidelinja_worker.gctune import tune_for_serving
-from sidelinja_worker.handlers import REGISTRY
-from sidelinja_worker.settings import WorkerSettings
-from sidelinja_worker.worker import Worker
-
 from cpu import process_seconds
 from procmem import print_report
+
+from sidelinja_worker.jobs.catalog import REGISTRY
+from sidelinja_worker.queue.db import create_pool
+from sidelinja_worker.queue.gctune import tune_for_serving
+from sidelinja_worker.queue.settings import WorkerSettings
+from sidelinja_worker.queue.worker import Worker
 
 POOL_SIZE = 5  # what `sidelinja-worker run` opens (commands.cmd_run)
 

@@ -15,9 +15,9 @@ from uuid import UUID, uuid4
 import asyncpg
 import pytest
 
-from sidelinja_worker import migrate
-from sidelinja_worker.db import connect, init_connection
-from sidelinja_worker.embedded import start_embedded
+from sidelinja_worker.queue import migrate
+from sidelinja_worker.queue.db import connect, init_connection
+from sidelinja_worker.queue.embedded import start_embedded
 from tests.helpers import SPAWNED
 
 

@@ -5,20 +5,20 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import tempfile
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+import tempfile
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
 from pydantic import BaseModel, ConfigDict
 
-from sidelinja_worker.config import ServiceConfig
-from sidelinja_worker.handlers import REGISTRY
-from sidelinja_worker.context import JobContext
-from sidelinja_worker.registry import JobType, Registry
-from sidelinja_worker.settings import WorkerSettings
-from sidelinja_worker.worker import Worker
+from sidelinja_worker.jobs.catalog import REGISTRY
+from sidelinja_worker.queue.config import ServiceConfig
+from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.registry import JobType, Registry
+from sidelinja_worker.queue.settings import WorkerSettings
+from sidelinja_worker.queue.worker import Worker
 
 
 class AnyPayload(BaseModel):

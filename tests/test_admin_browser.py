@@ -12,7 +12,7 @@ from uuid import UUID
 import asyncpg
 import pytest
 
-from sidelinja_worker import store
+from sidelinja_worker.queue import store
 from tests.admin_fixtures import admin_fixture, seed, token_for  # noqa: F401 (fixture)
 from tests.helpers import run_burst
 

@@ -11,8 +11,9 @@ from uuid import UUID
 
 import asyncpg
 
-from sidelinja_worker import logs, metrics
-from sidelinja_worker.jobs import ClaimedJob
+from sidelinja_worker.queue import logs
+from sidelinja_worker.queue import metrics
+from sidelinja_worker.queue.jobs import ClaimedJob
 from tests.helpers import cli, insert_jobs, metrics_text, one_line_error
 
 

@@ -14,8 +14,8 @@ import pytest
 from sidelinja_worker.admin import events as events_module
 from sidelinja_worker.admin.events import CHANNEL, EventHub, explode
 from sidelinja_worker.admin.store import Scope
-from sidelinja_worker.context import JobContext, Services
-from sidelinja_worker.db import connect
+from sidelinja_worker.queue.context import JobContext, Services
+from sidelinja_worker.queue.db import connect
 from tests.helpers import insert_jobs
 
 
@@ -114,7 +114,7 @@ async def test_progress_reports_reach_the_channel(pool: asyncpg.Pool, db_url: st
     job: UUID = await pool.fetchval(
         "INSERT INTO job_queue (workspace_id, job_type, payload, status, worker_id)"
         " VALUES ($1, 'noop', '{}', 'running', $2) RETURNING id", a, a)
-    from sidelinja_worker import store
+    from sidelinja_worker.queue import store
 
     got = await collect(db_url, lambda: store.report_progress(pool, job, a, "Transkriberer…", 40))
     assert got[0]["id"] == str(job) and got[0]["progress"]["message"] == "Transkriberer…"

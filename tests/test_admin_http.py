@@ -8,8 +8,8 @@ from datetime import timedelta
 import asyncpg
 import httpx
 
-from sidelinja_worker import store
 from sidelinja_worker.admin import store as admin_store
+from sidelinja_worker.queue import store
 from tests.admin_fixtures import admin_fixture, seed, token_for  # noqa: F401 (fixture)
 from tests.helpers import cli
 

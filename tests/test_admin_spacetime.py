@@ -14,7 +14,7 @@ from aiohttp import web
 from sidelinja_worker.admin.app import forwarding
 from sidelinja_worker.admin.events import EventHub
 from sidelinja_worker.admin.spacetime import SpacetimeTarget
-from sidelinja_worker.config import Secret
+from sidelinja_worker.queue.config import Secret
 from tests.fakes.serve import serve
 from tests.helpers import insert_jobs
 

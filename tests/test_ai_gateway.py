@@ -12,10 +12,10 @@ import asyncpg
 import httpx
 import pytest
 
-from sidelinja_worker import client
-from sidelinja_worker.config import Secret, ServiceConfig
-from sidelinja_worker.errors import PermanentError, RetryJob
-from sidelinja_worker.limits import LimitsCache, RateLimiter
+from sidelinja_worker.queue import client
+from sidelinja_worker.queue.config import Secret, ServiceConfig
+from sidelinja_worker.queue.errors import PermanentError, RetryJob
+from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
 from sidelinja_worker.services import ai_gateway as gateway_module
 from sidelinja_worker.services.ai_gateway import AiGateway
 from tests.fakes.ai_gateway_server import (  # noqa: F401

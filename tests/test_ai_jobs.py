@@ -9,9 +9,9 @@ from uuid import UUID
 
 import asyncpg
 
-from sidelinja_worker import client, store
-from sidelinja_worker.config import ServiceConfig
-from sidelinja_worker.handlers.ai_common import DEFAULT_MODEL
+from sidelinja_worker.jobs.ai.common import DEFAULT_MODEL
+from sidelinja_worker.queue import client, store
+from sidelinja_worker.queue.config import ServiceConfig
 from tests.fakes.ai_gateway_server import FakeAiGateway, Recorded, ai_gateway_fixture  # noqa: F401
 from tests.helpers import run_burst
 
@@ -252,7 +252,7 @@ async def test_unset_gateway_settings_fail_naming_the_variable(pool: asyncpg.Poo
 
 
 def test_payload_round_trips_through_json() -> None:
-    from sidelinja_worker.handlers.meeting_summarize import MeetingPayload
+    from sidelinja_worker.jobs.ai.meeting_summarize import MeetingPayload
     payload = MeetingPayload.model_validate(json.loads(json.dumps(
         {"text": "t", "meeting_date": "2025-03-04", "participants": ["Ola"]})))
     assert MeetingPayload.model_validate_json(payload.model_dump_json()) == payload

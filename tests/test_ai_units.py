@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import pytest
 
-from sidelinja_worker.ai_text import (
+from sidelinja_worker.jobs.ai import openrouter_analyze
+from sidelinja_worker.jobs.ai.common import (
+    DEFAULT_MODEL,
+    TranscriptSource,
+    resolve_settings,
+)
+from sidelinja_worker.jobs.ai.dictation_cleanup import Note, NoteTask, merge_notes
+from sidelinja_worker.jobs.ai.meeting_summarize import Minutes
+from sidelinja_worker.jobs.ai.text import (
     group_for_combine,
     split_text,
     timestamp,
     timestamped_lines,
 )
-from sidelinja_worker.errors import PermanentError
-from sidelinja_worker.handlers import openrouter_analyze
-from sidelinja_worker.handlers.ai_common import (
-    DEFAULT_MODEL,
-    TranscriptSource,
-    resolve_settings,
-)
-from sidelinja_worker.handlers.dictation_cleanup import Note, NoteTask, merge_notes
-from sidelinja_worker.handlers.meeting_summarize import Minutes
+from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.services.ai_gateway import (
     describe_error,
     parse_answer,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from uuid import UUID
 
-from sidelinja_worker.ids import uuid7s
+from sidelinja_worker.queue.ids import uuid7s
 
 
 def _millis(u: UUID) -> int:

@@ -11,10 +11,16 @@ from uuid import UUID
 
 import asyncpg
 
-from sidelinja_worker import client, store
-from sidelinja_worker.config import ServiceConfig
-from sidelinja_worker.handlers.prompt_eval_scoring import schema_errors
-from tests.fakes.ai_gateway_server import FakeAiGateway, Recorded, ai_gateway_fixture, completion, error  # noqa: F401
+from sidelinja_worker.jobs.knowledge.prompt_eval_scoring import schema_errors
+from sidelinja_worker.queue import client, store
+from sidelinja_worker.queue.config import ServiceConfig
+from tests.fakes.ai_gateway_server import (  # noqa: F401
+    FakeAiGateway,
+    Recorded,
+    ai_gateway_fixture,
+    completion,
+    error,
+)
 from tests.helpers import run_burst
 
 STATEMENTS = [{"id": "s1", "text": "Norge bør bygge mer havvind."},

@@ -13,13 +13,14 @@ import asyncpg
 import httpx
 import pytest
 
-from sidelinja_worker import client, knowledge_store, migrate, store
-from sidelinja_worker.config import Secret, ServiceConfig
-from sidelinja_worker.db import connect, init_connection
-from sidelinja_worker.embedded import start_embedded
-from sidelinja_worker.handlers.generate_embeddings import search
-from sidelinja_worker.handlers.knowledge_common import DEFAULT_EMBEDDING_MODEL
-from sidelinja_worker.limits import LimitsCache, RateLimiter
+from sidelinja_worker.jobs.knowledge import store as knowledge_store
+from sidelinja_worker.jobs.knowledge.common import DEFAULT_EMBEDDING_MODEL
+from sidelinja_worker.jobs.knowledge.generate_embeddings import search
+from sidelinja_worker.queue import client, migrate, store
+from sidelinja_worker.queue.config import Secret, ServiceConfig
+from sidelinja_worker.queue.db import connect, init_connection
+from sidelinja_worker.queue.embedded import start_embedded
+from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
 from sidelinja_worker.services.ai_gateway import AiGateway
 from tests.conftest import with_database
 from tests.fakes.ai_gateway_server import FakeAiGateway, ai_gateway_fixture, error  # noqa: F401

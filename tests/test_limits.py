@@ -11,10 +11,10 @@ from uuid import UUID, uuid4
 import asyncpg
 import orjson
 
-from sidelinja_worker import store
-from sidelinja_worker.context import JobContext
-from sidelinja_worker.queries import QUERIES
-from sidelinja_worker.registry import Registry
+from sidelinja_worker.queue import store
+from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.queries import QUERIES
+from sidelinja_worker.queue.registry import Registry
 from tests.helpers import cli, insert_jobs, job_type, run_burst, spawn, statuses
 
 
@@ -41,8 +41,8 @@ async def test_a_single_job_of_another_workspace_is_not_starved(pool: asyncpg.Po
         while len(started) < 200:
             await asyncio.sleep(0.01)
 
-    from sidelinja_worker.settings import WorkerSettings
-    from sidelinja_worker.worker import Worker
+    from sidelinja_worker.queue.settings import WorkerSettings
+    from sidelinja_worker.queue.worker import Worker
     worker = Worker(pool, db_url, Registry([job_type("embed", record)]),
                     WorkerSettings(max_concurrent=4, poll_interval_s=0.05))
     task = asyncio.create_task(worker.run())
@@ -136,8 +136,8 @@ async def test_limits_change_at_run_time(pool: asyncpg.Pool, db_url: str, worksp
         await asyncio.sleep(0.02)
         now_running -= 1
 
-    from sidelinja_worker.settings import WorkerSettings
-    from sidelinja_worker.worker import Worker
+    from sidelinja_worker.queue.settings import WorkerSettings
+    from sidelinja_worker.queue.worker import Worker
     worker = Worker(pool, db_url, Registry([job_type("slow", slow)]),
                     WorkerSettings(max_concurrent=6, poll_interval_s=0.05))
     task = asyncio.create_task(worker.run())

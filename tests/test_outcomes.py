@@ -10,12 +10,12 @@ from uuid import UUID
 import asyncpg
 from pydantic import BaseModel
 
-from sidelinja_worker import client, store
-from sidelinja_worker.errors import Defer, PermanentError, RetryJob
-from sidelinja_worker.context import JobContext
-from sidelinja_worker.registry import Registry
-from sidelinja_worker.settings import WorkerSettings
-from sidelinja_worker.worker import Worker
+from sidelinja_worker.queue import client, store
+from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.errors import Defer, PermanentError, RetryJob
+from sidelinja_worker.queue.registry import Registry
+from sidelinja_worker.queue.settings import WorkerSettings
+from sidelinja_worker.queue.worker import Worker
 from tests.helpers import cli, job_type, run_burst, statuses
 
 

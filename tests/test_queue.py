@@ -10,11 +10,11 @@ from uuid import UUID, uuid4
 import asyncpg
 import pytest
 
-from sidelinja_worker import client, store
-from sidelinja_worker.context import JobContext
-from sidelinja_worker.queries import QUERIES as Q
-from sidelinja_worker.registry import Registry
-from sidelinja_worker.worker import open_claim_pool
+from sidelinja_worker.queue import client, store
+from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.queries import QUERIES as Q
+from sidelinja_worker.queue.registry import Registry
+from sidelinja_worker.queue.worker import open_claim_pool
 from tests.helpers import insert_jobs, job_type, run_burst, statuses
 
 

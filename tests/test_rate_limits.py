@@ -13,14 +13,14 @@ from uuid import UUID
 import asyncpg
 import pytest
 
-from sidelinja_worker import store
-from sidelinja_worker.config import ServiceConfig
-from sidelinja_worker.context import JobContext
-from sidelinja_worker.db import create_pool
-from sidelinja_worker.errors import RetryJob
-from sidelinja_worker.registry import Registry
-from sidelinja_worker.settings import WorkerSettings
-from sidelinja_worker.worker import Worker
+from sidelinja_worker.queue import store
+from sidelinja_worker.queue.config import ServiceConfig
+from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.db import create_pool
+from sidelinja_worker.queue.errors import RetryJob
+from sidelinja_worker.queue.registry import Registry
+from sidelinja_worker.queue.settings import WorkerSettings
+from sidelinja_worker.queue.worker import Worker
 from tests.helpers import insert_jobs, job_type
 
 

@@ -12,11 +12,10 @@ from uuid import UUID
 
 import asyncpg
 
-from sidelinja_worker import store
-from sidelinja_worker.context import JobContext
-from sidelinja_worker.registry import Registry
-from sidelinja_worker.settings import WorkerSettings
-from sidelinja_worker.worker import Worker
+from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.registry import Registry
+from sidelinja_worker.queue.settings import WorkerSettings
+from sidelinja_worker.queue.worker import Worker
 from tests.admin_fixtures import free_port
 from tests.helpers import insert_jobs, job_type, metrics_text, spawn, statuses
 

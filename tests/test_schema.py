@@ -6,7 +6,7 @@ import asyncio
 
 import asyncpg
 
-from sidelinja_worker import migrate
+from sidelinja_worker.queue import migrate
 from tests.helpers import cli
 
 SEED_COLUMNS = {

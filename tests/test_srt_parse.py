@@ -11,8 +11,14 @@ from uuid import UUID
 import asyncpg
 import pytest
 
-from sidelinja_worker import client, transcripts_store
-from sidelinja_worker.subtitles import Segment, SrtError, Transcript, parse_srt
+from sidelinja_worker.jobs.transcripts import store as transcripts_store
+from sidelinja_worker.jobs.transcripts.subtitles import (
+    Segment,
+    SrtError,
+    Transcript,
+    parse_srt,
+)
+from sidelinja_worker.queue import client
 from tests.fakes.fixtures import (  # noqa: F401  (pytest finds fixtures by module name)
     EPISODE_SRT,
     forgejo_fake_fixture,
@@ -205,6 +211,6 @@ async def test_windows_1252_files_are_read(pool: asyncpg.Pool, db_url: str, work
 
 
 def test_the_demo_ships_the_sample_episode() -> None:
-    demo_file = resources.files("sidelinja_worker").joinpath("demo_data/episode_no.srt")
+    demo_file = resources.files("sidelinja_worker.cli").joinpath("demo_data/episode_no.srt")
     demo = demo_file.read_text("utf-8")
     assert len(parse_srt(demo).segments) == 10

@@ -12,13 +12,18 @@ import orjson
 import pytest
 import zstandard
 
-from sidelinja_worker.stats import logfiles
-from sidelinja_worker.stats.agents import AgentClassifier
-from sidelinja_worker.stats.counting import EpisodeRules, Tally, ip_key, is_probe
-from sidelinja_worker.stats.logfiles import (LogFile, discover, fingerprint, read_batches,
-                                             read_blocks)
-from sidelinja_worker.stats.media import threshold_bytes
-from sidelinja_worker.stats.parse import FileTask, ParseResult, parse_files
+from sidelinja_worker.jobs.stats import logfiles
+from sidelinja_worker.jobs.stats.agents import AgentClassifier
+from sidelinja_worker.jobs.stats.counting import EpisodeRules, Tally, ip_key, is_probe
+from sidelinja_worker.jobs.stats.logfiles import (
+    LogFile,
+    discover,
+    fingerprint,
+    read_batches,
+    read_blocks,
+)
+from sidelinja_worker.jobs.stats.media import threshold_bytes
+from sidelinja_worker.jobs.stats.parse import FileTask, ParseResult, parse_files
 
 APPLE = "AppleCoreMedia/1.0.0.21E236 (iPhone; U; CPU OS 17_4 like Mac OS X; nb_no)"
 SPOTIFY = "Spotify/8.9.30 iOS/17.4 (iPhone15,2)"

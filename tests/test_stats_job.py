@@ -13,8 +13,9 @@ import asyncpg
 import pytest
 import zstandard
 
-from sidelinja_worker import client, stats_store, store
-from sidelinja_worker.config import ServiceConfig
+from sidelinja_worker.jobs.stats import store as stats_store
+from sidelinja_worker.queue import client, store
+from sidelinja_worker.queue.config import ServiceConfig
 from tests.helpers import run_burst, statuses
 from tests.test_stats_counting import EP, SIZE, SPOTIFY, line
 

@@ -14,8 +14,9 @@ import asyncpg
 import orjson
 import pytest
 
-from sidelinja_worker import client, transcripts_store
-from sidelinja_worker.config import ServiceConfig
+from sidelinja_worker.jobs.transcripts import store as transcripts_store
+from sidelinja_worker.queue import client
+from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.services.whisper import CHUNK_BYTES, _Multipart
 from tests.fakes.fixtures import (  # noqa: F401  (pytest finds fixtures by module name)
     EPISODE_SRT,

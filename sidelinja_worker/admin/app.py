@@ -22,7 +22,6 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from sidelinja_worker import store as worker_store
 from sidelinja_worker.admin import auth, metrics_view, store
 from sidelinja_worker.admin.events import EventHub
 from sidelinja_worker.admin.forms import (
@@ -33,7 +32,8 @@ from sidelinja_worker.admin.forms import (
 )
 from sidelinja_worker.admin.spacetime import SpacetimeForwarder, SpacetimeTarget
 from sidelinja_worker.admin.store import Scope
-from sidelinja_worker.db import SERVER_SETTINGS, init_connection
+from sidelinja_worker.queue import store as worker_store
+from sidelinja_worker.queue.db import SERVER_SETTINGS, init_connection
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -88,8 +88,8 @@ async def job_page(request: Request) -> Response:
 async def overview_page(request: Request) -> Response:
     scope, token = await session(request)
     async with store.scoped(request.app.state.pool, scope) as conn:
-        counts = await store.counts(conn)
-        oldest = await store.oldest_due_s(conn)
+        counts = await worker_store.counts(conn)
+        oldest = await worker_store.oldest_due_s(conn)
         per_minute = await store.throughput(conn)
     # Limits are queue-wide configuration, read with the privileged pool; a workspace token
     # sees every type and rate limit but no other workspace's cap.

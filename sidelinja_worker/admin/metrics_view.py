@@ -11,6 +11,7 @@ from prometheus_client import (
 )
 
 from sidelinja_worker.admin import store
+from sidelinja_worker.queue import store as worker_store
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -20,10 +21,10 @@ async def render(conn: asyncpg.Connection) -> bytes:
     registry = CollectorRegistry()
     jobs = Gauge("sidelinja_jobs", "Jobs in the queue by status and type",
                  ["status", "job_type"], registry=registry)
-    for row in await store.counts(conn):
+    for row in await worker_store.counts(conn):
         jobs.labels(row["status"], row["job_type"]).set(row["n"])
     Gauge("sidelinja_oldest_due_job_age_seconds", "Age of the oldest job that is due and waiting",
-          registry=registry).set(await store.oldest_due_s(conn))
+          registry=registry).set(await worker_store.oldest_due_s(conn))
     finished = Gauge("sidelinja_jobs_finished_last_hour", "Jobs finished in the last hour",
                      ["status"], registry=registry)
     for row in await store.throughput(conn):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from sidelinja_worker.config import Secret
+from sidelinja_worker.queue.config import Secret
 
 log = logging.getLogger("sidelinja_worker.admin.spacetime")
 QUEUE_MAX = 10_000

@@ -12,9 +12,9 @@ from uuid import UUID
 
 import asyncpg
 
-from sidelinja_worker.queries import load
+from sidelinja_worker.queue.queries import load
 
-Q = load("admin.sql")
+Q = load("sidelinja_worker.admin", "sql/admin.sql")
 PAGE_SIZE = 50
 # The all-statuses list shows one status after another: what needs an operator first, the bulk
 # (completed) last. Within a status, newest first; completed jobs by when they finished.
@@ -123,14 +123,6 @@ async def audit(conn: asyncpg.Connection, scope: Scope, action: str, job_ids: li
     await conn.execute(Q["leave_app_role"])
     await conn.execute(Q["audit"], scope.token_id, scope.workspace_id, action, job_ids, detail)
     await conn.execute(Q["enter_app_role"])
-
-
-async def counts(conn: asyncpg.Connection) -> list[asyncpg.Record]:
-    return await conn.fetch(Q["counts"])
-
-
-async def oldest_due_s(conn: asyncpg.Connection) -> float:
-    return float(await conn.fetchval(Q["oldest_due_s"]))
 
 
 async def throughput(conn: asyncpg.Connection) -> list[asyncpg.Record]:

@@ -13,11 +13,11 @@ from typing import Any, Generic, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from sidelinja_worker.config import Secret
-from sidelinja_worker.context import Services
-from sidelinja_worker.errors import PermanentError, RetryJob
-from sidelinja_worker.limits import RateLimiter
-from sidelinja_worker.registry import describe_validation_error
+from sidelinja_worker.queue.config import Secret
+from sidelinja_worker.queue.context import Services
+from sidelinja_worker.queue.errors import PermanentError, RetryJob
+from sidelinja_worker.queue.limits import RateLimiter
+from sidelinja_worker.queue.registry import describe_validation_error
 
 log = logging.getLogger("sidelinja_worker.ai_gateway")
 

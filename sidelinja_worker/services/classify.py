@@ -8,7 +8,7 @@ from email.utils import parsedate_to_datetime
 
 import httpx
 
-from sidelinja_worker.errors import PermanentError, RetryJob
+from sidelinja_worker.queue.errors import PermanentError, RetryJob
 
 MAX_DETAIL_CHARS = 300
 

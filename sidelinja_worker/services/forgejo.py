@@ -10,8 +10,8 @@ from urllib.parse import quote
 
 import httpx
 
-from sidelinja_worker.config import Secret, ServiceConfig
-from sidelinja_worker.errors import PermanentError, RetryJob
+from sidelinja_worker.queue.config import Secret, ServiceConfig
+from sidelinja_worker.queue.errors import PermanentError, RetryJob
 from sidelinja_worker.services.classify import (
     detail,
     is_transient,

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import jwt
 
-from sidelinja_worker.config import Secret
-from sidelinja_worker.errors import PermanentError
+from sidelinja_worker.queue.config import Secret
+from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.services.classify import (
     detail,
     is_transient,

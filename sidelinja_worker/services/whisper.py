@@ -11,8 +11,8 @@ from uuid import uuid4
 
 import httpx
 
-from sidelinja_worker.config import Secret
-from sidelinja_worker.errors import PermanentError, RetryJob
+from sidelinja_worker.queue.config import Secret
+from sidelinja_worker.queue.errors import PermanentError, RetryJob
 from sidelinja_worker.services.classify import (
     detail,
     is_transient,

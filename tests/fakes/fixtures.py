@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sidelinja_worker.config import ServiceConfig
+from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.services import livekit
 from tests.fakes.forgejo_server import FakeForgejo, Repo
 from tests.fakes.livekit_server import FakeLiveKit

@@ -1,0 +1,129 @@
+-- The admin view's runtime SQL (issue 5); admin/store.py has one typed function per block.
+-- Job queries run inside `scoped()`: as the role sidelinja_app with the token's workspace in
+-- `sidelinja.workspace_id`, so row-level security confines them even if the code forgets to.
+
+-- name: scope
+SELECT set_config('sidelinja.workspace_id', $1::text, true),
+       set_config('sidelinja.all_workspaces', $2::text, true);
+
+-- name: enter_app_role
+SET LOCAL ROLE sidelinja_app;
+
+-- name: leave_app_role
+RESET ROLE;
+
+-- name: token_create
+INSERT INTO admin_tokens (token_sha256, workspace_id, all_workspaces, label)
+VALUES ($1, $2, $2::uuid IS NULL, $3)
+RETURNING id;
+
+-- name: token_lookup
+SELECT id, workspace_id
+FROM admin_tokens
+WHERE token_sha256 = $1 AND revoked_at IS NULL;
+
+-- name: token_revoke
+UPDATE admin_tokens SET revoked_at = now()
+WHERE id = $1 AND revoked_at IS NULL
+RETURNING id;
+
+-- name: token_list
+SELECT id, workspace_id, all_workspaces, label, created_at, revoked_at
+FROM admin_tokens
+ORDER BY created_at;
+
+-- name: list_jobs
+-- One status's page, newest first: the page after ($6 sort_at, $7 id). No OFFSET, no count.
+-- admin/store.py `list_jobs` runs it (or list_completed) once per status, in STATUS_ORDER for
+-- the all-statuses list, so every page is a keyset scan of one status's index; one query
+-- ordered across statuses had no index to follow and sorted the whole table (0.6-0.9 s on
+-- 1,000,000 jobs). Errors, retries, cancellations and pending jobs page over the
+-- idx_job_queue_admin_* indexes: `status = $1` (not LEAKPROOF, so never an index condition
+-- under row-level security) proves the partial index's predicate, and the row comparison is
+-- LEAKPROOF, so it stays an index condition (pending: idx_job_queue_admin_pending_by_id, 0013).
+-- Running jobs have no index by time (every claim would write it): found through
+-- idx_job_queue_running and sorted.
+SELECT id, workspace_id, job_type, status::text AS status, attempts, max_attempts,
+       created_at, scheduled_for, completed_at, left(error_msg, 200) AS error_msg,
+       created_at AS sort_at
+FROM job_queue
+WHERE status = $1::job_status
+  AND ($2::text IS NULL OR job_type = $2)
+  AND ($3::uuid IS NULL OR workspace_id = $3)
+  AND ($4::timestamptz IS NULL OR created_at >= $4)
+  AND ($5::timestamptz IS NULL OR created_at < $5)
+  AND ($6::timestamptz IS NULL OR (created_at, id) < ($6, $7::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT $8;
+
+-- name: list_completed
+-- Completed jobs, most recently finished first, over idx_job_queue_finished (completed_at): the
+-- bulk of a big table, which no index by created_at covers (it would slow every completion).
+-- The time filter ($4, $5) is on completed_at too, the time this list is sorted by: on
+-- created_at it could not bound the index scan, and a window days back scanned every job
+-- finished since (130-220 ms on 1,000,000 jobs). Type and workspace are filters on the scan, so
+-- a page costs in proportion to how rare the match is (0.25 s for a workspace of 60 jobs).
+SELECT id, workspace_id, job_type, status::text AS status, attempts, max_attempts,
+       created_at, scheduled_for, completed_at, left(error_msg, 200) AS error_msg,
+       completed_at AS sort_at
+FROM job_queue
+WHERE status = 'completed' AND $1::job_status = 'completed'
+  AND ($2::text IS NULL OR job_type = $2)
+  AND ($3::uuid IS NULL OR workspace_id = $3)
+  AND ($4::timestamptz IS NULL OR completed_at >= $4)
+  AND ($5::timestamptz IS NULL OR completed_at < $5)
+  AND ($6::timestamptz IS NULL OR (completed_at, id) < ($6, $7::uuid))
+ORDER BY completed_at DESC, id DESC
+LIMIT $8;
+
+-- name: get_job
+SELECT j.id, j.workspace_id, j.job_type, j.payload, j.status::text AS status, j.priority,
+       j.result, j.error_msg, j.errors, j.attempts, j.max_attempts, j.created_at, j.started_at,
+       j.completed_at, j.scheduled_for, j.worker_id, j.progress, j.unique_key, j.timeout_s,
+       j.cancel_requested_at, w.hostname AS worker_host, w.pid AS worker_pid,
+       w.expires_at AS lease_expires_at
+FROM job_queue j
+LEFT JOIN job_workers w ON w.id = j.worker_id
+WHERE j.id = $1;
+
+-- name: retry_job
+-- "Retry now": an error or retry job is due at once. An error job gets one more attempt.
+UPDATE job_queue
+SET status = 'pending', scheduled_for = now(), completed_at = NULL,
+    max_attempts = greatest(max_attempts, attempts + 1)
+WHERE id = $1 AND status IN ('error', 'retry')
+RETURNING id;
+
+-- name: bulk_retry
+-- The filtered set of error/retry jobs (same filters as list_jobs), at most $6 of them.
+UPDATE job_queue
+SET status = 'pending', scheduled_for = now(), completed_at = NULL,
+    max_attempts = greatest(max_attempts, attempts + 1)
+WHERE id = ANY(ARRAY(
+    SELECT id FROM job_queue
+    WHERE status IN ('error', 'retry')
+      AND ($1::job_status IS NULL OR status = $1::job_status)
+      AND ($2::text IS NULL OR job_type = $2)
+      AND ($3::uuid IS NULL OR workspace_id = $3)
+      AND ($4::timestamptz IS NULL OR created_at >= $4)
+      AND ($5::timestamptz IS NULL OR created_at < $5)
+    LIMIT $6
+    FOR UPDATE SKIP LOCKED))
+  AND status IN ('error', 'retry')
+RETURNING id;
+
+-- name: audit
+INSERT INTO admin_audit (token_id, workspace_id, action, job_ids, detail)
+VALUES ($1, $2, $3, $4, $5);
+
+-- name: throughput
+-- Finished jobs per minute over the last hour (idx_job_queue_finished).
+SELECT date_trunc('minute', completed_at) AS minute, status::text AS status, count(*) AS n
+FROM job_queue
+WHERE status IN ('completed', 'error', 'cancelled')
+  AND completed_at > now() - interval '1 hour'
+GROUP BY 1, 2
+ORDER BY 1;
+
+-- name: workspaces
+SELECT id, name FROM workspaces ORDER BY name, id;

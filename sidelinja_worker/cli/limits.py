@@ -1,0 +1,79 @@
+"""`sidelinja-worker limits`: show and change the cluster-wide limits stored in the database.
+Workers re-read them on change (NOTIFY), so no restart is needed."""
+
+from __future__ import annotations
+
+import argparse
+
+import asyncpg
+
+from sidelinja_worker.cli.session import parse_uuid
+from sidelinja_worker.queue import store
+from sidelinja_worker.queue.durations import parse_duration_s
+from sidelinja_worker.queue.errors import UserError
+
+USAGE = """examples:
+  sidelinja-worker limits                                  show every limit
+  sidelinja-worker limits type whisper_transcribe 1        at most 1 at once, cluster-wide
+  sidelinja-worker limits workspace WORKSPACE_ID 5         at most 5 running jobs of a workspace
+  sidelinja-worker limits rate ai_gateway 20/1m            at most 20 calls in any minute
+  sidelinja-worker limits fair off                         oldest first, ignoring workspaces
+  (use `none` as the value to remove a limit)"""
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("limits", help="show or change cluster-wide limits",
+                       epilog=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("kind", nargs="?", choices=["type", "workspace", "rate", "fair"])
+    p.add_argument("name", nargs="?", help="job type, workspace id, rate key, or on/off")
+    p.add_argument("value", nargs="?", help="N, N/DURATION for a rate, or none")
+
+
+async def run(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
+    if args.kind is None:
+        return await show(pool)
+    if args.name is None or (args.kind != "fair" and args.value is None):
+        raise UserError("usage: limits type|workspace|rate NAME VALUE, or limits fair on|off")
+    if args.kind == "fair":
+        if args.name not in ("on", "off"):
+            raise UserError("limits fair takes on or off")
+        await store.set_queue_setting(pool, "fair_workspaces", args.name == "on")
+    elif args.kind == "type":
+        await store.set_type_limit(pool, args.name, _count(args.value))
+    elif args.kind == "workspace":
+
+        await store.set_workspace_limit(pool, parse_uuid(args.name, "workspace"), _count(args.value))
+    else:
+        rate = _rate(args.value)
+        await store.set_rate_limit(pool, args.name, *(rate or (None, None)))
+    return await show(pool)
+
+
+async def show(pool: asyncpg.Pool) -> int:
+    rows = await store.list_limits(pool)
+    print(f"{'KIND':<10} {'NAME':<38} {'LIMIT':<18} {'RUNNING':>7}  PAUSED UNTIL")
+    for r in rows:
+        running = "" if r["running"] is None else str(r["running"])
+        paused = "" if r["paused_until"] is None else f"{r['paused_until']:%Y-%m-%d %H:%M:%S %Z}"
+        print(f"{r['kind']:<10} {r['name']:<38} {r['limit_text']:<18} {running:>7}  {paused}")
+    return 0
+
+
+def _count(text: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    if not text.isdigit():
+        raise UserError(f"limit {text!r} must be a whole number or none")
+    return int(text)
+
+
+def _rate(text: str) -> tuple[int, float] | None:
+    if text.lower() == "none":
+        return None
+    count, _, window = text.partition("/")
+    if not count.isdigit() or int(count) < 1 or not window:
+        raise UserError(f"rate {text!r} must look like 20/1m (calls per duration) or none")
+    per_s = parse_duration_s(window)
+    if per_s <= 0:
+        raise UserError(f"rate {text!r}: the duration must be positive")
+    return int(count), per_s

@@ -1,0 +1,63 @@
+"""What every command starts with: the database it names, opened and checked, and its ids parsed."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from uuid import UUID
+
+import asyncpg
+
+from sidelinja_worker.queue import migrate
+from sidelinja_worker.queue.db import (
+    DB_ERRORS,
+    Database,
+    connect,
+    create_pool,
+    resolve_database,
+    say,
+)
+from sidelinja_worker.queue.errors import UserError
+
+START_ATTEMPTS = 4  # a connection lost while starting is tried again, ~0.7 s in all
+
+
+
+@asynccontextmanager
+async def opened(args: argparse.Namespace, *, pool_size: int = 2,
+                 must_be_migrated: bool = True) -> AsyncIterator[tuple[Database, asyncpg.Pool]]:
+    """The database named by the arguments, announced in one line, migrated if embedded."""
+    db = resolve_database(args.database_url, args.data_dir)
+    say(f"sidelinja-worker: {db.describe()}")
+    for attempt in range(START_ATTEMPTS):
+        conn = await connect(db.url, timeout=10)  # unreachable: a UserError, at once
+        try:
+            if db.embedded:
+                await migrate.apply_all(conn)
+            elif must_be_migrated:
+                await migrate.require_migrated(conn)
+            break
+        except DB_ERRORS:  # the connection was lost during the check: connect again
+            if attempt == START_ATTEMPTS - 1:
+                raise
+            await asyncio.sleep(0.1 * 2 ** attempt)
+        finally:
+            try:
+                await conn.close()
+            except DB_ERRORS:
+                conn.terminate()
+    pool = await create_pool(db.url, max_size=pool_size)
+    try:
+        yield db, pool
+    finally:
+        await pool.close()
+
+
+
+def parse_uuid(text: str, what: str) -> UUID:
+    try:
+        return UUID(text)
+    except ValueError:
+        raise UserError(f"{what} {text!r} is not a UUID") from None

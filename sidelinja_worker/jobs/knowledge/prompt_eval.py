@@ -1,0 +1,230 @@
+"""`prompt_eval`, the prompt lab: a prompt and a test set, run case x model through the gateway
+with bounded concurrency, each answer scored; per-case results and a per-model summary stored
+in `prompt_eval_runs` / `prompt_eval_results`.
+
+A case the gateway refuses (a 4xx for that model or input) is recorded as failed and the job
+goes on; a transient fault (timeout, 5xx, 429) is an outage and retries the whole job. The judge
+model comes from the payload or `ai.prompt_eval.judge_model` in the workspace settings."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from sidelinja_worker.jobs.knowledge import store as knowledge_store
+from sidelinja_worker.jobs.knowledge.prompt_eval_scoring import (
+    Check,
+    JudgeCheck,
+    Score,
+    score,
+)
+from sidelinja_worker.jobs.knowledge.store import EvalRow
+from sidelinja_worker.queue.priorities import default_priority
+from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.errors import PermanentError
+from sidelinja_worker.queue.registry import JobType
+from sidelinja_worker.services.ai_gateway import AiGateway, Usage
+
+PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+MAX_OUTPUT_CHARS = 20_000  # stored per result; a runaway answer must not bloat the table
+T = TypeVar("T")
+
+
+class Case(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str = Field(min_length=1, max_length=200)
+    inputs: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    expect: list[Check] = Field(default_factory=list, max_length=20)
+
+
+class EvalPayload(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    prompt: str = Field(min_length=1, description="the user message; {{name}} takes a case input")
+    system: str | None = Field(default=None, min_length=1)
+    cases: list[Case] = Field(min_length=1, max_length=1000)
+    models: list[str] = Field(min_length=1, max_length=20)
+    max_concurrency: int = Field(default=4, ge=1, le=32)
+    temperature: float | None = Field(default=0.0, ge=0, le=2)
+    max_tokens: int | None = Field(default=None, ge=1)
+    judge_model: str | None = Field(default=None, min_length=1)
+    ref: str | None = Field(default=None, min_length=1, max_length=500)
+
+    @model_validator(mode="after")
+    def _check(self) -> EvalPayload:
+        ids = [c.id for c in self.cases]
+        if len(set(ids)) != len(ids):
+            raise ValueError("case ids must be unique")
+        if len(set(self.models)) != len(self.models):
+            raise ValueError("models must be unique")
+        for case in self.cases:
+            missing = set(PLACEHOLDER.findall(self.prompt)) - set(case.inputs)
+            if missing:
+                raise ValueError(f"case {case.id!r} has no input {sorted(missing)[0]!r}")
+        return self
+
+
+class Verdict(BaseModel):
+    passed: bool
+    reason: str
+
+
+JUDGE_PROMPT = (
+    "You grade an answer produced by a language model against the given criteria. Judge only "
+    "whether the answer meets the criteria; be strict. Give a one-sentence reason."
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    row: EvalRow
+    judge_usage: Usage
+
+
+def render(prompt: str, inputs: dict[str, Any]) -> str:
+    return PLACEHOLDER.sub(lambda m: str(inputs[m.group(1)]), prompt)
+
+
+def chat_body(payload: EvalPayload, case: Case, model: str) -> dict[str, Any]:
+    messages = [{"role": "system", "content": payload.system}] if payload.system else []
+    messages.append({"role": "user", "content": render(payload.prompt, case.inputs)})
+    body: dict[str, Any] = {"model": model, "messages": messages}
+    if payload.temperature is not None:
+        body["temperature"] = payload.temperature
+    if payload.max_tokens is not None:
+        body["max_tokens"] = payload.max_tokens
+    return body
+
+
+class Lab:
+    """One job's run: the gateway, the concurrency bound, the judge and the progress count."""
+
+    def __init__(self, ctx: JobContext, payload: EvalPayload, judge_model: str | None) -> None:
+        self.ctx = ctx
+        self.payload = payload
+        self.judge_model = judge_model
+        self.gateway = AiGateway.from_services(ctx.services)
+        self.slots = asyncio.Semaphore(payload.max_concurrency)
+        self.total = len(payload.cases) * len(payload.models)
+        self.done = 0
+        self.report_every = max(1, self.total // 50)
+
+    async def run_case(self, case: Case, model: str) -> Outcome:
+        async with self.slots:
+            outcome = await self._run_case(case, model)
+        self.done += 1
+        if self.done % self.report_every == 0 or self.done == self.total:
+            await self.ctx.progress(f"Prompt-lab: {self.done}/{self.total} svar",
+                                    5 + 90 * self.done / self.total)
+        return outcome
+
+    async def _run_case(self, case: Case, model: str) -> Outcome:
+        started = time.monotonic()
+        try:
+            content, usage = await self.gateway.chat(chat_body(self.payload, case, model))
+        except PermanentError as exc:  # this model or input is refused; the others go on
+            return Outcome(EvalRow(model, case.id, False, None, str(exc), [], None, 0, 0), Usage())
+        latency_ms = round((time.monotonic() - started) * 1000)
+        output = content or ""
+        scores = [score(c, output) for c in case.expect if not isinstance(c, JudgeCheck)]
+        judge_usage = Usage()
+        for check in (c for c in case.expect if isinstance(c, JudgeCheck)):
+            verdict, used = await self.judge(case, output, check)
+            scores.append(verdict)
+            judge_usage += used
+        passed = bool(content) and all(s.passed for s in scores)
+        row = EvalRow(model, case.id, passed, output[:MAX_OUTPUT_CHARS], None,
+                      [s.as_json() for s in scores], latency_ms, usage.prompt_tokens,
+                      usage.completion_tokens)
+        return Outcome(row, judge_usage)
+
+    async def judge(self, case: Case, output: str, check: JudgeCheck) -> tuple[Score, Usage]:
+        assert self.judge_model is not None
+        asked = render(self.payload.prompt, case.inputs)
+        text = f"Criteria:\n{check.criteria}\n\nQuestion:\n{asked}\n\nAnswer to grade:\n{output}"
+        try:
+            got = await self.gateway.structured(self.judge_model, [
+                {"role": "system", "content": JUDGE_PROMPT}, {"role": "user", "content": text}], Verdict)
+        except PermanentError as exc:
+            return Score("judge", False, f"judge failed: {exc}"), Usage()
+        return Score("judge", got.value.passed, got.value.reason), got.usage
+
+
+async def gather_bounded(tasks: Sequence[Awaitable[T]]) -> list[T]:
+    """All results in order; the first failure cancels the rest and is raised as itself (an
+    outage retries the job, rather than surfacing as an ExceptionGroup)."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            running: list[asyncio.Task[T]] = [
+                group.create_task(t) for t in tasks]  # type: ignore[arg-type]
+    except BaseExceptionGroup as exc:
+        raise exc.exceptions[0] from None
+    return [t.result() for t in running]
+
+
+def summarize(models: Sequence[str], outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for model in models:
+        rows = [o.row for o in outcomes if o.row.model == model]
+        latencies = sorted(r.latency_ms for r in rows if r.latency_ms is not None)
+        passed = sum(r.passed for r in rows)
+        summary[model] = {
+            "cases": len(rows), "passed": passed, "failed": len(rows) - passed,
+            "errors": sum(r.error is not None for r in rows),
+            "pass_rate": round(passed / len(rows), 4) if rows else 0.0,
+            "latency_ms_mean": round(sum(latencies) / len(latencies)) if latencies else None,
+            "latency_ms_p50": latencies[len(latencies) // 2] if latencies else None,
+            "latency_ms_max": latencies[-1] if latencies else None,
+            "prompt_tokens": sum(r.prompt_tokens for r in rows),
+            "completion_tokens": sum(r.completion_tokens for r in rows),
+        }
+    return summary
+
+
+async def resolve_judge(ctx: JobContext, payload: EvalPayload) -> str | None:
+    settings = (await ctx.workspace_settings()).get("ai") or {}
+    configured = (settings.get("prompt_eval") or {}).get("judge_model")
+    judge = payload.judge_model or (configured if isinstance(configured, str) and configured else None)
+    if judge is None and any(isinstance(c, JudgeCheck) for case in payload.cases for c in case.expect):
+        raise PermanentError("a case has a judge check but no judge model is configured "
+                             "(payload judge_model or workspace setting ai.prompt_eval.judge_model)")
+    return judge
+
+
+async def run(ctx: JobContext, payload: EvalPayload) -> dict[str, Any]:
+    lab = Lab(ctx, payload, await resolve_judge(ctx, payload))
+    await ctx.progress(f"Prompt-lab: {lab.total} svar å hente…", 2)
+    outcomes = await gather_bounded([lab.run_case(case, model) for model in payload.models
+                                     for case in payload.cases])
+    errors = [o.row.error for o in outcomes if o.row.error]
+    if len(errors) == len(outcomes):  # nothing answered: a bad key or no credits, not a test result
+        raise PermanentError(f"every case failed: {errors[0]}")
+    summary = summarize(payload.models, outcomes)
+    judge_usage = sum((o.judge_usage for o in outcomes), Usage())
+    ref = payload.ref or f"job:{ctx.job_id}"
+    run_id = await knowledge_store.save_eval_run(
+        ctx.services.pool, ctx.workspace_id, ref, ctx.job_id, payload.prompt, payload.models,
+        {"models": summary, "judge_model": lab.judge_model}, [o.row for o in outcomes])
+    return {"run_id": str(run_id), "ref": ref, "summary": summary, "judge_model": lab.judge_model,
+            "judge_usage": {"prompt_tokens": judge_usage.prompt_tokens,
+                            "completion_tokens": judge_usage.completion_tokens,
+                            "calls": judge_usage.calls}}
+
+
+JOB_TYPE = JobType(
+    name="prompt_eval",
+    handler=run,
+    payload_model=EvalPayload,
+    default_priority=default_priority("prompt_eval"),
+    timeout_s=3600,
+    description="prompt + test set x models -> scored answers, latency and tokens per model "
+                "{prompt, cases: [{id, inputs, expect}], models, max_concurrency?, judge_model?, ref?}",
+    needs_settings=("AI_GATEWAY_URL", "AI_GATEWAY_KEY"),
+)

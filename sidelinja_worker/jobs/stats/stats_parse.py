@@ -1,0 +1,237 @@
+"""`stats_parse`: Caddy access logs -> daily podcast downloads (IAB rules), then the next run.
+
+Workspace settings, under `settings["stats"]` (all optional): `interval` ("1h"), `url_prefix`
+("/"), `media_dir` ("", under MEDIA_ROOT), `episodes` ({path: id}), `hosts` ([])."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import pickle
+import sys
+from collections.abc import Callable
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+import zstandard
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sidelinja_worker.queue.priorities import default_priority
+from sidelinja_worker.jobs.stats import store as stats_store
+from sidelinja_worker.jobs.stats.counting import AUDIO_EXTENSIONS, EpisodeRules
+from sidelinja_worker.jobs.stats.geo import country_lookup
+from sidelinja_worker.jobs.stats.logfiles import LogFile, discover, fingerprint
+from sidelinja_worker.jobs.stats.media import threshold_bytes
+from sidelinja_worker.jobs.stats.parse import FileTask, ParseResult
+from sidelinja_worker.jobs.stats.store import FileSave, ListenRow
+from sidelinja_worker.queue.client import NewJob
+from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.durations import parse_duration_s
+from sidelinja_worker.queue.errors import PermanentError, RetryJob, UserError
+from sidelinja_worker.queue.registry import JobType, describe_validation_error
+
+# A concurrent run that committed first makes this one re-read from its offsets; a few rounds.
+COMMIT_ROUNDS = 3
+MIN_INTERVAL_S = 60.0
+_GLOB = set("*?[")
+
+
+class StatsParsePayload(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    logs: str = Field(min_length=1, description="log folder, live log file or glob, under MEDIA_ROOT")
+    schedule: bool = Field(default=True, description="enqueue the next run after this one")
+
+
+class StatsSettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    interval: str | float = "1h"
+    url_prefix: str = "/"
+    media_dir: str = ""
+    episodes: dict[str, str] | None = None
+    hosts: list[str] = Field(default_factory=list)
+
+    def rules(self) -> EpisodeRules:
+        return EpisodeRules(self.url_prefix, AUDIO_EXTENSIONS, self.episodes, tuple(self.hosts))
+
+    def interval_s(self) -> float:
+        try:
+            seconds = parse_duration_s(str(self.interval))
+        except UserError as exc:
+            raise PermanentError(f"settings stats.interval: {exc}") from None
+        return max(seconds, MIN_INTERVAL_S)
+
+
+async def run(ctx: JobContext, payload: StatsParsePayload) -> dict[str, Any]:
+    media_root = Path(ctx.services.config.require("MEDIA_ROOT")).resolve()
+    settings = _settings(await ctx.workspace_settings())
+    logs = resolve_logs(media_root, payload.logs)
+    summary = await _parse_and_commit(ctx, logs, settings, media_root)
+    if payload.schedule:
+        summary["next_run"] = _schedule_next(ctx, payload, settings.interval_s()).isoformat()
+    return summary
+
+
+def _settings(workspace: dict[str, Any]) -> StatsSettings:
+    try:
+        return StatsSettings.model_validate(workspace.get("stats") or {})
+    except ValidationError as exc:
+        raise PermanentError(f"workspace settings stats: {describe_validation_error(exc)}") from None
+
+
+def resolve_logs(media_root: Path, logs: str) -> list[LogFile]:
+    """The payload's log files; a path outside MEDIA_ROOT or naming nothing is permanent."""
+    parts = Path(logs).parts
+    cut = next((i for i, p in enumerate(parts) if _GLOB & set(p)), len(parts))
+    base = (media_root / Path(*parts[:cut])).resolve() if cut else media_root
+    if not base.is_relative_to(media_root):
+        raise PermanentError(f"logs {logs!r} is outside MEDIA_ROOT")
+    if not base.exists():
+        raise PermanentError(f"logs {logs!r} not found under MEDIA_ROOT")
+    pattern = str(Path(*parts[cut:])) if cut < len(parts) else None
+    files = [f for f in discover(base, pattern) if f.path.resolve().is_relative_to(media_root)]
+    if not files:
+        raise PermanentError(f"logs {logs!r}: no log files found")
+    return files
+
+
+async def _parse_and_commit(ctx: JobContext, logs: list[LogFile], settings: StatsSettings,
+                            media_root: Path) -> dict[str, Any]:
+    pool, ws = ctx.services.pool, ctx.workspace_id
+    for _ in range(COMMIT_ROUNDS):
+        prints = await asyncio.to_thread(_fingerprints, logs)
+        states = await stats_store.file_states(pool, ws, list(prints.values()))
+        tasks, saves = plan(logs, prints, states)
+        await ctx.progress(f"reading {len(tasks)} of {len(prints)} log files", None)
+        result = await parse_in_child(tasks, settings.rules())
+        thresholds = await asyncio.to_thread(_thresholds, result, media_root, settings)
+        listens = await _listen_rows(pool, ws, result, ctx.services.config.get("GEOIP_DB"))
+        async with pool.acquire() as conn:
+            added = await stats_store.commit_run(
+                conn, ws, {t.fingerprint: t.start for t in tasks},
+                saves + [FileSave(f.fingerprint, f.name, f.offset, f.complete) for f in result.files],
+                listens, thresholds, datetime.now(UTC).date())
+        if added is not None:
+            return {"files": len(prints), "files_read": len(tasks), "lines": result.lines,
+                    "bad_lines": result.bad_lines, "requests_counted": result.counted_requests,
+                    "new_downloads": added, "file_errors": result.errors}
+    raise RetryJob("other stats_parse runs kept committing the same logs; trying again later")
+
+
+def _fingerprints(logs: list[LogFile]) -> dict[LogFile, str]:
+    found = {}
+    for log in logs:
+        try:
+            fp = fingerprint(log.path)
+        except FileNotFoundError:
+            continue  # rotated or removed since it was listed; its text is read under its new name
+        except (OSError, EOFError, zstandard.ZstdError):
+            continue  # unreadable or not yet fully compressed: its source file is still there
+        if fp is not None:
+            found[log] = fp
+    return found
+
+
+def plan(logs: list[LogFile], prints: dict[LogFile, str],
+         states: dict[str, stats_store.FileState]) -> tuple[list[FileTask], list[FileSave]]:
+    """What to read from where; files already read to the end are only touched (kept known).
+    Two names with one fingerprint (the live file and its fresh rotation) are read once."""
+    tasks: list[FileTask] = []
+    saves: list[FileSave] = []
+    seen: set[str] = set()
+    for log in logs:
+        fp = prints.get(log)
+        if fp is None or fp in seen:
+            continue
+        seen.add(fp)
+        state = states.get(fp)
+        if state is not None and state.complete:
+            saves.append(FileSave(fp, log.path.name, state.read_offset, True))
+        else:
+            tasks.append(FileTask(log.path, log.rotated, fp, state.read_offset if state else 0))
+    return tasks, saves
+
+
+async def parse_in_child(tasks: list[FileTask], rules: EpisodeRules) -> ParseResult:
+    """The CPU-bound parse in a child process, killed if this job is cancelled or times out."""
+    if not tasks:
+        return ParseResult()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sidelinja_worker.jobs.stats.child", stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await proc.communicate(pickle.dumps((tasks, rules)))
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    if proc.returncode != 0:
+        raise RetryJob(f"log parser exited with {proc.returncode}: {err.decode(errors='replace')[-300:]}")
+    # Our own child's output; a big log's result takes ~0.5 s to unpickle, which must not
+    # stall the other jobs on the event loop.
+    result = await asyncio.to_thread(pickle.loads, out)
+    if isinstance(result, tuple):
+        raise PermanentError(f"reading the logs failed: {result[1]}")
+    return result
+
+
+def _thresholds(result: ParseResult, media_root: Path, settings: StatsSettings) -> dict[str, int | None]:
+    episodes = {key[1] for key in result.listens}
+    return {ep: threshold_bytes(_media_file(media_root, settings, result.paths.get(ep)),
+                                result.sizes.get(ep)) for ep in episodes}
+
+
+def _media_file(media_root: Path, settings: StatsSettings, url_path: str | None) -> Path | None:
+    if url_path is None or not url_path.startswith(settings.url_prefix):
+        return None
+    path = (media_root / settings.media_dir / url_path[len(settings.url_prefix):].lstrip("/")).resolve()
+    return path if path.is_relative_to(media_root) else None
+
+
+async def _listen_rows(pool: Any, workspace_id: Any, result: ParseResult,
+                       geoip_db: str | None) -> list[ListenRow]:
+    """The run's listeners with the address and agent replaced by a keyed hash under the day's
+    salt: the raw IP never leaves this process's memory."""
+    days = {key[0] for key in result.listens}
+    salts = await stats_store.salts(pool, workspace_id, [date.fromordinal(_EPOCH + d) for d in days])
+    return await asyncio.to_thread(_hash_rows, result, salts, country_lookup(geoip_db))
+
+
+_EPOCH = date(1970, 1, 1).toordinal()
+
+
+def _hash_rows(result: ParseResult, salts: dict[date, bytes],
+               country: Callable[[str], str]) -> list[ListenRow]:
+    rows = []
+    for (day_n, episode, ip, agent), listen in result.listens.items():
+        day = date.fromordinal(_EPOCH + day_n)
+        key = hashlib.blake2b(f"{ip}\n{agent}".encode(), digest_size=16, key=salts[day]).digest()
+        rows.append(ListenRow(day, episode, key, result.families.get(agent, ""), country(ip),
+                              listen.bytes, listen.whole))
+    return rows
+
+
+def _schedule_next(ctx: JobContext, payload: StatsParsePayload, interval_s: float) -> datetime:
+    """Enqueues the next run at the next interval boundary, under a key naming the workspace,
+    the logs and that time: every run that ends in the same interval schedules the same job,
+    and the unique index keeps one."""
+    now_s = datetime.now(UTC).timestamp()
+    next_time = datetime.fromtimestamp((now_s // interval_s + 1) * interval_s, UTC)
+    logs_id = hashlib.sha256(payload.logs.encode()).hexdigest()[:12]
+    ctx.enqueue_on_success(NewJob(
+        ctx.workspace_id, "stats_parse", payload.model_dump(), scheduled_for=next_time,
+        unique_key=f"stats_parse:{ctx.workspace_id}:{logs_id}:{next_time:%Y-%m-%dT%H:%M}"))
+    return next_time
+
+
+JOB_TYPE = JobType(
+    name="stats_parse",
+    handler=run,
+    payload_model=StatsParsePayload,
+    default_priority=default_priority("stats_parse"),
+    timeout_s=3600,
+    description="Caddy access logs -> daily podcast downloads (IAB rules); {logs, schedule}",
+    needs_settings=("MEDIA_ROOT",),
+)

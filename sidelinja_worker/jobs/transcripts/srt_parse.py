@@ -1,0 +1,101 @@
+"""`srt_parse`: an SRT (under MEDIA_ROOT or in Forgejo) -> the workspace's transcript tables."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from sidelinja_worker.jobs.media_paths import resolve_media_path
+from sidelinja_worker.queue.priorities import default_priority
+from sidelinja_worker.jobs.transcripts import store as transcripts_store
+from sidelinja_worker.jobs.transcripts.subtitles import SrtError, parse_srt
+from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.errors import PermanentError
+from sidelinja_worker.queue.registry import JobType
+from sidelinja_worker.services.forgejo import Forgejo, RepoFile, check_repo_path
+
+# Ten hours of speech is about 1.5 MB of SRT; anything far beyond is not a transcript.
+MAX_SRT_BYTES = 20 * 1024 * 1024
+
+
+class ForgejoSource(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    owner: str = Field(min_length=1, max_length=100)
+    repo: str = Field(min_length=1, max_length=100)
+    path: Annotated[str, Field(min_length=1, max_length=500), AfterValidator(check_repo_path)]
+    ref: str | None = Field(default=None, min_length=1, max_length=250)  # branch, tag or commit
+
+
+class SrtParsePayload(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    transcript_ref: str = Field(min_length=1, max_length=200)
+    srt_path: str | None = Field(default=None, min_length=1, max_length=1000)  # under MEDIA_ROOT
+    forgejo: ForgejoSource | None = None
+    language: str | None = Field(default=None, pattern=r"^[a-z]{2,3}$")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SrtParsePayload:
+        if (self.srt_path is None) == (self.forgejo is None):
+            raise ValueError("give exactly one of srt_path or forgejo")
+        return self
+
+
+async def run_srt_parse(ctx: JobContext, payload: SrtParsePayload) -> Any:
+    raw, source = await _load(ctx, payload)
+    try:
+        transcript = parse_srt(_decode(raw))
+    except SrtError as exc:
+        raise PermanentError(str(exc)) from None
+    await ctx.progress("Lagrer transkripsjonen…", 80)
+    await transcripts_store.replace_transcript(
+        ctx.services.pool, ctx.workspace_id, payload.transcript_ref, transcript,
+        language=payload.language, source=source, job_id=ctx.job_id)
+    return {"transcript_ref": payload.transcript_ref, "segments": len(transcript.segments),
+            "duration_ms": transcript.duration_ms, "characters": len(transcript.plain_text),
+            "source": source}
+
+
+async def _load(ctx: JobContext, payload: SrtParsePayload) -> tuple[bytes, dict[str, Any]]:
+    """The SRT's bytes and a description of where they came from (stored with the transcript)."""
+    config = ctx.services.config
+    if payload.srt_path is not None:
+        path = resolve_media_path(config.require("MEDIA_ROOT"), payload.srt_path)
+        if path.stat().st_size > MAX_SRT_BYTES:
+            raise PermanentError(f"{payload.srt_path!r} is over {MAX_SRT_BYTES} bytes: not an SRT")
+        return await asyncio.to_thread(path.read_bytes), {"path": payload.srt_path}
+    src = payload.forgejo
+    assert src is not None  # the model guarantees one source
+    forgejo = Forgejo.from_config(ctx.services.http, config)
+    state = await forgejo.read(RepoFile(src.owner, src.repo, src.path, src.ref))
+    if state is None:
+        where = f"{src.owner}/{src.repo}/{src.path}" + (f" at {src.ref}" if src.ref else "")
+        raise PermanentError(f"Forgejo has no file {where}")
+    return state.content, {"forgejo": {**src.model_dump(), "sha": state.sha}}
+
+
+def _decode(raw: bytes) -> str:
+    """UTF-8 (a BOM is fine); else Windows-1252, which older Norwegian subtitle tools write."""
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        pass
+    try:
+        return raw.decode("cp1252")
+    except UnicodeDecodeError as exc:
+        raise PermanentError(f"the SRT is neither UTF-8 nor Windows-1252 "
+                             f"(byte {exc.start})") from None
+
+
+JOB_TYPE = JobType(
+    name="srt_parse",
+    handler=run_srt_parse,
+    payload_model=SrtParsePayload,
+    default_priority=default_priority("srt_parse"),
+    timeout_s=300,
+    description="SRT -> transcript (segments, plain text, WebVTT) in the workspace; "
+                "{transcript_ref, srt_path | forgejo: {owner, repo, path, ref}, language}",
+)

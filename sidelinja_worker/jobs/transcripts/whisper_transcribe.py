@@ -1,0 +1,119 @@
+"""`whisper_transcribe`: audio file -> SRT (whisper) -> commit to Forgejo -> `srt_parse` queued."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from sidelinja_worker.jobs.media_paths import resolve_media_path
+from sidelinja_worker.queue.priorities import default_priority
+from sidelinja_worker.jobs.transcripts.governor import Route, choose_whisper
+from sidelinja_worker.jobs.transcripts.subtitles import SrtError, Transcript, parse_srt
+from sidelinja_worker.queue.client import NewJob
+from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.errors import PermanentError
+from sidelinja_worker.queue.registry import JobType
+from sidelinja_worker.services import whisper
+from sidelinja_worker.services.forgejo import Commit, Forgejo, RepoFile, check_repo_path
+
+log = logging.getLogger("sidelinja_worker.job")
+
+
+class ForgejoTarget(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    owner: str = Field(min_length=1, max_length=100)
+    repo: str = Field(min_length=1, max_length=100)
+    path: Annotated[str, Field(min_length=1, max_length=500), AfterValidator(check_repo_path)]
+    branch: str | None = Field(default=None, min_length=1, max_length=250)  # None: default branch
+
+
+class WhisperTranscribePayload(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    audio_path: str = Field(min_length=1, max_length=1000)  # relative to MEDIA_ROOT
+    transcript_ref: str = Field(min_length=1, max_length=200)
+    language: str = Field(default="no", pattern=r"^[a-z]{2,3}$")  # whisper codes: no, nn, en
+    forgejo: ForgejoTarget
+    model: str | None = Field(default=None, min_length=1)  # None: WHISPER_MODEL
+
+
+async def run_whisper_transcribe(ctx: JobContext, payload: WhisperTranscribePayload) -> Any:
+    config = ctx.services.config
+    audio = resolve_media_path(config.require("MEDIA_ROOT"), payload.audio_path)
+    route = await choose_whisper(ctx.services.http, config)
+    log.info("job %s whisper_transcribe: %s", ctx.job_id, route.reason)
+    model = payload.model or config.get("WHISPER_MODEL") or whisper.DEFAULT_MODEL
+    request = whisper.TranscribeRequest(audio, model, payload.language)
+    srt_text = await _transcribe(ctx, route, request)
+    transcript = _checked(srt_text)
+    await ctx.progress("Lagrer transkripsjonen i Forgejo…", 85)
+    commit = await _commit(ctx, payload, srt_text, model)
+    follow_up = _srt_parse_payload(payload, commit)
+    ctx.enqueue_on_success(NewJob(ctx.workspace_id, "srt_parse", follow_up))
+    return {
+        "transcript_ref": payload.transcript_ref, "audio_path": payload.audio_path,
+        "language": payload.language, "model": model, "governor": route.record(),
+        "segments": len(transcript.segments), "duration_ms": transcript.duration_ms,
+        "srt_bytes": len(srt_text.encode()),
+        "forgejo": {**payload.forgejo.model_dump(), "action": commit.action,
+                    "blob_sha": commit.blob_sha, "commit_sha": commit.commit_sha},
+    }
+
+
+async def _transcribe(ctx: JobContext, route: Route, req: whisper.TranscribeRequest) -> str:
+    """Upload (progress 5-30 %), then wait for the whole transcription (30 %)."""
+    await ctx.progress("Laster opp lydfilen…", 5)
+    reported = [0]
+
+    async def on_upload(sent: int, total: int) -> None:
+        step = 10 * sent // max(total, 1)  # one report per tenth, not per chunk
+        if sent >= total:
+            await ctx.progress("Venter på transkripsjonen…", 30)
+        elif step > reported[0]:
+            reported[0] = step
+            await ctx.progress(f"Laster opp lydfilen… {10 * step} %", 5 + 2.5 * step)
+
+    api_key = ctx.services.config.get("WHISPER_API_KEY")
+    server = whisper.WhisperServer(route.url, ctx.services.config.secret("WHISPER_API_KEY")
+                                   if api_key else None)
+    return await whisper.transcribe_srt(ctx.services.http, server, req, on_upload)
+
+
+def _checked(srt_text: str) -> Transcript:
+    try:
+        return parse_srt(srt_text)
+    except SrtError as exc:
+        raise PermanentError(f"whisper answered 200 but not with valid SRT: {exc}") from None
+
+
+async def _commit(ctx: JobContext, payload: WhisperTranscribePayload, srt_text: str,
+                  model: str) -> Commit:
+    forgejo = Forgejo.from_config(ctx.services.http, ctx.services.config)
+    target = payload.forgejo
+    file = RepoFile(target.owner, target.repo, target.path, target.branch)
+    message = f"Transcript {payload.transcript_ref} (whisper {model}, language {payload.language})"
+    return await forgejo.write(file, srt_text.encode(), message)
+
+
+def _srt_parse_payload(payload: WhisperTranscribePayload, commit: Commit) -> dict[str, Any]:
+    """Pinned to the commit just made, so the parse reads exactly this SRT even if the branch
+    moves on before it runs."""
+    target = payload.forgejo
+    return {"transcript_ref": payload.transcript_ref, "language": payload.language,
+            "forgejo": {"owner": target.owner, "repo": target.repo, "path": target.path,
+                        "ref": commit.commit_sha or target.branch}}
+
+
+JOB_TYPE = JobType(
+    name="whisper_transcribe",
+    handler=run_whisper_transcribe,
+    payload_model=WhisperTranscribePayload,
+    default_priority=default_priority("whisper_transcribe"),
+    timeout_s=4 * 3600,  # above whisper's 3 h read timeout, so that one reports first
+    description="audio file -> SRT (whisper) committed to Forgejo, then srt_parse; "
+                "{audio_path, transcript_ref, language, forgejo: {owner, repo, path, branch}}",
+    needs_settings=("WHISPER_URL", "MEDIA_ROOT", "FORGEJO_URL", "FORGEJO_TOKEN"),
+)

@@ -1,0 +1,129 @@
+"""Enqueue jobs on the caller's connection, so a job commits or rolls back with the caller's
+transaction. One round trip for any number of jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from sidelinja_worker.queue.priorities import default_priority
+from sidelinja_worker.queue import store
+from sidelinja_worker.queue.ids import uuid7s
+
+SMALLINT_MAX = 32767
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A job to enqueue. Give at most one of `scheduled_for` (an aware datetime) or `delay_s`.
+    `priority=None` takes the job type's default (DESIGN.md §5). A `unique_key` held by another
+    pending, retry or running job makes this job that one (dedupe)."""
+
+    workspace_id: UUID | str
+    job_type: str
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    priority: int | None = None
+    scheduled_for: datetime | None = None
+    delay_s: float | None = None
+    max_attempts: int = 3
+    unique_key: str | None = None
+    timeout_s: int | None = None
+
+    def checked(self) -> NewJob:
+        """Self, or a ValueError saying what is wrong; nothing reaches the database half-valid."""
+        if not isinstance(self.payload, Mapping):
+            raise ValueError(f"payload must be a JSON object (a mapping), got {type(self.payload).__name__}")
+        if not self.job_type or not isinstance(self.job_type, str):
+            raise ValueError("job_type must be a non-empty string")
+        if self.scheduled_for is not None and self.delay_s is not None:
+            raise ValueError("give scheduled_for or delay_s, not both")
+        if self.scheduled_for is not None and self.scheduled_for.tzinfo is None:
+            raise ValueError("scheduled_for must be timezone-aware")
+        if not 1 <= self.max_attempts <= SMALLINT_MAX:
+            raise ValueError(f"max_attempts must be 1..{SMALLINT_MAX}")
+        if self.priority is not None and not -SMALLINT_MAX <= self.priority <= SMALLINT_MAX:
+            raise ValueError(f"priority must fit a SMALLINT (±{SMALLINT_MAX})")
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        return self
+
+
+async def enqueue_many(conn: store.Conn, jobs: Sequence[NewJob]) -> list[UUID]:
+    """Enqueues `jobs` and returns their ids in the same order. A job whose unique key is held
+    gets the holder's id instead of a new row."""
+    if not jobs:
+        return []
+    checked = [job.checked() for job in jobs]
+    ids = uuid7s(len(checked))
+    rows = store.EnqueueRows(
+        ids=ids,
+        workspace_ids=[_uuid(j.workspace_id) for j in checked],
+        job_types=[j.job_type for j in checked],
+        payloads=[j.payload if type(j.payload) is dict else dict(j.payload) for j in checked],
+        priorities=[default_priority(j.job_type) if j.priority is None else j.priority
+                    for j in checked],
+        scheduled_for=[j.scheduled_for for j in checked],
+        delays_s=[j.delay_s for j in checked],
+        max_attempts=[j.max_attempts for j in checked],
+        unique_keys=[j.unique_key for j in checked],
+        timeouts_s=[j.timeout_s for j in checked],
+    )
+    if _copyable(checked):
+        await store.copy_jobs(conn, rows, with_schedule=checked[0].scheduled_for is not None)
+        return ids
+    inserted = await store.enqueue(conn, rows)
+    if len(inserted) == len(ids):
+        return ids
+    return await _resolve_duplicates(conn, checked, ids, inserted)
+
+
+COPY_MIN_JOBS = 64  # below this a single INSERT is as quick and one round trip fewer
+
+
+def _copyable(jobs: Sequence[NewJob]) -> bool:
+    """Big batches without dedupe keys or delays (and all or none scheduled) go by COPY,
+    about twice as fast as the INSERT ... SELECT FROM unnest it replaces."""
+    if len(jobs) < COPY_MIN_JOBS:
+        return False
+    scheduled = jobs[0].scheduled_for is not None
+    return all(j.unique_key is None and j.delay_s is None
+               and (j.scheduled_for is not None) == scheduled for j in jobs)
+
+
+async def enqueue(conn: store.Conn, workspace_id: UUID | str, job_type: str,
+                  payload: Mapping[str, Any] | None = None, **options: Any) -> UUID:
+    """Enqueues one job; `options` are NewJob's optional fields."""
+    job = NewJob(workspace_id=workspace_id, job_type=job_type, payload=payload or {}, **options)
+    return (await enqueue_many(conn, [job]))[0]
+
+
+async def _resolve_duplicates(conn: store.Conn, jobs: Sequence[NewJob], ids: list[UUID],
+                              inserted: set[UUID]) -> list[UUID]:
+    """Maps each job that was not inserted to the job holding its unique key. If the holder
+    finished between our insert and this look-up, the job is enqueued again."""
+    result = list(ids)
+    missing = [i for i, job_id in enumerate(ids) if job_id not in inserted]
+    holders = await store.find_by_unique_keys(conn, [jobs[i].unique_key or "" for i in missing])
+    again = []
+    for i in missing:
+        holder = holders.get(jobs[i].unique_key or "")
+        if holder is None:
+            again.append(i)
+        else:
+            result[i] = holder
+    if again:
+        for i, job_id in zip(again, await enqueue_many(conn, [jobs[i] for i in again]), strict=True):
+            result[i] = job_id
+    return result
+
+
+def _uuid(value: UUID | str) -> UUID:
+    if isinstance(value, UUID):
+        return value
+    try:
+        return UUID(str(value))
+    except ValueError:
+        raise ValueError(f"workspace_id {value!r} is not a UUID") from None

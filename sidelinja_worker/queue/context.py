@@ -1,0 +1,84 @@
+"""What a handler gets: its job's identity and the process's shared resources, typed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import httpx
+
+from sidelinja_worker.queue import store
+from sidelinja_worker.queue.client import NewJob
+from sidelinja_worker.queue.config import ServiceConfig
+from sidelinja_worker.queue.db import DB_ERRORS
+from sidelinja_worker.queue.limits import RateLimiter
+
+log = logging.getLogger("sidelinja_worker.job")
+
+
+class Services:
+    """Process-wide resources shared by every handler. Outbound HTTP goes through the one
+    `http` client; each service client sets its own timeouts per request. The client is made
+    on first use: a worker that only runs local jobs never pays for TLS set-up."""
+
+    def __init__(self, pool: asyncpg.Pool, http: httpx.AsyncClient | None, config: ServiceConfig,
+                 limiter: RateLimiter) -> None:
+        self.pool = pool
+        self.config = config
+        self.limiter = limiter
+        self._http = http
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0))
+        return self._http
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+
+
+@dataclass
+class JobContext:
+    job_id: UUID
+    workspace_id: UUID
+    job_type: str
+    attempt: int
+    max_attempts: int
+    services: Services
+    worker_id: UUID
+    # Jobs to enqueue in the same transaction that marks this job completed (and only then).
+    follow_ups: list[NewJob] = field(default_factory=list)
+    # Made on the first report: most jobs never report, and a context is made per job.
+    _progress_lock: asyncio.Lock | None = field(default=None, repr=False, compare=False)
+
+    def enqueue_on_success(self, job: NewJob) -> None:
+        """`job` is enqueued atomically with this job's completion: if this job fails, is
+        retried or its outcome is lost, it is not enqueued (no duplicates on re-runs)."""
+        self.follow_ups.append(job.checked())
+
+    async def workspace_settings(self) -> dict[str, Any]:
+        """`workspaces.settings` of this job's workspace (prompts, name lists, limits)."""
+        return await store.workspace_settings(self.services.pool, self.workspace_id)
+
+    async def progress(self, message: str, percent: float | None = None) -> None:
+        """Reports progress ("Transkriberer…", 40 %): stored on the job and published on the
+        `sidelinja_job_events` channel. A lost report never fails the job.
+
+        One job's reports are written one at a time, in the order they were made: concurrent
+        parts of a job (prompt_eval's cases) each report, and on separate pool connections a
+        later report could commit first and leave an older one stored (seen: "5/6" left
+        after "6/6")."""
+        if self._progress_lock is None:
+            self._progress_lock = asyncio.Lock()
+        async with self._progress_lock:  # FIFO: waiters acquire in the order they came
+            try:
+                await store.report_progress(self.services.pool, self.job_id, self.worker_id,
+                                            message, percent)
+            except DB_ERRORS as exc:
+                log.warning("job %s: progress not recorded (%s)", self.job_id, exc)

@@ -1,0 +1,148 @@
+"""Connections: which database, and asyncpg pools set up the way every query here expects."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeAlias
+from urllib.parse import urlsplit
+
+import asyncpg
+import orjson
+
+from sidelinja_worker.queue.embedded import default_data_dir, start_embedded
+from sidelinja_worker.queue.errors import UserError
+
+# What runs a query: a connection, or a pool that lends one for the call.
+Conn: TypeAlias = asyncpg.Connection | asyncpg.Pool
+
+# What a lost, restarted or overloaded database looks like to asyncpg: worth retrying. A SQL
+# error (a bug) is not in here and stops the program loudly. InternalClientError shows up when a
+# connection is cut in the middle of a protocol exchange.
+DB_ERRORS: tuple[type[BaseException], ...] = (
+    OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.InternalClientError,
+    asyncpg.exceptions.PostgresConnectionError, asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError, asyncpg.exceptions.TransactionRollbackError,
+)
+
+# jit off: the claim's cost estimate on a big table can cross jit_above_cost, and compiling
+# costs more milliseconds than the whole claim. The application name shows us in pg_stat_activity.
+SERVER_SETTINGS = {"jit": "off", "application_name": "sidelinja-worker"}
+
+
+@dataclass(frozen=True)
+class Database:
+    url: str
+    embedded: bool
+
+    def describe(self) -> str:
+        if self.embedded:
+            host = dict(p.split("=", 1) for p in urlsplit(self.url).query.split("&") if "=" in p)
+            return f"using the embedded PostgreSQL in {Path(host.get('host', '?')).parent}"
+        return f"using the database at {redact(self.url)}"
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return parts._replace(netloc=netloc).geturl()
+
+
+def resolve_database(url: str | None, data_dir: str | None) -> Database:
+    """`url` (from --database-url or DATABASE_URL) if given; else the embedded server."""
+    if url:
+        return Database(url=url, embedded=False)
+    folder = Path(data_dir) if data_dir else default_data_dir()
+    return Database(url=start_embedded(folder), embedded=True)
+
+
+async def init_connection(conn: asyncpg.Connection) -> None:
+    """JSON through orjson, in jsonb's binary format (a version byte, then the text)."""
+    await conn.set_type_codec(
+        "jsonb", schema="pg_catalog", format="binary",
+        encoder=_encode_jsonb, decoder=_decode_jsonb,
+    )
+
+
+class RawJson(bytes):
+    """JSON already encoded (the executor encodes a result once, to catch a result that is not
+    JSON while the job can still fail cleanly); the codec passes it through."""
+
+
+def _encode_jsonb(value: Any) -> bytes:
+    if type(value) is RawJson:
+        return b"\x01" + value
+    return b"\x01" + orjson.dumps(value)
+
+
+def _decode_jsonb(data: bytes) -> Any:
+    return orjson.loads(data[1:])
+
+
+async def connect(url: str, **kwargs: Any) -> asyncpg.Connection:
+    try:
+        conn = await asyncpg.connect(url, server_settings=SERVER_SETTINGS, **kwargs)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise UserError(f"cannot connect to the database at {redact(url)}: {_one_line(exc)}") from None
+    await init_connection(conn)
+    return conn
+
+
+# For the queue's own hot statements (claim, completion), whose plans do not depend on their
+# parameters' values: left to choose, PostgreSQL kept re-planning the fair claim on every call
+# (2-3 ms of planning for a 1 ms claim); its generic plan uses the same indexes (see
+# bench/results/claim_plan_1m.txt).
+GENERIC_PLANS = {"plan_cache_mode": "force_generic_plan"}
+
+
+async def create_pool(url: str, *, min_size: int = 1, max_size: int = 4, generic_plans: bool = False,
+                      prepare: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
+                      ) -> asyncpg.Pool:
+    """A pool whose connections speak JSON through orjson; `prepare` runs on each new one
+    after that. Connections above `min_size` close after asyncpg's 300 s of idleness."""
+    async def init(conn: asyncpg.Connection) -> None:
+        await init_connection(conn)
+        if prepare is not None:
+            await prepare(conn)
+
+    try:
+        pool = await asyncpg.create_pool(
+            url, min_size=min_size, max_size=max_size, init=init,
+            server_settings={**SERVER_SETTINGS, **GENERIC_PLANS} if generic_plans else SERVER_SETTINGS,
+            reset=_reset_on_release,
+        )
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise UserError(f"cannot connect to the database at {redact(url)}: {_one_line(exc)}") from None
+    assert pool is not None
+    return pool
+
+
+async def _reset_on_release(conn: asyncpg.Connection) -> None:
+    """What a connection needs when it goes back to the pool: nothing, as a rule. Every piece of
+    session state this program sets is transaction-scoped (SET LOCAL, xact advisory locks) and
+    LISTEN has a connection of its own, so asyncpg's default reset (advisory unlock, CLOSE ALL,
+    UNLISTEN *, RESET ALL) was one wasted round trip after every claim and every outcome
+    write: 8.6-9.1k -> 11-13k noop jobs/s at concurrency 50 in the benchmark. A transaction
+    left open by an error is still rolled back."""
+    if conn.is_in_transaction():
+        await conn.execute("ROLLBACK")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def env_database_url() -> str | None:
+    return os.environ.get("DATABASE_URL") or None
+
+
+def say(line: str) -> None:
+    """One line to stderr: the program's remarks stay out of stdout, which scripts read."""
+    print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,129 @@
+"""Worker metrics in Prometheus format (`run --metrics-port`): in-process counters and
+histograms fed by one-line hooks, and queue gauges read from the database at scrape time."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from bisect import bisect_left
+from collections.abc import Iterator
+from itertools import accumulate
+
+import asyncpg
+from prometheus_client import REGISTRY, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sidelinja_worker.queue import store
+from sidelinja_worker.queue.db import DB_ERRORS
+
+log = logging.getLogger("sidelinja_worker.metrics")
+
+RUN_BOUNDS_S = (0.001, 0.01, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0, 3600.0)
+PICKUP_BOUNDS_S = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0)
+JOBS = Gauge("sidelinja_jobs", "Jobs in the queue by status and type", ["status", "job_type"])
+OLDEST_DUE = Gauge("sidelinja_oldest_due_job_age_seconds", "Age of the oldest due waiting job")
+
+
+class _TypeStats:
+    """Plain numbers per job type. The hooks run on the event loop and so does the scrape, so no
+    lock is needed; prometheus_client's own Histogram.observe costs 2-5 µs, these well under 1."""
+
+    __slots__ = ("completed", "failed", "pickup_counts", "pickup_sum", "run_counts", "run_sum")
+
+    def __init__(self) -> None:
+        self.completed = self.failed = 0
+        self.run_sum = self.pickup_sum = 0.0
+        self.run_counts = [0] * (len(RUN_BOUNDS_S) + 1)
+        self.pickup_counts = [0] * (len(PICKUP_BOUNDS_S) + 1)
+
+
+_STATS: dict[str, _TypeStats] = {}
+
+
+def _stats(job_type: str) -> _TypeStats:
+    stats = _STATS.get(job_type)
+    if stats is None:
+        stats = _STATS[job_type] = _TypeStats()
+    return stats
+
+
+def completed(job_type: str, run_s: float) -> None:
+    """Hook: a handler returned after `run_s` seconds."""
+    stats = _STATS.get(job_type) or _stats(job_type)
+    stats.completed += 1
+    stats.run_sum += run_s
+    stats.run_counts[bisect_left(RUN_BOUNDS_S, run_s)] += 1
+
+
+def failed(job_type: str) -> None:
+    """Hook: an attempt failed (to be retried or for good)."""
+    (_STATS.get(job_type) or _stats(job_type)).failed += 1
+
+
+def picked_up(job_type: str, waited_s: float) -> None:
+    """Hook: a job was claimed `waited_s` after it became due."""
+    stats = _STATS.get(job_type) or _stats(job_type)
+    stats.pickup_sum += waited_s
+    stats.pickup_counts[bisect_left(PICKUP_BOUNDS_S, waited_s)] += 1
+
+
+def _buckets(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:
+    cumulative = list(accumulate(counts))
+    return [(str(b), float(c)) for b, c in zip(bounds, cumulative, strict=False)] + [
+        ("+Inf", float(cumulative[-1]))]
+
+
+class _WorkerCollector(Collector):
+    def collect(self) -> Iterator[Metric]:
+        processed = CounterMetricFamily("sidelinja_jobs_processed", "Attempts finished here",
+                                        labels=["job_type", "outcome"])
+        run = HistogramMetricFamily("sidelinja_job_run_seconds", "Handler run time",
+                                    labels=["job_type"])
+        pickup = HistogramMetricFamily("sidelinja_job_pickup_latency_seconds",
+                                       "From due (scheduled_for) to claimed", labels=["job_type"])
+        for job_type, s in sorted(_STATS.items()):
+            processed.add_metric([job_type, "completed"], s.completed)
+            processed.add_metric([job_type, "failed"], s.failed)
+            run.add_metric([job_type], _buckets(RUN_BOUNDS_S, s.run_counts), s.run_sum)
+            pickup.add_metric([job_type], _buckets(PICKUP_BOUNDS_S, s.pickup_counts),
+                              s.pickup_sum)
+        yield from (processed, run, pickup)
+
+
+REGISTRY.register(_WorkerCollector())
+
+
+async def _refresh_gauges(pool: asyncpg.Pool) -> None:
+    """Runs as the worker's own role: the worker's metrics cover every workspace."""
+    async with pool.acquire() as conn:
+        rows = await store.counts(conn)
+        oldest = await store.oldest_due_s(conn)
+    JOBS.clear()
+    for row in rows:
+        JOBS.labels(row["status"], row["job_type"]).set(row["n"])
+    OLDEST_DUE.set(oldest)
+
+
+async def serve(pool: asyncpg.Pool, port: int, host: str = "0.0.0.0") -> asyncio.Server:
+    """A minimal HTTP server on the worker's own loop: any GET answers with the metrics."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            try:
+                await asyncio.wait_for(_refresh_gauges(pool), 5)
+            except (*DB_ERRORS, asyncpg.PostgresError) as exc:  # stale gauges beat none
+                log.warning("metrics: queue gauges not refreshed (%s)", exc)
+            body = generate_latest(REGISTRY)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                         b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+            await writer.drain()
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, host, port)
+    log.info("metrics on http://%s:%d/metrics", host, port)
+    return server

@@ -1,0 +1,82 @@
+"""Applies and records the numbered schema migrations shipped in sql/migrations/."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+import asyncpg
+
+from sidelinja_worker.queue.errors import UserError
+
+# Any 64-bit number unique to us; two `migrate` runs at once serialise on it.
+_LOCK_KEY = 0x5349_444C_494E_4A41  # "SIDLINJA"
+_FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
+_TABLE = "sidelinja_schema_migrations"
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def shipped_migrations() -> list[Migration]:
+    folder = resources.files("sidelinja_worker.queue").joinpath("sql/migrations")
+    found = []
+    for entry in folder.iterdir():
+        match = _FILE.match(entry.name)
+        if match:
+            found.append(Migration(int(match[1]), match[2], entry.read_text("utf-8")))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise RuntimeError(f"two migrations share a number: {versions}")
+    return found
+
+
+async def applied_versions(conn: asyncpg.Connection) -> set[int]:
+    exists = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", _TABLE)
+    if not exists:
+        return set()
+    return {r[0] for r in await conn.fetch(f"SELECT version FROM {_TABLE}")}
+
+
+async def pending(conn: asyncpg.Connection) -> list[Migration]:
+    done = await applied_versions(conn)
+    return [m for m in shipped_migrations() if m.version not in done]
+
+
+async def apply_all(conn: asyncpg.Connection) -> list[Migration]:
+    """Applies what is pending, each migration in its own transaction, under an advisory lock so
+    that concurrent runs apply each migration once. Returns what this call applied."""
+    await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
+    try:
+        await conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {_TABLE} ("
+            " version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+            " applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        )
+        applied = []
+        for migration in await pending(conn):
+            async with conn.transaction():
+                await conn.execute(migration.sql)
+                await conn.execute(f"INSERT INTO {_TABLE} (version, name) VALUES ($1, $2)",
+                                   migration.version, migration.name)
+            applied.append(migration)
+        return applied
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
+
+
+async def require_migrated(conn: asyncpg.Connection) -> None:
+    """Raises a UserError naming the first pending migration, if any."""
+    missing = await pending(conn)
+    if missing:
+        first = missing[0]
+        raise UserError(
+            f"the database is not migrated ({len(missing)} pending, first "
+            f"{first.version:04d}_{first.name}): run `sidelinja-worker migrate`"
+        )

@@ -1,0 +1,151 @@
+"""Buffers job outcomes and writes them in batches: one statement per kind of outcome.
+
+A flush starts as soon as an outcome arrives and no flush is running, so a lone job is written
+at once and a busy worker writes hundreds per statement. If the database is away, outcomes stay
+buffered and the flush is retried with backoff. A crash before a flush loses no job: it is still
+`running` under this worker's lease, is rescued and runs again (at-least-once)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from uuid import UUID
+
+import asyncpg
+
+from sidelinja_worker.queue import store
+from sidelinja_worker.queue.client import NewJob, enqueue_many
+from sidelinja_worker.queue.db import DB_ERRORS, RawJson
+from sidelinja_worker.queue.store import Failure, Release
+
+log = logging.getLogger("sidelinja_worker.outcomes")
+
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 5.0
+
+
+class OutcomeWriter:
+    def __init__(self, pool: asyncpg.Pool, worker_id: UUID) -> None:
+        self.worker_id = worker_id
+        self._pool = pool
+        self._done: list[tuple[UUID, RawJson]] = []
+        self._follow_ups: dict[UUID, list[NewJob]] = {}
+        self._failed: list[Failure] = []
+        self._released: list[Release] = []
+        self._cancelled: list[UUID] = []
+        self._inflight: set[UUID] = set()
+        self._arrived = asyncio.Event()
+        self._empty = asyncio.Event()
+        self._empty.set()
+
+    def use_pool(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    def completed(self, job_id: UUID, result: RawJson, follow_ups: list[NewJob] | None = None) -> None:
+        done = self._done
+        done.append((job_id, result))
+        if follow_ups:
+            self._follow_ups[job_id] = follow_ups
+        if len(done) == 1:  # a flush takes the whole list, so only the first needs the signal
+            self._note()
+
+    def failed(self, failure: Failure) -> None:
+        self._failed.append(failure)
+        self._note()
+
+    def released(self, release: Release) -> None:
+        self._released.append(release)
+        self._note()
+
+    def cancelled(self, job_id: UUID) -> None:
+        self._cancelled.append(job_id)
+        self._note()
+
+    def _note(self) -> None:
+        self._empty.clear()
+        self._arrived.set()
+
+    async def _complete(self, conn: asyncpg.Connection, done: list[tuple[UUID, RawJson]]) -> None:
+        """Completions; a job's follow-up jobs commit in the same transaction, and only for the
+        jobs this statement really completed (not one rescued from us meanwhile)."""
+        if not self._follow_ups or not any(job_id in self._follow_ups for job_id, _ in done):
+            await store.complete_quietly(conn, self.worker_id, done)
+            return
+        async with conn.transaction():
+            completed = await store.complete(conn, self.worker_id, done)
+            jobs = [job for job_id in completed for job in self._follow_ups.get(job_id, ())]
+            if jobs:
+                await enqueue_many(conn, jobs)
+        for job_id, _ in done:
+            self._follow_ups.pop(job_id, None)
+
+    def discard(self) -> None:
+        """Forget buffered outcomes: their jobs were rescued from us and may run elsewhere."""
+        self._done, self._failed, self._released, self._cancelled = [], [], [], []
+        self._follow_ups.clear()
+        self._empty.set()
+
+    def owned_ids(self) -> set[UUID]:
+        """Jobs whose outcome is buffered or being written: finished here, not yet in the table."""
+        owned = {d[0] for d in self._done} | {f.job_id for f in self._failed}
+        owned |= {r.job_id for r in self._released} | set(self._cancelled) | self._inflight
+        return owned
+
+    def pending(self) -> int:
+        return len(self._done) + len(self._failed) + len(self._released) + len(self._cancelled)
+
+    async def run(self) -> None:
+        """Flushes until cancelled; cancel it only after `drain`."""
+        delay = RETRY_FIRST_S
+        while True:
+            await self._arrived.wait()
+            self._arrived.clear()
+            try:
+                await self._flush()
+                delay = RETRY_FIRST_S
+            except DB_ERRORS as exc:
+                log.warning("writing %d job outcomes failed (%s); retrying in %.2fs",
+                            self.pending(), exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                self._arrived.set()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Waits until every buffered outcome is written; False if that took over timeout_s."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._empty.wait()
+            return True
+        except TimeoutError:
+            return False
+
+    async def _flush(self) -> None:
+        done, self._done = self._done, []
+        failed, self._failed = self._failed, []
+        released, self._released = self._released, []
+        cancelled, self._cancelled = self._cancelled, []
+        self._inflight = ({d[0] for d in done} | {f.job_id for f in failed}
+                          | {r.job_id for r in released} | set(cancelled))
+        try:
+            async with self._pool.acquire() as conn:
+                if done:
+                    await self._complete(conn, done)
+                    done = []
+                if failed:
+                    await store.fail(conn, self.worker_id, failed)
+                    failed = []
+                if released:
+                    await store.release(conn, self.worker_id, released)
+                    released = []
+                if cancelled:
+                    await store.mark_cancelled(conn, self.worker_id, cancelled)
+                    cancelled = []
+        finally:
+            self._inflight = set()
+            # What was not written goes back to the front of the buffers for the next try.
+            self._done[:0] = done
+            self._failed[:0] = failed
+            self._released[:0] = released
+            self._cancelled[:0] = cancelled
+            if not self.pending():
+                self._empty.set()

@@ -1,0 +1,20 @@
+"""Loads a package's named-block SQL file into statements, once, at import."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+def load(package: str, file_name: str = "queries.sql") -> dict[str, str]:
+    """The `-- name: x` blocks of `file_name` inside `package`, by name. Each layer and each job
+    domain keeps its SQL beside its code: `load(__package__)` in its store module."""
+    text = resources.files(package).joinpath(file_name).read_text("utf-8")
+    pieces = _NAME.split(text)
+    # pieces = [preamble, name1, body1, name2, body2, ...]
+    return {name: body.strip() for name, body in zip(pieces[1::2], pieces[2::2], strict=True)}
+
+
+QUERIES: dict[str, str] = load("sidelinja_worker.queue", "sql/queries.sql")

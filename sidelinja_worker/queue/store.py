@@ -1,0 +1,277 @@
+"""One typed async function per named query in sql/queries.sql; the only module that runs SQL
+at run time (migrate.py runs the schema files)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from sidelinja_worker.queue.db import Conn
+from sidelinja_worker.queue.jobs import ClaimedJob
+from sidelinja_worker.queue.queries import QUERIES as Q
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    job_id: UUID
+    kind: str          # "transient" | "permanent" | "timeout" | "invalid_payload" | ...
+    message: str
+    permanent: bool
+    delay_s: float     # before the retry; ignored when the job ends in error
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    job_id: UUID
+    run_at: datetime | None  # None: due at once
+    reason: str | None = None  # a deferral's reason, recorded in `progress`
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueRows:
+    """Column arrays for the `enqueue` statement, one entry per job."""
+
+    ids: list[UUID]
+    workspace_ids: list[UUID]
+    job_types: list[str]
+    payloads: list[Any]
+    priorities: list[int]
+    scheduled_for: list[datetime | None]
+    delays_s: list[float | None]
+    max_attempts: list[int]
+    unique_keys: list[str | None]
+    timeouts_s: list[int | None]
+
+
+async def claim(conn: Conn, worker_id: UUID, limit: int,
+                job_types: Sequence[str] | None) -> list[ClaimedJob]:
+    rows = await conn.fetch(Q["claim"], worker_id, limit, job_types)
+    return [ClaimedJob(*r) for r in rows]
+
+
+async def claim_with_limits(conn: asyncpg.Connection, worker_id: UUID, limit: int,
+                            job_types: Sequence[str], fair: bool, capped: bool) -> list[ClaimedJob]:
+    """The fair and/or capped claim; with `capped`, under the cluster-wide claim lock."""
+    if capped:
+        async with conn.transaction():
+            await conn.execute(Q["lock_limited_claims"])
+            rows = await conn.fetch(Q["claim_fair"], worker_id, limit, list(job_types), fair)
+    else:
+        rows = await conn.fetch(Q["claim_fair"], worker_id, limit, list(job_types), fair)
+    return [ClaimedJob(*r) for r in rows]
+
+
+NIL_WORKER = UUID(int=0)
+
+# The same statement without its RETURNING clause, for the common batch with no follow-up
+# jobs: nothing to send back and decode.
+COMPLETE_QUIET = Q["complete"].rsplit("RETURNING", 1)[0]
+
+
+async def prepare_hot_path(conn: asyncpg.Connection, job_types: Sequence[str]) -> None:
+    """Runs the claims and the completion once, touching no row, so a new connection has them
+    prepared (asyncpg's statement cache) and planned (generic plans) before its first real
+    use. Left to that first use, it cost the job it carried ~5 ms of parse and planning: the
+    slowest pickup of the benchmark's 200 when the claim pool's second connection first
+    claimed. No worker has the nil id, so the claims take nothing; limit 0 besides."""
+    await conn.fetch(Q["claim"], NIL_WORKER, 0, list(job_types))
+    await conn.fetch(Q["claim_fair"], NIL_WORKER, 0, list(job_types), True)
+    await conn.execute(COMPLETE_QUIET, [], [], NIL_WORKER)
+
+
+async def complete(conn: Conn, worker_id: UUID, done: Sequence[tuple[UUID, Any]]) -> set[UUID]:
+    """Marks the jobs completed; returns those that were still ours to complete."""
+    rows = await conn.fetch(Q["complete"], [d[0] for d in done], [d[1] for d in done], worker_id)
+    return {r[0] for r in rows}
+
+
+async def complete_quietly(conn: Conn, worker_id: UUID, done: Sequence[tuple[UUID, Any]]) -> None:
+    """`complete`, not saying which jobs were still ours."""
+    await conn.execute(COMPLETE_QUIET, [d[0] for d in done], [d[1] for d in done], worker_id)
+
+
+async def fail(conn: Conn, worker_id: UUID, failures: Sequence[Failure]) -> None:
+    await conn.execute(
+        Q["fail"], [f.job_id for f in failures], [f.kind for f in failures],
+        [f.message for f in failures], [f.permanent for f in failures],
+        [f.delay_s for f in failures], worker_id,
+    )
+
+
+async def release(conn: Conn, worker_id: UUID, releases: Sequence[Release]) -> None:
+    await conn.execute(Q["release"], [r.job_id for r in releases],
+                       [r.run_at for r in releases], [r.reason for r in releases], worker_id)
+
+
+async def mark_cancelled(conn: Conn, worker_id: UUID, job_ids: Sequence[UUID]) -> None:
+    await conn.execute(Q["cancelled"], list(job_ids), worker_id)
+
+
+async def enqueue(conn: Conn, rows: EnqueueRows) -> set[UUID]:
+    """Inserts the rows; returns the ids actually inserted (a duplicate unique key is not)."""
+    inserted = await conn.fetch(
+        Q["enqueue"], rows.ids, rows.workspace_ids, rows.job_types, rows.payloads,
+        rows.priorities, rows.scheduled_for, rows.delays_s, rows.max_attempts,
+        rows.unique_keys, rows.timeouts_s,
+    )
+    return {r[0] for r in inserted}
+
+
+async def copy_jobs(conn: Conn, rows: EnqueueRows, with_schedule: bool) -> None:
+    """Binary COPY of jobs without unique keys or delays: the fastest bulk path. Defaults (and
+    `scheduled_for` unless `with_schedule`) come from the table; the insert trigger still wakes
+    the workers once for the whole COPY."""
+    columns = ["id", "workspace_id", "job_type", "payload", "priority", "max_attempts",
+               "timeout_s"]
+    records: Any = zip(rows.ids, rows.workspace_ids, rows.job_types, rows.payloads,
+                       rows.priorities, rows.max_attempts, rows.timeouts_s, strict=True)
+    if with_schedule:
+        columns.append("scheduled_for")
+        records = ((*r, at) for r, at in zip(records, rows.scheduled_for, strict=True))
+    await conn.copy_records_to_table("job_queue", records=records, columns=columns)
+
+
+async def find_by_unique_keys(conn: Conn, keys: Sequence[str]) -> dict[str, UUID]:
+    rows = await conn.fetch(Q["find_by_unique_keys"], list(keys))
+    return {r[0]: r[1] for r in rows}
+
+
+async def register_worker(conn: Conn, worker_id: UUID, hostname: str, pid: int,
+                          job_types: Sequence[str] | None, lease_s: float) -> None:
+    await conn.execute(Q["register_worker"], worker_id, hostname, pid,
+                       list(job_types) if job_types else None, lease_s)
+
+
+async def heartbeat(conn: Conn, worker_id: UUID, lease_s: float) -> bool:
+    """Renews the lease; False if this worker was declared dead meanwhile."""
+    return await conn.fetchval(Q["heartbeat"], worker_id, lease_s) is not None
+
+
+async def held_jobs(conn: Conn, worker_id: UUID) -> dict[UUID, bool]:
+    """Job id -> cancel requested, for every job the database has running under this worker."""
+    return {r[0]: r[1] for r in await conn.fetch(Q["held_jobs"], worker_id)}
+
+
+async def release_held(conn: Conn, worker_id: UUID) -> list[UUID]:
+    return [r[0] for r in await conn.fetch(Q["release_held"], worker_id)]
+
+
+async def unregister_worker(conn: Conn, worker_id: UUID) -> None:
+    await conn.execute(Q["unregister_worker"], worker_id)
+
+
+async def rescue(conn: Conn, orphan_after_s: float) -> list[UUID]:
+    return [r[0] for r in await conn.fetch(Q["rescue"], orphan_after_s)]
+
+
+async def prune(conn: Conn, completed_after_s: float, error_after_s: float, batch: int) -> int:
+    status = await conn.execute(Q["prune"], completed_after_s, error_after_s, batch)
+    return int(status.split()[-1])
+
+
+async def request_cancel(conn: Conn, job_id: UUID) -> tuple[str | None, str | None]:
+    """(status after, status before); (None, None) when there is no such job."""
+    row = await conn.fetchrow(Q["request_cancel"], job_id)
+    return (row[0], row[1]) if row else (None, None)
+
+
+async def get_job(conn: Conn, job_id: UUID) -> asyncpg.Record | None:
+    return await conn.fetchrow(Q["get_job"], job_id)
+
+
+async def queue_state(conn: Conn, job_types: Sequence[str]) -> tuple[bool, int]:
+    """(any due job of these types, how many of them run cluster-wide)."""
+    row = await conn.fetchrow(Q["queue_state"], list(job_types))
+    assert row is not None
+    return bool(row[0]), int(row[1])
+
+
+async def ensure_workspace(conn: Conn, workspace_id: UUID, name: str) -> None:
+    await conn.execute(Q["ensure_workspace"], workspace_id, name)
+
+
+async def workspace_exists(conn: Conn, workspace_id: UUID) -> bool:
+    return bool(await conn.fetchval(Q["workspace_exists"], workspace_id))
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    type_caps: dict[str, int]
+    workspace_caps: int          # how many workspaces have a cap
+    fair: bool
+    rates: dict[str, dict[str, Any]]
+
+
+async def limits(conn: Conn) -> Limits:
+    row = await conn.fetchrow(Q["limits"])
+    assert row is not None
+    return Limits(dict(row[0]), int(row[1]), bool(row[2]), dict(row[3]))
+
+
+async def rate_acquire(conn: Conn, key: str, margin_s: float) -> tuple[bool, float]:
+    row = await conn.fetchrow(Q["rate_acquire"], key, margin_s)
+    assert row is not None
+    return bool(row[0]), float(row[1])
+
+
+async def rate_pause(conn: Conn, key: str, seconds: float) -> None:
+    await conn.execute(Q["rate_pause"], key, seconds)
+
+
+async def set_type_limit(conn: Conn, job_type: str, max_running: int | None) -> None:
+    if max_running is None:
+        await conn.execute(Q["clear_type_limit"], job_type)
+    else:
+        await conn.execute(Q["set_type_limit"], job_type, max_running)
+
+
+async def set_workspace_limit(conn: Conn, workspace_id: UUID, max_running: int | None) -> None:
+    if max_running is None:
+        await conn.execute(Q["clear_workspace_limit"], workspace_id)
+    else:
+        await conn.execute(Q["set_workspace_limit"], workspace_id, max_running)
+
+
+async def set_rate_limit(conn: Conn, key: str, max_requests: int | None,
+                         per_s: float | None) -> None:
+    if max_requests is None:
+        await conn.execute(Q["clear_rate_limit"], key)
+    else:
+        await conn.execute(Q["set_rate_limit"], key, max_requests, per_s)
+
+
+async def set_queue_setting(conn: Conn, name: str, value: Any) -> None:
+    await conn.execute(Q["set_queue_setting"], name, value)
+
+
+async def list_limits(conn: Conn) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["list_limits"])
+
+
+async def report_progress(conn: Conn, job_id: UUID, worker_id: UUID, message: str,
+                          percent: float | None) -> None:
+    await conn.execute(Q["report_progress"], job_id, worker_id, message, percent)
+
+
+async def workspace_settings(conn: Conn, workspace_id: UUID) -> dict[str, Any]:
+    value = await conn.fetchval(Q["workspace_settings"], workspace_id)
+    return dict(value or {})
+
+
+async def why_facts(conn: Conn, job_id: UUID) -> asyncpg.Record | None:
+    return await conn.fetchrow(Q["why_facts"], job_id)
+
+
+async def counts(conn: Conn) -> list[asyncpg.Record]:
+    """Jobs by status and job type."""
+    return await conn.fetch(Q["counts"])
+
+
+async def oldest_due_s(conn: Conn) -> float:
+    """Seconds the oldest due job has waited (0 with none)."""
+    return float(await conn.fetchval(Q["oldest_due_s"]))
