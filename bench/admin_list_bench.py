@@ -74,7 +74,9 @@ async def fill(url: str, rows: int) -> None:
     conn = await connect(url)
     try:
         await migrate.apply_all(conn)
-        await conn.execute("INSERT INTO workspaces (name) SELECT 'w' || g FROM generate_series(1, 100) g")
+        await conn.execute(
+            "INSERT INTO workspaces (name) SELECT 'w' || g FROM generate_series(1, 100) g"
+        )
         await conn.execute("ALTER TABLE job_queue DISABLE TRIGGER job_queue_insert_events")
         for start in range(1, rows + 1, 100_000):
             await conn.execute(FILL, start, min(start + 99_999, rows))
@@ -107,40 +109,56 @@ async def time_page(pool, scope: Scope, f: JobFilter, depth: int) -> tuple[float
 
 async def list_timings(url: str) -> None:
     # Set up as the admin app sets up its pool (custom plans for the optional filters).
-    pool = await asyncpg.create_pool(url, min_size=1, max_size=2, init=init_connection,
-                                     server_settings={**SERVER_SETTINGS,
-                                                      "plan_cache_mode": "force_custom_plan"})
+    pool = await asyncpg.create_pool(
+        url,
+        min_size=1,
+        max_size=2,
+        init=init_connection,
+        server_settings={**SERVER_SETTINGS, "plan_cache_mode": "force_custom_plan"},
+    )
     ws = await pool.fetchval("SELECT id FROM workspaces WHERE name = 'w1'")
     small_ws = await pool.fetchval("SELECT id FROM workspaces WHERE name = 'small'")
     small = Scope(None, small_ws)
     now = await pool.fetchval("SELECT now()")
     day = {"time_from": now - timedelta(days=3), "time_to": now - timedelta(days=2)}
     everyone, one = Scope(None, None), Scope(None, ws)
-    cases = [("errors, all workspaces (default page)", everyone, JobFilter(status="error")),
-             ("errors, one workspace token", one, JobFilter(status="error", workspace_id=ws)),
-             ("errors of one type, one workspace", one,
-              JobFilter(status="error", job_type="noop", workspace_id=ws)),
-             ("errors of one day, all workspaces", everyone, JobFilter(status="error", **day)),
-             ("retry, all workspaces", everyone, JobFilter(status="retry")),
-             ("cancelled, one workspace token", one,
-              JobFilter(status="cancelled", workspace_id=ws)),
-             ("pending, all workspaces", everyone, JobFilter(status="pending")),
-             ("pending, one workspace token", one, JobFilter(status="pending", workspace_id=ws)),
-             ("running, all workspaces", everyone, JobFilter(status="running")),
-             ("running, one workspace token", one, JobFilter(status="running", workspace_id=ws)),
-             ("completed, all workspaces", everyone, JobFilter(status="completed")),
-             ("completed, one workspace token", one, JobFilter(status="completed", workspace_id=ws)),
-             ("completed of one type and day", everyone,
-              JobFilter(status="completed", job_type="noop", **day)),
-             ("all statuses, all workspaces", everyone, JobFilter()),
-             ("all statuses, one workspace token", one, JobFilter(workspace_id=ws)),
-             ("all statuses of one type, one workspace", one,  # page 21: the bulk enqueue
-              JobFilter(job_type="noop", workspace_id=ws)),
-             ("all statuses of one type and day", everyone, JobFilter(job_type="noop", **day)),
-             ("completed, the 60-job workspace's token", small,
-              JobFilter(status="completed", workspace_id=small_ws)),
-             ("all statuses, the 60-job workspace's token", small,
-              JobFilter(workspace_id=small_ws))]
+    cases = [
+        ("errors, all workspaces (default page)", everyone, JobFilter(status="error")),
+        ("errors, one workspace token", one, JobFilter(status="error", workspace_id=ws)),
+        (
+            "errors of one type, one workspace",
+            one,
+            JobFilter(status="error", job_type="noop", workspace_id=ws),
+        ),
+        ("errors of one day, all workspaces", everyone, JobFilter(status="error", **day)),
+        ("retry, all workspaces", everyone, JobFilter(status="retry")),
+        ("cancelled, one workspace token", one, JobFilter(status="cancelled", workspace_id=ws)),
+        ("pending, all workspaces", everyone, JobFilter(status="pending")),
+        ("pending, one workspace token", one, JobFilter(status="pending", workspace_id=ws)),
+        ("running, all workspaces", everyone, JobFilter(status="running")),
+        ("running, one workspace token", one, JobFilter(status="running", workspace_id=ws)),
+        ("completed, all workspaces", everyone, JobFilter(status="completed")),
+        ("completed, one workspace token", one, JobFilter(status="completed", workspace_id=ws)),
+        (
+            "completed of one type and day",
+            everyone,
+            JobFilter(status="completed", job_type="noop", **day),
+        ),
+        ("all statuses, all workspaces", everyone, JobFilter()),
+        ("all statuses, one workspace token", one, JobFilter(workspace_id=ws)),
+        (
+            "all statuses of one type, one workspace",
+            one,  # page 21: the bulk enqueue
+            JobFilter(job_type="noop", workspace_id=ws),
+        ),
+        ("all statuses of one type and day", everyone, JobFilter(job_type="noop", **day)),
+        (
+            "completed, the 60-job workspace's token",
+            small,
+            JobFilter(status="completed", workspace_id=small_ws),
+        ),
+        ("all statuses, the 60-job workspace's token", small, JobFilter(workspace_id=small_ws)),
+    ]
     for name, scope, f in cases:
         for depth in (0, 20):
             runs = [await time_page(pool, scope, f, depth) for _ in range(5)]
@@ -154,8 +172,9 @@ async def trigger_cost(url: str) -> None:
     the trigger enabled and disabled, and the trigger's own time as EXPLAIN ANALYZE reports it."""
     conn = await connect(url)
     try:
-        ids = await conn.fetchval("SELECT array(SELECT id FROM job_queue WHERE status = 'completed'"
-                                  " LIMIT 20000)")
+        ids = await conn.fetchval(
+            "SELECT array(SELECT id FROM job_queue WHERE status = 'completed' LIMIT 20000)"
+        )
         runs: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
         for _ in range(7):
             for enabled in (True, False):
@@ -165,8 +184,10 @@ async def trigger_cost(url: str) -> None:
     on = statistics.median(t for t, _ in runs[True])
     off = statistics.median(t for t, _ in runs[False])
     trig = statistics.median(t for _, t in runs[True])
-    print(f"  20,000-row status UPDATE: {off:.0f} ms without the trigger, {on:.0f} ms with it; "
-          f"trigger itself {trig:.0f} ms = {trig * 1000 / 20000:.2f} us per row")
+    print(
+        f"  20,000-row status UPDATE: {off:.0f} ms without the trigger, {on:.0f} ms with it; "
+        f"trigger itself {trig:.0f} ms = {trig * 1000 / 20000:.2f} us per row"
+    )
 
 
 async def _explain_update(conn, ids: list, enabled: bool) -> tuple[float, float]:
@@ -175,9 +196,12 @@ async def _explain_update(conn, ids: list, enabled: bool) -> tuple[float, float]
     try:
         if not enabled:
             await conn.execute("ALTER TABLE job_queue DISABLE TRIGGER job_queue_status_events")
-        plan = await conn.fetch("EXPLAIN ANALYZE UPDATE job_queue SET status = 'running',"
-                                " started_at = now(), attempts = attempts + 1"
-                                " WHERE id = ANY($1::uuid[])", ids)
+        plan = await conn.fetch(
+            "EXPLAIN ANALYZE UPDATE job_queue SET status = 'running',"
+            " started_at = now(), attempts = attempts + 1"
+            " WHERE id = ANY($1::uuid[])",
+            ids,
+        )
     finally:
         await tx.rollback()
     text = "\n".join(r[0] for r in plan)
@@ -187,15 +211,17 @@ async def _explain_update(conn, ids: list, enabled: bool) -> tuple[float, float]
 
 
 # The admin list's pending index as migration 0013 makes it, and 0011's shape it replaced.
-PENDING_INDEXES = {"0013 (created_at DESC, id DESC)": "idx_job_queue_admin_pending_by_id",
-                   "0011 (created_at DESC)": "bench_pending_by_time"}
+PENDING_INDEXES = {
+    "0013 (created_at DESC, id DESC)": "idx_job_queue_admin_pending_by_id",
+    "0011 (created_at DESC)": "bench_pending_by_time",
+}
 # A claim (pending -> running) of 20,000 jobs and a completion of the 10,000 running ones.
 UPDATES = {
     "claim": "UPDATE job_queue SET status = 'running', started_at = now(), attempts = attempts + 1,"
-             " worker_id = gen_random_uuid() WHERE id IN (SELECT id FROM job_queue"
-             " WHERE status = 'pending' LIMIT 20000)",
+    " worker_id = gen_random_uuid() WHERE id IN (SELECT id FROM job_queue"
+    " WHERE status = 'pending' LIMIT 20000)",
     "complete": "UPDATE job_queue SET status = 'completed', completed_at = now(), result = '{}'"
-                " WHERE status = 'running'",
+    " WHERE status = 'running'",
 }
 
 
@@ -208,8 +234,10 @@ async def index_cost(url: str) -> None:
     never writes it."""
     conn = await connect(url)
     try:
-        await conn.execute("CREATE INDEX bench_pending_by_time ON job_queue"
-                           " (created_at DESC) WHERE status = 'pending'")
+        await conn.execute(
+            "CREATE INDEX bench_pending_by_time ON job_queue"
+            " (created_at DESC) WHERE status = 'pending'"
+        )
         # Both freshly built: the shipped one, grown by the fill's million inserts, has
         # half-empty pages that a new index has not, and compared 20-30 % dearer for it.
         await conn.execute("REINDEX INDEX idx_job_queue_admin_pending_by_id")
@@ -222,8 +250,10 @@ async def index_cost(url: str) -> None:
                 await conn.execute("VACUUM job_queue")
         for name, results in runs.items():
             wall, cpu = (statistics.median(r[i] for r in results) for i in range(2))
-            print(f"  enqueue 20,000, pending index {name:<32} {wall:4.0f} ms,"
-                  f" backend CPU {cpu:4.0f} ms")
+            print(
+                f"  enqueue 20,000, pending index {name:<32} {wall:4.0f} ms,"
+                f" backend CPU {cpu:4.0f} ms"
+            )
         await conn.execute("DROP INDEX bench_pending_by_time")
         for name, sql in UPDATES.items():
             rows, grew = await _update(conn, sql)
@@ -286,8 +316,9 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
-    parser.add_argument("--reuse", metavar="NAME",
-                        help="time a database kept by --keep instead of filling one")
+    parser.add_argument(
+        "--reuse", metavar="NAME", help="time a database kept by --keep instead of filling one"
+    )
     args = parser.parse_args()
     admin_url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
     if args.reuse:

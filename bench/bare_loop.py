@@ -24,8 +24,10 @@ BATCHES = (200, 1000)
 # job_queue with its one partial index, none of the later migrations' triggers or indexes.
 SEED_SCHEMA = next(m.sql for m in migrate.shipped_migrations() if m.version == 1)
 WORKSPACE = "INSERT INTO workspaces (name) VALUES ('bare loop') RETURNING id"
-FILL = ("INSERT INTO job_queue (workspace_id, job_type, payload)"
-        " SELECT $1, 'noop', '{}' FROM generate_series(1, $2)")
+FILL = (
+    "INSERT INTO job_queue (workspace_id, job_type, payload)"
+    " SELECT $1, 'noop', '{}' FROM generate_series(1, $2)"
+)
 CLAIM = """
 UPDATE job_queue
 SET status = 'running', started_at = now(), attempts = attempts + 1
@@ -43,8 +45,10 @@ SET status = 'completed', result = r.result, completed_at = now()
 FROM unnest($1::uuid[], $2::jsonb[]) AS r(id, result)
 WHERE j.id = r.id
 """
-SPAN = ("SELECT count(*), extract(epoch FROM max(completed_at) - min(started_at))::float8"
-        " FROM job_queue WHERE status = 'completed'")
+SPAN = (
+    "SELECT count(*), extract(epoch FROM max(completed_at) - min(started_at))::float8"
+    " FROM job_queue WHERE status = 'completed'"
+)
 GENERIC_PLANS = {"plan_cache_mode": "force_generic_plan"}
 
 
@@ -79,8 +83,10 @@ async def drain(url: str, n: int, batch: int, server: ServerCpu | None = None) -
             server_before_s = server.seconds() if server else 0.0
             client_before_s = process_seconds()
             await _loop(claimer, completer, batch)
-            cpu = CpuSplit(process_seconds() - client_before_s,
-                           server.seconds() - server_before_s if server else None)
+            cpu = CpuSplit(
+                process_seconds() - client_before_s,
+                server.seconds() - server_before_s if server else None,
+            )
         finally:
             await claimer.close()
             await completer.close()
@@ -97,11 +103,15 @@ async def _loop(claimer: asyncpg.Connection, completer: asyncpg.Connection, batc
     claiming = asyncio.ensure_future(claimer.fetch(CLAIM, batch))
     while rows := await claiming:
         claiming = asyncio.ensure_future(claimer.fetch(CLAIM, batch))
-        results = await asyncio.gather(*(asyncio.create_task(noop(orjson.loads(r[2])))
-                                         for r in rows))
+        results = await asyncio.gather(
+            *(asyncio.create_task(noop(orjson.loads(r[2]))) for r in rows)
+        )
         if writing is not None:
             await writing
-        writing = asyncio.ensure_future(completer.execute(
-            COMPLETE, [r[0] for r in rows], [orjson.dumps(x).decode() for x in results]))
+        writing = asyncio.ensure_future(
+            completer.execute(
+                COMPLETE, [r[0] for r in rows], [orjson.dumps(x).decode() for x in results]
+            )
+        )
     if writing is not None:
         await writing

@@ -21,8 +21,10 @@ LIMIT 1
 FOR UPDATE SKIP LOCKED
 """
 MARK_RUNNING = "UPDATE job_queue SET status = 'running', started_at = now() WHERE id = $1"
-MARK_DONE = ("UPDATE job_queue SET status = 'completed', result = $2::jsonb, completed_at = now()"
-             " WHERE id = $1")
+MARK_DONE = (
+    "UPDATE job_queue SET status = 'completed', result = $2::jsonb, completed_at = now()"
+    " WHERE id = $1"
+)
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,9 @@ class Variant:
     async def claim(self, conn: asyncpg.Connection, worker_id: UUID) -> list[ClaimedJob]:
         if self.fair is None:
             return await store.claim(conn, worker_id, CLAIM_LIMIT, JOB_TYPES)
-        return await store.claim_with_limits(conn, worker_id, CLAIM_LIMIT, JOB_TYPES,
-                                             fair=self.fair, capped=False)
+        return await store.claim_with_limits(
+            conn, worker_id, CLAIM_LIMIT, JOB_TYPES, fair=self.fair, capped=False
+        )
 
     def params(self, worker_id: UUID) -> tuple[object, ...]:
         base = (worker_id, CLAIM_LIMIT, JOB_TYPES)
@@ -73,8 +74,9 @@ async def fill(conn: asyncpg.Connection, workspace_ids: list[UUID], n: int, stat
     await conn.execute("VACUUM ANALYZE job_queue")
 
 
-async def time_claims(conn: asyncpg.Connection, worker_id: UUID, variant: Variant,
-                      label: str) -> ClaimTiming:
+async def time_claims(
+    conn: asyncpg.Connection, worker_id: UUID, variant: Variant, label: str
+) -> ClaimTiming:
     samples = []
     for i in range(WARM_UP + SAMPLES):
         tx = conn.transaction()
@@ -86,8 +88,9 @@ async def time_claims(conn: asyncpg.Connection, worker_id: UUID, variant: Varian
         finally:
             await tx.rollback()
         if len(claimed) != CLAIM_LIMIT:
-            raise RuntimeError(f"{variant.name} claim returned {len(claimed)} jobs, "
-                               f"expected {CLAIM_LIMIT}")
+            raise RuntimeError(
+                f"{variant.name} claim returned {len(claimed)} jobs, expected {CLAIM_LIMIT}"
+            )
         if i >= WARM_UP:
             samples.append(elapsed_ms)
     deciles = statistics.quantiles(samples, n=10)
@@ -98,8 +101,9 @@ async def time_all(conn: asyncpg.Connection, worker_id: UUID, label: str) -> lis
     return [await time_claims(conn, worker_id, v, label) for v in VARIANTS]
 
 
-async def explain(conn: asyncpg.Connection, worker_id: UUID, variant: Variant,
-                  generic: bool) -> str:
+async def explain(
+    conn: asyncpg.Connection, worker_id: UUID, variant: Variant, generic: bool
+) -> str:
     """EXPLAIN (ANALYZE, BUFFERS) of the claim, rolled back; `generic` forces the plan that a
     prepared statement gets after five runs, which is the one the worker's pool uses."""
     tx = conn.transaction()
@@ -107,16 +111,20 @@ async def explain(conn: asyncpg.Connection, worker_id: UUID, variant: Variant,
     try:
         if generic:
             await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) " + QUERIES[variant.query],
-                                *variant.params(worker_id))
+        rows = await conn.fetch(
+            "EXPLAIN (ANALYZE, BUFFERS) " + QUERIES[variant.query], *variant.params(worker_id)
+        )
     finally:
         await tx.rollback()
     return "\n".join(r[0] for r in rows)
 
 
 def plan_summary(plan: str) -> str:
-    indexes = [name for name in ("idx_job_queue_pending", "idx_job_queue_workspace_pending",
-                                 "job_queue_pkey") if name in plan]
+    indexes = [
+        name
+        for name in ("idx_job_queue_pending", "idx_job_queue_workspace_pending", "job_queue_pkey")
+        if name in plan
+    ]
     seq = "Seq Scan on job_queue" in plan
     return f"{', '.join(indexes) or 'no index'}{'; SEQ SCAN of job_queue' if seq else ''}"
 
@@ -129,16 +137,19 @@ async def write_plans(conn: asyncpg.Connection, worker_id: UUID, plan_file: Path
         for generic in (False, True):
             plan = await explain(conn, worker_id, variant, generic)
             kind = "generic plan (a reused prepared statement)" if generic else "custom plan"
-            sections.append(f"-- {variant.name} claim ({variant.query}) of {CLAIM_LIMIT}, "
-                            f"1M pending, {kind}\n{plan}\n")
+            sections.append(
+                f"-- {variant.name} claim ({variant.query}) of {CLAIM_LIMIT}, "
+                f"1M pending, {kind}\n{plan}\n"
+            )
             if generic:
                 summary.append(f"{variant.name}: {plan_summary(plan)}")
     plan_file.write_text("\n".join(sections))
     return "; ".join(summary)
 
 
-async def measure(conn: asyncpg.Connection, workspace_id: UUID,
-                  plan_file: Path) -> tuple[list[ClaimTiming], str]:
+async def measure(
+    conn: asyncpg.Connection, workspace_id: UUID, plan_file: Path
+) -> tuple[list[ClaimTiming], str]:
     """The table shapes, smallest first; returns every timing and the plan summary. The last
     three are the fair claim's hard cases: 10k pending jobs spread over 100 workspaces, each of
     which it must look at, 10k pending in one of 10,000 workspaces, where it must not look at
@@ -158,16 +169,24 @@ async def measure(conn: asyncpg.Connection, workspace_id: UUID,
     timings += await time_all(conn, worker_id, "1M pending")
     plans = await write_plans(conn, worker_id, plan_file)
     await conn.execute("TRUNCATE job_queue")
-    others = [r[0] for r in await conn.fetch(
-        "INSERT INTO workspaces (name) SELECT 'bench ' || g FROM generate_series(1, 99) g"
-        " RETURNING id")]
+    others = [
+        r[0]
+        for r in await conn.fetch(
+            "INSERT INTO workspaces (name) SELECT 'bench ' || g FROM generate_series(1, 99) g"
+            " RETURNING id"
+        )
+    ]
     await fill(conn, [workspace_id, *others], SMALL, "pending")
     timings += await time_all(conn, worker_id, "10k pending, 100 workspaces")
     await conn.execute("TRUNCATE job_queue")
     # A platform of many workspaces, one busy: the idle ones must cost the fair claim nothing.
-    others += [r[0] for r in await conn.fetch(
-        "INSERT INTO workspaces (name) SELECT 'bench idle ' || g FROM generate_series(1, 9900) g"
-        " RETURNING id")]
+    others += [
+        r[0]
+        for r in await conn.fetch(
+            "INSERT INTO workspaces (name) SELECT 'bench idle ' || g FROM generate_series(1, 9900) g"
+            " RETURNING id"
+        )
+    ]
     await fill(conn, [workspace_id], SMALL, "pending")
     timings += await time_all(conn, worker_id, "10k pending in 1 of 10,000 workspaces")
     await conn.execute("TRUNCATE job_queue")

@@ -45,8 +45,9 @@ async def drop_database(admin_url: str, name: str) -> None:
         await admin.close()
 
 
-async def wait_until(check: Callable[[], Awaitable[bool]], timeout_s: float,
-                     what: str, interval_s: float = 0.02) -> None:
+async def wait_until(
+    check: Callable[[], Awaitable[bool]], timeout_s: float, what: str, interval_s: float = 0.02
+) -> None:
     deadline = time.monotonic() + timeout_s
     while not await check():
         if time.monotonic() > deadline:
@@ -56,10 +57,12 @@ async def wait_until(check: Callable[[], Awaitable[bool]], timeout_s: float,
 
 async def listening_backends(conn: asyncpg.Connection, dbname: str) -> int:
     """Backends of `dbname` whose last statement was a LISTEN: a worker's wake-up connection."""
-    return int(await conn.fetchval(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND query ILIKE 'LISTEN%'",
-        dbname,
-    ))
+    return int(
+        await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND query ILIKE 'LISTEN%'",
+            dbname,
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,9 @@ async def spawn(script: str, *args: str) -> Child:
     """Runs bench/`script` with this Python; its stderr goes to ours (warnings stay visible)."""
     started = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(BENCH_DIR / script), *args, stdout=asyncio.subprocess.PIPE,
+        sys.executable,
+        str(BENCH_DIR / script),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
     )
     return Child(proc, started)

@@ -29,9 +29,12 @@ def _stat(pid: int) -> tuple[int, float, float]:
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
         text = f.read()
     # The command name may hold spaces and parentheses: the fields start after the last ')'.
-    fields = text[text.rindex(")") + 2:].split()
-    return (int(fields[1]), (int(fields[11]) + int(fields[12])) / CLOCK_TICK,
-            (int(fields[13]) + int(fields[14])) / CLOCK_TICK)
+    fields = text[text.rindex(")") + 2 :].split()
+    return (
+        int(fields[1]),
+        (int(fields[11]) + int(fields[12])) / CLOCK_TICK,
+        (int(fields[13]) + int(fields[14])) / CLOCK_TICK,
+    )
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,8 @@ async def backends_gone(conn: asyncpg.Connection) -> bool:
     moment, in a zombie's, which `seconds` still reads)."""
     return await conn.fetchval(
         "SELECT count(*) = 0 FROM pg_stat_activity WHERE datname = current_database()"
-        " AND backend_type = 'client backend' AND pid <> pg_backend_pid()")
+        " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+    )
 
 
 def process_seconds() -> float:
@@ -95,21 +99,30 @@ class CpuSplit:
 
     def less(self, other: CpuSplit) -> CpuSplit:
         """This split minus `other` (a run on an empty queue: start-up and shutdown)."""
-        server_s = (self.server_s - other.server_s
-                    if self.server_s is not None and other.server_s is not None else None)
+        server_s = (
+            self.server_s - other.server_s
+            if self.server_s is not None and other.server_s is not None
+            else None
+        )
         return CpuSplit(self.client_s - other.client_s, server_s)
 
 
 def median_split(splits: list[CpuSplit]) -> CpuSplit:
     """Each side's median (the two may come from different runs)."""
     servers = [s.server_s for s in splits if s.server_s is not None]
-    return CpuSplit(statistics.median(s.client_s for s in splits),
-                    statistics.median(servers) if len(servers) == len(splits) else None)
+    return CpuSplit(
+        statistics.median(s.client_s for s in splits),
+        statistics.median(servers) if len(servers) == len(splits) else None,
+    )
 
 
-async def run_measured(conn: asyncpg.Connection, server: ServerCpu | None, script: str,
-                       *args: str, time_limit_s: float = 600.0,
-                       ) -> tuple[float, dict[str, Any], bool, CpuSplit]:
+async def run_measured(
+    conn: asyncpg.Connection,
+    server: ServerCpu | None,
+    script: str,
+    *args: str,
+    time_limit_s: float = 600.0,
+) -> tuple[float, dict[str, Any], bool, CpuSplit]:
     """Runs bench/`script` (a burst-mode worker child that reports `run_cpu_s`) to its end.
     Returns (wall s, its report, whether it was stopped at `time_limit_s`, its CPU). `conn` is
     on the child's database: the server's CPU is read once the child's connections closed."""

@@ -61,15 +61,15 @@ async def succeeded(conn: asyncpg.Connection) -> int:
     return await conn.fetchval("SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'")
 
 
-async def pickup_latency_ms(conn: asyncpg.Connection,
-                            after_id: int) -> tuple[int, float, float]:
+async def pickup_latency_ms(conn: asyncpg.Connection, after_id: int) -> tuple[int, float, float]:
     """(jobs, p50 ms, p99 ms) of 'picked' minus 'queued' for the jobs after `after_id`."""
     row = await conn.fetchrow(
         "SELECT count(*) AS n, percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP"
         "  (ORDER BY extract(epoch FROM p.created - q.created)) AS p"
         " FROM pgqueuer_log q JOIN pgqueuer_log p"
         "  ON p.job_id = q.job_id AND q.status = 'queued' AND p.status = 'picked'"
-        " WHERE q.job_id > $1", after_id,
+        " WHERE q.job_id > $1",
+        after_id,
     )
     return row["n"], row["p"][0] * 1000, row["p"][1] * 1000
 
@@ -87,8 +87,12 @@ async def run_worker(url: str, batch_size: int, max_concurrent: int, serve: bool
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, qm.shutdown.set)
         mode = QueueExecutionMode.continuous if serve else QueueExecutionMode.drain
         started_s = process_seconds()
-        await qm.run(dequeue_timeout=DEQUEUE_TIMEOUT, batch_size=batch_size, mode=mode,
-                     max_concurrent_tasks=max_concurrent or None)
+        await qm.run(
+            dequeue_timeout=DEQUEUE_TIMEOUT,
+            batch_size=batch_size,
+            mode=mode,
+            max_concurrent_tasks=max_concurrent or None,
+        )
         return process_seconds() - started_s
     finally:
         await conn.close()
@@ -102,8 +106,7 @@ def main() -> None:
     parser.add_argument("--serve", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    run_cpu_s = asyncio.run(run_worker(args.url, args.batch_size, args.max_concurrent,
-                                       args.serve))
+    run_cpu_s = asyncio.run(run_worker(args.url, args.batch_size, args.max_concurrent, args.serve))
     print_report(run_cpu_s=run_cpu_s)
 
 

@@ -16,10 +16,10 @@ from common import Latency, spawn, wait_until
 from cpu import CpuSplit, ServerCpu, run_measured
 
 PROCRASTINATE_CONCURRENCY = 50
-PROCRASTINATE_POOL = 10     # 4 (its default) and 10 were within noise; 10 serves 50 slots better
-PGQUEUER_BATCH = 50         # best of batch 25 + 50 in flight, 50 and 100 unbounded (4.1k-4.7k/s)
+PROCRASTINATE_POOL = 10  # 4 (its default) and 10 were within noise; 10 serves 50 slots better
+PGQUEUER_BATCH = 50  # best of batch 25 + 50 in flight, 50 and 100 unbounded (4.1k-4.7k/s)
 PGQUEUER_MAX_IN_FLIGHT = 0  # 0: unbounded; a noop job is never in flight for long
-PEER_TIME_LIMIT_S = 60.0    # procrastinate drains ~200 jobs/s here: stop it, measure what it did
+PEER_TIME_LIMIT_S = 60.0  # procrastinate drains ~200 jobs/s here: stop it, measure what it did
 IDLE_SETTLE_S = 1.0
 
 
@@ -28,11 +28,11 @@ class PeerRun:
     name: str
     settings: str
     jobs: int
-    span_s: float         # first pickup to last completion, from the peer's own timestamps
-    wall_s: float         # process spawn to exit
+    span_s: float  # first pickup to last completion, from the peer's own timestamps
+    wall_s: float  # process spawn to exit
     enqueue_per_s: float  # its own bulk enqueue of the same jobs
     peak_kb: int
-    stopped: bool         # stopped at PEER_TIME_LIMIT_S before the queue was empty
+    stopped: bool  # stopped at PEER_TIME_LIMIT_S before the queue was empty
     cpu: CpuSplit | None = None  # its worker's run and the server, spawn to exit (PGQueuer)
 
     @property
@@ -45,15 +45,17 @@ async def run_procrastinate(url: str, n: int) -> PeerRun:
     conn = await asyncpg.connect(url)
     try:
         await conn.execute("ANALYZE")
-        child = await spawn("peer_procrastinate.py", url, str(PROCRASTINATE_CONCURRENCY),
-                            str(PROCRASTINATE_POOL))
+        child = await spawn(
+            "peer_procrastinate.py", url, str(PROCRASTINATE_CONCURRENCY), str(PROCRASTINATE_POOL)
+        )
         wall_s, report, stopped = await child.finish(PEER_TIME_LIMIT_S)
         jobs, span_s = await peer_procrastinate.drain_span(conn)
     finally:
         await conn.close()
     settings = f"concurrency {PROCRASTINATE_CONCURRENCY}, pool {PROCRASTINATE_POOL}"
-    return PeerRun("procrastinate 3.10", settings, jobs, span_s, wall_s, defer_per_s,
-                   report["hwm_kb"], stopped)
+    return PeerRun(
+        "procrastinate 3.10", settings, jobs, span_s, wall_s, defer_per_s, report["hwm_kb"], stopped
+    )
 
 
 def _pgqueuer_args() -> list[str]:
@@ -82,8 +84,17 @@ class PgqueuerRuns:
         await self.conn.execute("ANALYZE")
         wall_s, report, stopped, cpu = await self._run()
         jobs, span_s = await peer_pgqueuer.drain_span(self.conn)
-        return PeerRun("PGQueuer 1.6", f"batch {PGQUEUER_BATCH}, in flight unbounded", jobs,
-                       span_s, wall_s, enqueue_per_s, report["hwm_kb"], stopped, cpu)
+        return PeerRun(
+            "PGQueuer 1.6",
+            f"batch {PGQUEUER_BATCH}, in flight unbounded",
+            jobs,
+            span_s,
+            wall_s,
+            enqueue_per_s,
+            report["hwm_kb"],
+            stopped,
+            cpu,
+        )
 
     async def drain_nothing(self) -> CpuSplit:
         """The CPU of its worker's run on an empty queue (start-up and shutdown)."""
@@ -91,8 +102,14 @@ class PgqueuerRuns:
         return (await self._run())[3]
 
     async def _run(self) -> tuple[float, dict[str, Any], bool, CpuSplit]:
-        return await run_measured(self.conn, self.server, "peer_pgqueuer.py", self.url,
-                                  *_pgqueuer_args(), time_limit_s=PEER_TIME_LIMIT_S)
+        return await run_measured(
+            self.conn,
+            self.server,
+            "peer_pgqueuer.py",
+            self.url,
+            *_pgqueuer_args(),
+            time_limit_s=PEER_TIME_LIMIT_S,
+        )
 
     async def latency(self, singles: int, gap_s: float) -> Latency:
         return await _pgqueuer_latency(self.conn, self.url, singles, gap_s)
@@ -101,8 +118,9 @@ class PgqueuerRuns:
         await self.conn.close()
 
 
-async def _pgqueuer_latency(conn: asyncpg.Connection, url: str, singles: int,
-                            gap_s: float) -> Latency:
+async def _pgqueuer_latency(
+    conn: asyncpg.Connection, url: str, singles: int, gap_s: float
+) -> Latency:
     """Its LISTEN shares the connection with its queries, so pg_stat_activity cannot tell when
     it listens: one warm-up job, run to completion, says it is up; it is left out."""
     await conn.execute("TRUNCATE pgqueuer, pgqueuer_log")

@@ -76,9 +76,11 @@ def drain_procedure(claim_query: str) -> str:
     update = "UPDATE job_queue\n" + update.rstrip().rstrip(";")
     with_clause = head.strip() + ",\n" if "WITH" in head else "WITH "
     claim = f"{with_clause}claimed AS ({update})\nSELECT array_agg(id) INTO ids FROM claimed"
-    complete = (COMPLETE_QUIET.replace("$1", "prev")
-                .replace("$2", "array_fill(NULL::jsonb, ARRAY[cardinality(prev)])")
-                .replace("$3", "v_worker"))
+    complete = (
+        COMPLETE_QUIET.replace("$1", "prev")
+        .replace("$2", "array_fill(NULL::jsonb, ARRAY[cardinality(prev)])")
+        .replace("$3", "v_worker")
+    )
     return f"""
 CREATE PROCEDURE drain_{claim_query}(v_batch int)
 LANGUAGE plpgsql AS $proc$
@@ -126,8 +128,17 @@ class Cluster:
 
     async def set_up(self, workspaces: int) -> list[str]:
         options = f"-c listen_addresses='' -k {self.root} -c fsync=off"
-        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options, "-w",
-                  "-l", str(self.root / "log"), "start")
+        self._run(
+            str(self.bin / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-w",
+            "-l",
+            str(self.root / "log"),
+            "start",
+        )
         try:
             conn = await asyncpg.connect(host=str(self.root), user="postgres", database="postgres")
             await conn.execute(f"CREATE DATABASE {DATABASE}")
@@ -135,9 +146,14 @@ class Cluster:
             conn = await asyncpg.connect(host=str(self.root), user="postgres", database=DATABASE)
             await init_connection(conn)
             await migrate.apply_all(conn)
-            ids = [str(r[0]) for r in await conn.fetch(
-                "INSERT INTO workspaces (name) SELECT 'bench-' || i"
-                " FROM generate_series(1, $1) i RETURNING id", workspaces)]
+            ids = [
+                str(r[0])
+                for r in await conn.fetch(
+                    "INSERT INTO workspaces (name) SELECT 'bench-' || i"
+                    " FROM generate_series(1, $1) i RETURNING id",
+                    workspaces,
+                )
+            ]
             for claim in ("claim", "claim_fair"):
                 await conn.execute(drain_procedure(claim))
             await conn.close()
@@ -148,15 +164,31 @@ class Cluster:
     def count(self, script: str, out: Path) -> int:
         """Runs `script` in a single-user backend; the instructions spent inside CALLs."""
         (self.root / "script.sql").write_text(script)
-        cmd = _as_server_user([
-            "valgrind", "--tool=callgrind", "--collect-atstart=no",
-            "--toggle-collect=ExecuteCallStmt", f"--callgrind-out-file={out}",
-            str(self.bin / "postgres"), "--single", "-j", "-D", str(self.data),
-            "-c", "fsync=off", "-c", "jit=off", DATABASE])
+        cmd = _as_server_user(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--collect-atstart=no",
+                "--toggle-collect=ExecuteCallStmt",
+                f"--callgrind-out-file={out}",
+                str(self.bin / "postgres"),
+                "--single",
+                "-j",
+                "-D",
+                str(self.data),
+                "-c",
+                "fsync=off",
+                "-c",
+                "jit=off",
+                DATABASE,
+            ]
+        )
         with open(self.root / "script.sql") as stdin:
             done = subprocess.run(cmd, stdin=stdin, capture_output=True, text=True)
         if done.returncode != 0 or "ERROR:" in done.stdout:
-            raise RuntimeError(f"single-user run failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+            raise RuntimeError(
+                f"single-user run failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+            )
         summary = re.search(r"^(?:summary|totals): (\d+)", out.read_text(), re.MULTILINE)
         assert summary is not None, out
         return int(summary.group(1))
@@ -199,8 +231,11 @@ async def measure(args: argparse.Namespace) -> list[Row]:
                 out = Path(args.keep or tmp) / f"callgrind.{claim}.{n}"
                 total = cluster.count(script, out)
                 rows.append(Row(claim, n, round(total / args.jobs)))
-                print(f"  {claim}, {n} workspaces: {rows[-1].instructions_per_job:,}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"  {claim}, {n} workspaces: {rows[-1].instructions_per_job:,}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     return rows
 
 
@@ -209,17 +244,23 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--batch", type=int, default=1000, help="jobs per claim")
     parser.add_argument("--workspaces", type=int, nargs="+", default=[1, 10])
-    parser.add_argument("--claims", nargs="+", choices=["claim", "claim_fair"],
-                        default=["claim", "claim_fair"])
+    parser.add_argument(
+        "--claims", nargs="+", choices=["claim", "claim_fair"], default=["claim", "claim_fair"]
+    )
     parser.add_argument("--pg-bin", help="folder of initdb, pg_ctl and postgres")
-    parser.add_argument("--keep", metavar="DIR",
-                        help="write the callgrind profiles here (callgrind_annotate reads them)")
+    parser.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="write the callgrind profiles here (callgrind_annotate reads them)",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is needed (apt install valgrind)")
     rows = asyncio.run(measure(args))
-    print(f"PostgreSQL instructions per job (claim + completion), {args.jobs:,} noop jobs, "
-          f"claims of {args.batch:,}:\n")
+    print(
+        f"PostgreSQL instructions per job (claim + completion), {args.jobs:,} noop jobs, "
+        f"claims of {args.batch:,}:\n"
+    )
     print("| claim | workspaces | instructions per job |")
     print("|---|---:|---:|")
     for r in rows:

@@ -47,9 +47,25 @@ def record(url: str, out: str) -> None:
     py_spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
     if not os.path.exists(py_spy):
         sys.exit("py-spy not found: pip install -e '.[bench]'")
-    subprocess.run([py_spy, "record", "--rate", str(SAMPLE_RATE), "--format", "raw",
-                    "--output", out, "--", sys.executable, str(BENCH_DIR / "worker_child.py"),
-                    url, "50"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            py_spy,
+            "record",
+            "--rate",
+            str(SAMPLE_RATE),
+            "--format",
+            "raw",
+            "--output",
+            out,
+            "--",
+            sys.executable,
+            str(BENCH_DIR / "worker_child.py"),
+            url,
+            "50",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def summarise(raw_file: str) -> str:
@@ -78,7 +94,7 @@ def summarise(raw_file: str) -> str:
 def _package(frame: str) -> str:
     """`sidelinja_worker/executor.py` -> `sidelinja_worker.executor`; the stdlib and
     site-packages by their top-level name."""
-    where = frame[frame.rfind("(") + 1:].split(":")[0]
+    where = frame[frame.rfind("(") + 1 :].split(":")[0]
     parts = where.split("/")
     if "site-packages" in parts:
         return parts[parts.index("site-packages") + 1]

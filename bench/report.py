@@ -41,8 +41,10 @@ def worker_revision() -> str:
         return f"imported from {package}"
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True,
-                              text=True, check=False).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(repo), *args], capture_output=True, text=True, check=False
+        ).stdout.strip()
+
     head = git("rev-parse", "--short", "HEAD") or "unknown"
     dirty = git("status", "--porcelain", "--", "sidelinja_worker")
     return head + ("+dirty" if dirty else "")

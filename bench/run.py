@@ -72,8 +72,9 @@ class Ours:
 
     def median_drain(self, concurrency: int) -> sw.Drain:
         """The drain with the median jobs/s at `concurrency` (DRAIN_RUNS is odd)."""
-        runs = sorted((d for d in self.drains if d.concurrency == concurrency),
-                      key=lambda d: d.jobs_per_s)
+        runs = sorted(
+            (d for d in self.drains if d.concurrency == concurrency), key=lambda d: d.jobs_per_s
+        )
         return runs[len(runs) // 2]
 
     def range_at(self, concurrency: int) -> tuple[float, float]:
@@ -85,11 +86,15 @@ def say(line: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
 
 
-async def drain_rounds(conn: asyncpg.Connection, url: str, workspace_id: UUID, bare_url: str,
-                       pgqueuer: peers.PgqueuerRuns, n: int,
-                       server: ServerCpu | None) -> tuple[
-                           list[float], list[sw.Drain], list[bare_loop.BareRun],
-                           list[peers.PeerRun]]:
+async def drain_rounds(
+    conn: asyncpg.Connection,
+    url: str,
+    workspace_id: UUID,
+    bare_url: str,
+    pgqueuer: peers.PgqueuerRuns,
+    n: int,
+    server: ServerCpu | None,
+) -> tuple[list[float], list[sw.Drain], list[bare_loop.BareRun], list[peers.PeerRun]]:
     """The drains the targets compare, in DRAIN_RUNS rounds of: ours at each concurrency, the
     bare loop at each batch size, PGQueuer. This VM's speed moves within minutes; in rounds, a
     slow minute falls on all of them alike instead of on whichever ran then. Returns our
@@ -100,7 +105,9 @@ async def drain_rounds(conn: asyncpg.Connection, url: str, workspace_id: UUID, b
     pgq: list[peers.PeerRun] = []
     for round_ in range(1, DRAIN_RUNS + 1):
         for concurrency in CONCURRENCIES:
-            say(f"round {round_}: sidelinja-worker: enqueue {n}, drain at concurrency {concurrency}")
+            say(
+                f"round {round_}: sidelinja-worker: enqueue {n}, drain at concurrency {concurrency}"
+            )
             await sw.empty_queue(conn)
             since = await sw.server_now(conn)
             rates.append(await sw.enqueue(conn, workspace_id, n))
@@ -114,35 +121,67 @@ async def drain_rounds(conn: asyncpg.Connection, url: str, workspace_id: UUID, b
     return rates, drains, bare, pgq
 
 
-async def measure_ours(conn: asyncpg.Connection, url: str, dbname: str,
-                       workspace_id: UUID, n: int, rates: list[float],
-                       drains: list[sw.Drain], empty_run: CpuSplit) -> Ours:
+async def measure_ours(
+    conn: asyncpg.Connection,
+    url: str,
+    dbname: str,
+    workspace_id: UUID,
+    n: int,
+    rates: list[float],
+    drains: list[sw.Drain],
+    empty_run: CpuSplit,
+) -> Ours:
     """Everything of ours but the drain rounds: fairness, the seed's loop, idle memory and
     pickup, claim latency."""
     spread = await sw.more_workspaces(conn, FAIRNESS_WORKSPACES)
-    fairness_pairs = [(await _drain_with_fairness(conn, url, spread, n, True, rates),
-                       await _drain_with_fairness(conn, url, spread, n, False, rates))
-                      for _ in range(FAIRNESS_PAIRS)]
+    fairness_pairs = [
+        (
+            await _drain_with_fairness(conn, url, spread, n, True, rates),
+            await _drain_with_fairness(conn, url, spread, n, False, rates),
+        )
+        for _ in range(FAIRNESS_PAIRS)
+    ]
     say("seed loop baseline (3 slots)")
     seed_per_s, seed_wall_s, seed_enqueue_per_s = await _seed(conn, url, workspace_id, n)
     rates.append(seed_enqueue_per_s)
     say("sidelinja-worker: idle memory and pickup latency")
     idle, latency, insert_round_trip = await sw.idle_and_latency(conn, url, dbname, workspace_id)
-    say("claim latency at 10k / 10k + 1M completed / 1M pending / 100, 1 of 10,000 and "
-        "1,000 of 10,000 workspaces (the slow part)")
+    say(
+        "claim latency at 10k / 10k + 1M completed / 1M pending / 100, 1 of 10,000 and "
+        "1,000 of 10,000 workspaces (the slow part)"
+    )
     plan_file = RESULTS_DIR / "claim_plan_1m.txt"
     claims, summary = await claim_latency.measure(conn, workspace_id, plan_file)
-    return Ours(rates, drains, seed_per_s, seed_wall_s, idle, latency, insert_round_trip,
-                claims, summary, fairness_pairs, empty_run)
+    return Ours(
+        rates,
+        drains,
+        seed_per_s,
+        seed_wall_s,
+        idle,
+        latency,
+        insert_round_trip,
+        claims,
+        summary,
+        fairness_pairs,
+        empty_run,
+    )
 
 
-async def _drain_with_fairness(conn: asyncpg.Connection, url: str, workspace_ids: list[UUID],
-                               n: int, fair: bool, enqueue_rates: list[float]) -> float:
+async def _drain_with_fairness(
+    conn: asyncpg.Connection,
+    url: str,
+    workspace_ids: list[UUID],
+    n: int,
+    fair: bool,
+    enqueue_rates: list[float],
+) -> float:
     """jobs/s of a concurrency-50 drain of jobs spread over several workspaces, with the queue
     setting fair_workspaces on (the default: the fair claim) or off (the plain claim): what
     fairness costs when no limit is configured. Several workspaces, because with one the fair
     claim takes the plain claim's path. Its enqueue's rate goes to `enqueue_rates`."""
-    say(f"sidelinja-worker: enqueue {n}, drain at concurrency 50, fairness {'on' if fair else 'off'}")
+    say(
+        f"sidelinja-worker: enqueue {n}, drain at concurrency 50, fairness {'on' if fair else 'off'}"
+    )
     await conn.execute("UPDATE queue_settings SET value = $1 WHERE name = 'fair_workspaces'", fair)
     try:
         await sw.empty_queue(conn)
@@ -151,11 +190,14 @@ async def _drain_with_fairness(conn: asyncpg.Connection, url: str, workspace_ids
         await sw.refresh_statistics(conn)
         return (await sw.drain(conn, url, 50, since)).jobs_per_s
     finally:
-        await conn.execute("UPDATE queue_settings SET value = 'true' WHERE name = 'fair_workspaces'")
+        await conn.execute(
+            "UPDATE queue_settings SET value = 'true' WHERE name = 'fair_workspaces'"
+        )
 
 
-async def _seed(conn: asyncpg.Connection, url: str, workspace_id: UUID,
-                n: int) -> tuple[float, float, float]:
+async def _seed(
+    conn: asyncpg.Connection, url: str, workspace_id: UUID, n: int
+) -> tuple[float, float, float]:
     """(jobs/s, wall s, jobs/s of its enqueue) of the seed's loop on fresh jobs."""
     await sw.empty_queue(conn)
     since = await sw.server_now(conn)
@@ -182,14 +224,18 @@ async def run_all(admin_url: str, n: int) -> str:
             await sw.warm_up(conn, workspace_id)
             server = await ServerCpu.locate(conn)
             say(f"CPU of {EMPTY_RUNS} runs on an empty queue each: sidelinja-worker, PGQueuer")
-            empty_run = median_split([await sw.drain_nothing(conn, urls["sw"], server)
-                                      for _ in range(EMPTY_RUNS)])
-            pgqueuer_empty_run = median_split([await pgqueuer.drain_nothing()
-                                               for _ in range(EMPTY_RUNS)])
+            empty_run = median_split(
+                [await sw.drain_nothing(conn, urls["sw"], server) for _ in range(EMPTY_RUNS)]
+            )
+            pgqueuer_empty_run = median_split(
+                [await pgqueuer.drain_nothing() for _ in range(EMPTY_RUNS)]
+            )
             rates, drains, bare, pgqueuer_runs = await drain_rounds(
-                conn, urls["sw"], workspace_id, urls["bare"], pgqueuer, n, server)
-            ours = await measure_ours(conn, urls["sw"], names["sw"], workspace_id, n, rates,
-                                      drains, empty_run)
+                conn, urls["sw"], workspace_id, urls["bare"], pgqueuer, n, server
+            )
+            ours = await measure_ours(
+                conn, urls["sw"], names["sw"], workspace_id, n, rates, drains, empty_run
+            )
             say("procrastinate 3.10")
             procrastinate = await peers.run_procrastinate(urls["procrastinate"], n)
             say("PGQueuer 1.6: pickup latency")
@@ -201,8 +247,7 @@ async def run_all(admin_url: str, n: int) -> str:
     finally:
         for name in created:
             await drop_database(admin_url, name)
-    table_rows = rows(ours, bare, [[procrastinate], pgqueuer_runs], pgq_latency,
-                      pgqueuer_empty_run)
+    table_rows = rows(ours, bare, [[procrastinate], pgqueuer_runs], pgq_latency, pgqueuer_empty_run)
     return document("sidelinja-worker benchmark", table_rows, pg_version, notes(ours, n))
 
 
@@ -222,37 +267,65 @@ def _mb(kb: int) -> float:
     return kb / 1024
 
 
-def rows(ours: Ours, bare: list[bare_loop.BareRun], peer_runs: list[list[peers.PeerRun]],
-         pgq_latency: Latency, pgqueuer_empty_run: CpuSplit) -> list[Row]:
-    return [*_throughput_rows(ours), *_bare_rows(ours, bare), *_peer_rows(ours, bare, peer_runs),
-            *_cpu_rows(ours, bare, peer_runs[-1], pgqueuer_empty_run),
-            *_latency_rows(ours, pgq_latency), *_memory_rows(ours), *_claim_rows(ours)]
+def rows(
+    ours: Ours,
+    bare: list[bare_loop.BareRun],
+    peer_runs: list[list[peers.PeerRun]],
+    pgq_latency: Latency,
+    pgqueuer_empty_run: CpuSplit,
+) -> list[Row]:
+    return [
+        *_throughput_rows(ours),
+        *_bare_rows(ours, bare),
+        *_peer_rows(ours, bare, peer_runs),
+        *_cpu_rows(ours, bare, peer_runs[-1], pgqueuer_empty_run),
+        *_latency_rows(ours, pgq_latency),
+        *_memory_rows(ours),
+        *_claim_rows(ours),
+    ]
 
 
-def _cpu_rows(ours: Ours, bare: list[bare_loop.BareRun], pgqueuer_runs: list[peers.PeerRun],
-              pgqueuer_empty_run: CpuSplit) -> list[Row]:
+def _cpu_rows(
+    ours: Ours,
+    bare: list[bare_loop.BareRun],
+    pgqueuer_runs: list[peers.PeerRun],
+    pgqueuer_empty_run: CpuSplit,
+) -> list[Row]:
     """Where the drains' CPU went: the queue's process and the server, µs per job."""
     top = max(bare_loop.BATCHES)
     parts = [
-        ("sidelinja-worker at concurrency 50",
-         [d.cpu.less(ours.empty_run) for d in ours.drains if d.concurrency == 50],
-         [d.jobs for d in ours.drains if d.concurrency == 50]),
-        (f"the bare loop at B = {top:,}",
-         [r.cpu for r in bare if r.batch == top], [r.jobs for r in bare if r.batch == top]),
-        ("PGQueuer", [r.cpu.less(pgqueuer_empty_run) for r in pgqueuer_runs if r.cpu],
-         [r.jobs for r in pgqueuer_runs if r.cpu]),
+        (
+            "sidelinja-worker at concurrency 50",
+            [d.cpu.less(ours.empty_run) for d in ours.drains if d.concurrency == 50],
+            [d.jobs for d in ours.drains if d.concurrency == 50],
+        ),
+        (
+            f"the bare loop at B = {top:,}",
+            [r.cpu for r in bare if r.batch == top],
+            [r.jobs for r in bare if r.batch == top],
+        ),
+        (
+            "PGQueuer",
+            [r.cpu.less(pgqueuer_empty_run) for r in pgqueuer_runs if r.cpu],
+            [r.jobs for r in pgqueuer_runs if r.cpu],
+        ),
     ]
     described = []
     for name, splits, jobs in parts:
-        per_job = [CpuSplit(s.client_s / j * 1e6, s.server_s / j * 1e6 if s.server_s is not None
-                            else None) for s, j in zip(splits, jobs)]
+        per_job = [
+            CpuSplit(s.client_s / j * 1e6, s.server_s / j * 1e6 if s.server_s is not None else None)
+            for s, j in zip(splits, jobs)
+        ]
         m = median_split(per_job)
         if m.server_s is None:
-            described.append(f"{name}: its process {m.client_s:.1f} µs (PostgreSQL not on this "
-                             "machine)")
+            described.append(
+                f"{name}: its process {m.client_s:.1f} µs (PostgreSQL not on this machine)"
+            )
         else:
-            described.append(f"{name}: its process {m.client_s:.1f} µs + PostgreSQL "
-                             f"{m.server_s:.1f} µs = {m.client_s + m.server_s:.1f} µs")
+            described.append(
+                f"{name}: its process {m.client_s:.1f} µs + PostgreSQL "
+                f"{m.server_s:.1f} µs = {m.client_s + m.server_s:.1f} µs"
+            )
     return [Row("CPU per job in the drains above, medians [g]", "; ".join(described))]
 
 
@@ -263,47 +336,69 @@ def _bare_rows(ours: Ours, bare: list[bare_loop.BareRun]) -> list[Row]:
     for batch in bare_loop.BATCHES:
         rates = sorted(r.jobs_per_s for r in bare if r.batch == batch)
         median = statistics.median(rates)
-        out.append(Row(f"Yardstick: bare batched loop on the seed's table, B = {batch:,}, median "
-                       f"of {len(rates)} [f]",
-                       f"{_rate(median)} (range {rates[0]:,.0f}–{rates[-1]:,.0f}); "
-                       f"sidelinja-worker at concurrency 50 = {ours_50 / median:.0%} of it"))
+        out.append(
+            Row(
+                f"Yardstick: bare batched loop on the seed's table, B = {batch:,}, median "
+                f"of {len(rates)} [f]",
+                f"{_rate(median)} (range {rates[0]:,.0f}–{rates[-1]:,.0f}); "
+                f"sidelinja-worker at concurrency 50 = {ours_50 / median:.0%} of it",
+            )
+        )
     return out
 
 
 def _throughput_rows(ours: Ours) -> list[Row]:
     rates = sorted(ours.enqueue_per_s)
     median = rates[len(rates) // 2]
-    out = [Row("Bulk enqueue, `enqueue_many` of N noop jobs (median of "
-               f"{len(rates)})", f"{_rate(median)} (range {rates[0]:,.0f}–{rates[-1]:,.0f})",
-               f"≥ {TARGET_ENQUEUE_PER_S:,}/s", median >= TARGET_ENQUEUE_PER_S)]
+    out = [
+        Row(
+            f"Bulk enqueue, `enqueue_many` of N noop jobs (median of {len(rates)})",
+            f"{_rate(median)} (range {rates[0]:,.0f}–{rates[-1]:,.0f})",
+            f"≥ {TARGET_ENQUEUE_PER_S:,}/s",
+            median >= TARGET_ENQUEUE_PER_S,
+        )
+    ]
     for concurrency in CONCURRENCIES:
         d = ours.median_drain(concurrency)
         low, high = ours.range_at(concurrency)
         target_met = (d.jobs_per_s >= TARGET_DRAIN_50_PER_S) if d.concurrency == 50 else None
-        out.append(Row(f"Drain, sidelinja-worker, concurrency {d.concurrency}, median of "
-                       f"{DRAIN_RUNS}",
-                       f"{_rate(d.jobs_per_s)} (range {low:,.0f}–{high:,.0f}; wall "
-                       f"{d.wall_s:.1f} s incl. start-up)",
-                       f"≥ {TARGET_DRAIN_50_PER_S:,}/s" if d.concurrency == 50 else "",
-                       target_met))
+        out.append(
+            Row(
+                f"Drain, sidelinja-worker, concurrency {d.concurrency}, median of {DRAIN_RUNS}",
+                f"{_rate(d.jobs_per_s)} (range {low:,.0f}–{high:,.0f}; wall "
+                f"{d.wall_s:.1f} s incl. start-up)",
+                f"≥ {TARGET_DRAIN_50_PER_S:,}/s" if d.concurrency == 50 else "",
+                target_met,
+            )
+        )
     fair = statistics.median(f for f, _ in ours.fairness_pairs)
     plain = statistics.median(p for _, p in ours.fairness_pairs)
-    out.append(Row(f"Drain, concurrency 50, fairness off (plain claim), median of "
-                   f"{len(ours.fairness_pairs)}, {FAIRNESS_WORKSPACES} workspaces [e]",
-                   f"{_rate(plain)}; fairness on (default), median of "
-                   f"{len(ours.fairness_pairs)}: {_rate(fair)}, {fair / plain - 1:+.0%}",
-                   "fair within 10 %", fair >= 0.9 * plain))
+    out.append(
+        Row(
+            f"Drain, concurrency 50, fairness off (plain claim), median of "
+            f"{len(ours.fairness_pairs)}, {FAIRNESS_WORKSPACES} workspaces [e]",
+            f"{_rate(plain)}; fairness on (default), median of "
+            f"{len(ours.fairness_pairs)}: {_rate(fair)}, {fair / plain - 1:+.0%}",
+            "fair within 10 %",
+            fair >= 0.9 * plain,
+        )
+    )
     return out
 
 
-def _peer_rows(ours: Ours, bare: list[bare_loop.BareRun],
-               peer_runs: list[list[peers.PeerRun]]) -> list[Row]:
+def _peer_rows(
+    ours: Ours, bare: list[bare_loop.BareRun], peer_runs: list[list[peers.PeerRun]]
+) -> list[Row]:
     """One row per peer: its median drain when it ran several (PGQueuer), else its one. Each
     row also gives the issue's bare loop (at its largest batch) as a multiple of the peer: the
     issue took 35,000-40,000/s against PGQueuer's ~5,000 when it set the 5x target, so this
     says whether 5x is within that loop's reach in the run at hand."""
-    out = [Row("Baseline: the seed's loop, 1 job per transaction, 3 slots",
-               f"{_rate(ours.seed_per_s)} (wall {ours.seed_wall_s:.1f} s)")]
+    out = [
+        Row(
+            "Baseline: the seed's loop, 1 job per transaction, 3 slots",
+            f"{_rate(ours.seed_per_s)} (wall {ours.seed_wall_s:.1f} s)",
+        )
+    ]
     ours_50 = ours.median_drain(50).jobs_per_s
     top = max(bare_loop.BATCHES)
     bare_top = statistics.median(r.jobs_per_s for r in bare if r.batch == top)
@@ -311,42 +406,68 @@ def _peer_rows(ours: Ours, bare: list[bare_loop.BareRun],
         ordered = sorted(runs, key=lambda r: r.jobs_per_s)
         p = ordered[len(ordered) // 2]
         several = f", median of {len(runs)}" if len(runs) > 1 else ""
-        spread = (f"range {ordered[0].jobs_per_s:,.0f}–{ordered[-1].jobs_per_s:,.0f}; "
-                  if len(runs) > 1 else "")
+        spread = (
+            f"range {ordered[0].jobs_per_s:,.0f}–{ordered[-1].jobs_per_s:,.0f}; "
+            if len(runs) > 1
+            else ""
+        )
         stopped = f", stopped after {p.jobs:,} jobs at the time limit" if p.stopped else ""
         times = ours_50 / p.jobs_per_s
         pgqueuer = p.name.startswith("PGQueuer")
-        out.append(Row(f"Drain, {p.name} ({p.settings}){several} [a]",
-                       f"{_rate(p.jobs_per_s)} ({spread}wall {p.wall_s:.1f} s{stopped}; its bulk "
-                       f"enqueue {p.enqueue_per_s:,.0f}/s; peak RSS {_mb(p.peak_kb):.0f} MB); "
-                       f"sidelinja-worker at concurrency 50 = {times:.1f}× it (the bare loop "
-                       f"at B = {top:,}: {bare_top / p.jobs_per_s:.1f}×)",
-                       f"≥ {TARGET_TIMES_PGQUEUER:g}×" if pgqueuer else "",
-                       times >= TARGET_TIMES_PGQUEUER if pgqueuer else None))
+        out.append(
+            Row(
+                f"Drain, {p.name} ({p.settings}){several} [a]",
+                f"{_rate(p.jobs_per_s)} ({spread}wall {p.wall_s:.1f} s{stopped}; its bulk "
+                f"enqueue {p.enqueue_per_s:,.0f}/s; peak RSS {_mb(p.peak_kb):.0f} MB); "
+                f"sidelinja-worker at concurrency 50 = {times:.1f}× it (the bare loop "
+                f"at B = {top:,}: {bare_top / p.jobs_per_s:.1f}×)",
+                f"≥ {TARGET_TIMES_PGQUEUER:g}×" if pgqueuer else "",
+                times >= TARGET_TIMES_PGQUEUER if pgqueuer else None,
+            )
+        )
     return out
 
 
 def _latency_rows(ours: Ours, pgq: Latency) -> list[Row]:
     def fmt(lat: Latency) -> str:
         return f"p50 {lat.p50_ms:.1f} ms, p99 {lat.p99_ms:.1f} ms ({lat.jobs} jobs)"
-    met = (ours.latency.p50_ms <= TARGET_PICKUP_P50_MS
-           and ours.latency.p99_ms <= TARGET_PICKUP_P99_MS)
-    return [Row("Pickup latency while idle, sidelinja-worker (single plain-SQL INSERTs) [b]",
-                fmt(ours.latency),
-                f"p50 ≤ {TARGET_PICKUP_P50_MS:g} ms, p99 ≤ {TARGET_PICKUP_P99_MS:g} ms", met),
-            Row("Pickup latency while idle, PGQueuer 1.6 (single enqueues) [b]", fmt(pgq)),
-            Row("The same single INSERTs' own round trip, as the inserter saw it [b]",
-                f"p50 {ours.insert_round_trip.p50_ms:.1f} ms, p99 "
-                f"{ours.insert_round_trip.p99_ms:.1f} ms")]
+
+    met = (
+        ours.latency.p50_ms <= TARGET_PICKUP_P50_MS and ours.latency.p99_ms <= TARGET_PICKUP_P99_MS
+    )
+    return [
+        Row(
+            "Pickup latency while idle, sidelinja-worker (single plain-SQL INSERTs) [b]",
+            fmt(ours.latency),
+            f"p50 ≤ {TARGET_PICKUP_P50_MS:g} ms, p99 ≤ {TARGET_PICKUP_P99_MS:g} ms",
+            met,
+        ),
+        Row("Pickup latency while idle, PGQueuer 1.6 (single enqueues) [b]", fmt(pgq)),
+        Row(
+            "The same single INSERTs' own round trip, as the inserter saw it [b]",
+            f"p50 {ours.insert_round_trip.p50_ms:.1f} ms, p99 "
+            f"{ours.insert_round_trip.p99_ms:.1f} ms",
+        ),
+    ]
 
 
 def _memory_rows(ours: Ours) -> list[Row]:
     idle_mb = _mb(ours.idle.hwm_kb)
     drain_mb = _mb(max(d.peak_kb for d in ours.drains if d.concurrency == 50))
-    return [Row("Worker peak RSS, idle after start-up [c]", f"{idle_mb:.1f} MB",
-                f"≤ {TARGET_IDLE_MB} MB", idle_mb <= TARGET_IDLE_MB),
-            Row("Worker peak RSS, draining at concurrency 50 [c]", f"{drain_mb:.1f} MB",
-                f"≤ {TARGET_DRAINING_MB} MB", drain_mb <= TARGET_DRAINING_MB)]
+    return [
+        Row(
+            "Worker peak RSS, idle after start-up [c]",
+            f"{idle_mb:.1f} MB",
+            f"≤ {TARGET_IDLE_MB} MB",
+            idle_mb <= TARGET_IDLE_MB,
+        ),
+        Row(
+            "Worker peak RSS, draining at concurrency 50 [c]",
+            f"{drain_mb:.1f} MB",
+            f"≤ {TARGET_DRAINING_MB} MB",
+            drain_mb <= TARGET_DRAINING_MB,
+        ),
+    ]
 
 
 def _claim_rows(ours: Ours) -> list[Row]:
@@ -360,10 +481,17 @@ def _claim_rows(ours: Ours) -> list[Row]:
         grown = "1M" in label  # the rows the flat-claim target is about
         result = "; ".join(
             f"{c.variant} {c.median_ms:.2f} ms (p90 {c.p90_ms:.2f})"
-            + (f" = {growth[c.variant]:.1f}×" if grown else "") for c in timings)
-        out.append(Row(f"Claim of {claim_latency.CLAIM_LIMIT}, {label}, median [d]", result,
-                       f"≤ {TARGET_CLAIM_GROWTH:g}× 10k" if grown else "",
-                       max(growth.values()) <= TARGET_CLAIM_GROWTH if grown else None))
+            + (f" = {growth[c.variant]:.1f}×" if grown else "")
+            for c in timings
+        )
+        out.append(
+            Row(
+                f"Claim of {claim_latency.CLAIM_LIMIT}, {label}, median [d]",
+                result,
+                f"≤ {TARGET_CLAIM_GROWTH:g}× 10k" if grown else "",
+                max(growth.values()) <= TARGET_CLAIM_GROWTH if grown else None,
+            )
+        )
     return out
 
 
@@ -432,8 +560,11 @@ def busy_warning(load_before: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20_000, help="N per drain (20000)")
-    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL") or DEFAULT_URL,
-                        help="a server where we may create databases [env DATABASE_URL]")
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("DATABASE_URL") or DEFAULT_URL,
+        help="a server where we may create databases [env DATABASE_URL]",
+    )
     args = parser.parse_args()
     RESULTS_DIR.mkdir(exist_ok=True)
     load_before = os.getloadavg()[0]
@@ -441,9 +572,11 @@ def main() -> None:
         say(f"warning: load average {load_before:.1f} before the run; the numbers will be low")
     started = time.perf_counter()
     text = asyncio.run(run_all(args.database_url, args.jobs))
-    text += (f"\nWhole run: {time.perf_counter() - started:.0f} s. Load average (1 min) "
-             f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
-             f"{busy_warning(load_before)}.\n")
+    text += (
+        f"\nWhole run: {time.perf_counter() - started:.0f} s. Load average (1 min) "
+        f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
+        f"{busy_warning(load_before)}.\n"
+    )
     (RESULTS_DIR / "latest.md").write_text(text)
     print(text)
 

@@ -30,10 +30,10 @@ SERVE_CONCURRENCY = 50
 class Drain:
     concurrency: int
     jobs: int
-    span_s: float   # max(completed_at) - min(started_at): worker start-up excluded
-    wall_s: float   # process spawn to exit: start-up, drain, shutdown
-    peak_kb: int    # the worker's VmHWM at exit
-    cpu: CpuSplit   # the worker's run and the server, spawn to exit
+    span_s: float  # max(completed_at) - min(started_at): worker start-up excluded
+    wall_s: float  # process spawn to exit: start-up, drain, shutdown
+    peak_kb: int  # the worker's VmHWM at exit
+    cpu: CpuSplit  # the worker's run and the server, spawn to exit
 
     @property
     def jobs_per_s(self) -> float:
@@ -47,8 +47,11 @@ async def prepare(conn: asyncpg.Connection) -> UUID:
 
 
 async def more_workspaces(conn: asyncpg.Connection, n: int) -> list[UUID]:
-    rows = await conn.fetch("INSERT INTO workspaces (name) SELECT 'bench-' || i"
-                            " FROM generate_series(1, $1) AS i RETURNING id", n)
+    rows = await conn.fetch(
+        "INSERT INTO workspaces (name) SELECT 'bench-' || i"
+        " FROM generate_series(1, $1) AS i RETURNING id",
+        n,
+    )
     return [r[0] for r in rows]
 
 
@@ -87,18 +90,25 @@ async def drain_span(conn: asyncpg.Connection, since: datetime) -> tuple[int, fl
     row = await conn.fetchrow(
         "SELECT count(*) FILTER (WHERE status = 'completed') AS done, count(*) AS total,"
         " extract(epoch FROM max(completed_at) - min(started_at))::float8 AS span_s"
-        " FROM job_queue WHERE created_at >= $1", since,
+        " FROM job_queue WHERE created_at >= $1",
+        since,
     )
     if row["done"] != row["total"]:
         raise RuntimeError(f"only {row['done']} of {row['total']} jobs completed")
     return row["done"], row["span_s"]
 
 
-async def drain(conn: asyncpg.Connection, url: str, concurrency: int, since: datetime,
-                server: ServerCpu | None = None) -> Drain:
+async def drain(
+    conn: asyncpg.Connection,
+    url: str,
+    concurrency: int,
+    since: datetime,
+    server: ServerCpu | None = None,
+) -> Drain:
     """Drains what is queued with one burst-mode worker process."""
-    wall_s, report, _, cpu = await run_measured(conn, server, "worker_child.py", url,
-                                                str(concurrency))
+    wall_s, report, _, cpu = await run_measured(
+        conn, server, "worker_child.py", url, str(concurrency)
+    )
     jobs, span_s = await drain_span(conn, since)
     return Drain(concurrency, jobs, span_s, wall_s, report["hwm_kb"], cpu)
 
@@ -110,8 +120,9 @@ async def drain_nothing(conn: asyncpg.Connection, url: str, server: ServerCpu | 
     return (await run_measured(conn, server, "worker_child.py", url, "50"))[3]
 
 
-async def idle_and_latency(conn: asyncpg.Connection, url: str, dbname: str,
-                           workspace_id: UUID) -> tuple[Memory, Latency, Latency]:
+async def idle_and_latency(
+    conn: asyncpg.Connection, url: str, dbname: str, workspace_id: UUID
+) -> tuple[Memory, Latency, Latency]:
     """Starts a serving worker, reads its memory once it idles, then inserts single jobs by
     plain SQL, as the web app does, and measures started_at - created_at."""
     await empty_queue(conn)
@@ -160,8 +171,11 @@ async def insert_singles(url: str, workspace_id: UUID, n: int, gap_s: float) -> 
 
 def _percentiles(ms: list[float]) -> Latency:
     ordered = sorted(ms)
-    return Latency(len(ordered), statistics.median(ordered),
-                   ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))])
+    return Latency(
+        len(ordered),
+        statistics.median(ordered),
+        ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))],
+    )
 
 
 async def pickup_latency(conn: asyncpg.Connection) -> Latency:

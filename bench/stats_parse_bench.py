@@ -27,12 +27,15 @@ import zstandard
 
 AGENTS = [
     "AppleCoreMedia/1.0.0.21E236 (iPhone; U; CPU OS 17_4 like Mac OS X; nb_no)",
-    "Spotify/8.9.30 iOS/17.4 (iPhone15,2)", "Overcast/3.0 (+http://overcast.fm/; iOS podcast app)",
-    "PocketCasts/1.0 (Pocket Casts - Android)", "AntennaPod/3.3.2",
+    "Spotify/8.9.30 iOS/17.4 (iPhone15,2)",
+    "Overcast/3.0 (+http://overcast.fm/; iOS podcast app)",
+    "PocketCasts/1.0 (Pocket Casts - Android)",
+    "AntennaPod/3.3.2",
     "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0 Safari/537.36",
     "Podcasts/1575.1.2 CFNetwork/1494.0.7 Darwin/23.4.0",
     "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)",
-    "atc/1.0 watchOS/10.4 model/Watch6,1 hwp/t8301 build/21T216 (6; dt:249)", "curl/8.5.0",
+    "atc/1.0 watchOS/10.4 model/Watch6,1 hwp/t8301 build/21T216 (6; dt:249)",
+    "curl/8.5.0",
 ]
 OTHER_PATHS = ["/feed.xml", "/", "/episodes/42", "/static/app.css", "/cover.jpg"]
 
@@ -41,39 +44,89 @@ def entry(rng: random.Random, ts: float) -> bytes:
     n = rng.randrange(20_000)  # a pool of listeners, so most of them come back for more ranges
     ip = f"203.0.{n >> 8}.{n & 255}" if n % 5 else f"2001:db8:{n:x}:{n % 7:x}::{rng.randrange(99)}"
     episode = rng.random() < 0.7
-    uri = f"/media/podcast/episode-{rng.randrange(60):03d}.mp3" if episode else rng.choice(OTHER_PATHS)
+    uri = (
+        f"/media/podcast/episode-{rng.randrange(60):03d}.mp3"
+        if episode
+        else rng.choice(OTHER_PATHS)
+    )
     method = "HEAD" if rng.random() < 0.03 else "GET"
     start = rng.choice([0, 0, 0, 1, 1048576, 5242880])
-    headers = {"User-Agent": [rng.choice(AGENTS)], "Accept": ["*/*"], "Accept-Encoding": ["identity"],
-               "Accept-Language": ["nb-NO,nb;q=0.9,en;q=0.5"], "Cookie": ["REDACTED"],
-               "X-Playback-Session-Id": ["6D1B0C4E-1A2B-4C3D-8E9F-0123456789AB"]}
+    headers = {
+        "User-Agent": [rng.choice(AGENTS)],
+        "Accept": ["*/*"],
+        "Accept-Encoding": ["identity"],
+        "Accept-Language": ["nb-NO,nb;q=0.9,en;q=0.5"],
+        "Cookie": ["REDACTED"],
+        "X-Playback-Session-Id": ["6D1B0C4E-1A2B-4C3D-8E9F-0123456789AB"],
+    }
     status, size, resp = 200, 18000, {"Content-Type": ["text/html"], "Content-Length": ["18000"]}
     if episode:
         end = 1 if start == 1 else start + 1048575
         start = 0 if start == 1 else start
         headers["Range"] = [f"bytes={start}-{end}"]
         status, size = rng.choice([(206, end - start + 1), (206, end - start + 1), (304, 0)])
-        resp = {"Content-Type": ["audio/mpeg"], "Content-Range": [f"bytes {start}-{end}/48000000"],
-                "Content-Length": [str(size)]}
-    resp.update({"Server": ["Caddy"], "Etag": ['"d2hwb3w1m2n3"'], "Accept-Ranges": ["bytes"],
-                 "Alt-Svc": ['h3=":443"; ma=2592000']})
-    return orjson.dumps({
-        "level": "info", "ts": ts, "logger": "http.log.access.log0", "msg": "handled request",
-        "request": {"remote_ip": ip, "remote_port": str(rng.randrange(1024, 65535)), "client_ip": ip,
-                    "proto": "HTTP/2.0", "method": method, "host": "pod.example.no", "uri": uri,
-                    "headers": headers, "tls": {"resumed": False, "version": 772, "cipher_suite": 4865,
-                                                "proto": "h2", "server_name": "pod.example.no"}},
-        "bytes_read": 0, "user_id": "", "duration": rng.random() * 3, "size": size,
-        "status": status, "resp_headers": resp}) + b"\n"
+        resp = {
+            "Content-Type": ["audio/mpeg"],
+            "Content-Range": [f"bytes {start}-{end}/48000000"],
+            "Content-Length": [str(size)],
+        }
+    resp.update(
+        {
+            "Server": ["Caddy"],
+            "Etag": ['"d2hwb3w1m2n3"'],
+            "Accept-Ranges": ["bytes"],
+            "Alt-Svc": ['h3=":443"; ma=2592000'],
+        }
+    )
+    return (
+        orjson.dumps(
+            {
+                "level": "info",
+                "ts": ts,
+                "logger": "http.log.access.log0",
+                "msg": "handled request",
+                "request": {
+                    "remote_ip": ip,
+                    "remote_port": str(rng.randrange(1024, 65535)),
+                    "client_ip": ip,
+                    "proto": "HTTP/2.0",
+                    "method": method,
+                    "host": "pod.example.no",
+                    "uri": uri,
+                    "headers": headers,
+                    "tls": {
+                        "resumed": False,
+                        "version": 772,
+                        "cipher_suite": 4865,
+                        "proto": "h2",
+                        "server_name": "pod.example.no",
+                    },
+                },
+                "bytes_read": 0,
+                "user_id": "",
+                "duration": rng.random() * 3,
+                "size": size,
+                "status": status,
+                "resp_headers": resp,
+            }
+        )
+        + b"\n"
+    )
 
 
 def write_log(folder: Path, lines: int, compress: str) -> Path:
     rng = random.Random(8)
-    name = {"none": "access.log", "gz": "access-2026-03-01T00-00-00.000-size.log.gz",
-            "zst": "access-2026-03-01T00-00-00.000-size.log.zst"}[compress]
+    name = {
+        "none": "access.log",
+        "gz": "access-2026-03-01T00-00-00.000-size.log.gz",
+        "zst": "access-2026-03-01T00-00-00.000-size.log.zst",
+    }[compress]
     path = folder / name
-    opener = {"none": lambda: path.open("wb"), "gz": lambda: gzip.open(path, "wb", compresslevel=1),
-              "zst": lambda: zstandard.ZstdCompressor(level=3).stream_writer(path.open("wb"))}[compress]
+    opener = {
+        "none": lambda: path.open("wb"),
+        "gz": lambda: gzip.open(path, "wb", compresslevel=1),
+        "zst": lambda: zstandard.ZstdCompressor(level=3).stream_writer(path.open("wb")),
+    }[compress]
     start = 1_772_323_200.0
     with opener() as out:
         for i in range(lines):
@@ -87,6 +140,7 @@ def child(path: str) -> None:
     from sidelinja_worker.jobs.stats.counting import EpisodeRules
     from sidelinja_worker.jobs.stats.logfiles import ROTATED
     from sidelinja_worker.jobs.stats.parse import FileTask, parse_files
+
     p = Path(path)
     began, began_cpu = time.perf_counter(), time.process_time()
     result = parse_files([FileTask(p, bool(ROTATED.match(p.name)), "bench", 0)], EpisodeRules())
@@ -96,12 +150,24 @@ def child(path: str) -> None:
         pickle.dump(result, sink, protocol=pickle.HIGHEST_PROTOCOL)
     pickle_s = time.process_time() - began_cpu
     usage = resource.getrusage(resource.RUSAGE_SELF)  # before the yardsticks
-    print(orjson.dumps({
-        "lines": result.lines, "seconds": elapsed, "cpu_s": cpu, "pickle_s": pickle_s,
-        "rss_mb": usage.ru_maxrss / 1024, "process_cpu_s": usage.ru_utime + usage.ru_stime,
-        "json_lines_s": baseline(p, "json"), "msgspec_lines_s": baseline(p, "msgspec"),
-        "lean_block_lines_s": baseline(p, "lean-block"), "skip_lines_s": baseline(p, "skip"),
-        "listeners": len(result.listens), "counted": result.counted_requests}).decode())
+    print(
+        orjson.dumps(
+            {
+                "lines": result.lines,
+                "seconds": elapsed,
+                "cpu_s": cpu,
+                "pickle_s": pickle_s,
+                "rss_mb": usage.ru_maxrss / 1024,
+                "process_cpu_s": usage.ru_utime + usage.ru_stime,
+                "json_lines_s": baseline(p, "json"),
+                "msgspec_lines_s": baseline(p, "msgspec"),
+                "lean_block_lines_s": baseline(p, "lean-block"),
+                "skip_lines_s": baseline(p, "skip"),
+                "listeners": len(result.listens),
+                "counted": result.counted_requests,
+            }
+        ).decode()
+    )
 
 
 def baseline(path: Path, kind: str) -> float:
@@ -126,7 +192,7 @@ def baseline(path: Path, kind: str) -> float:
         # In the parse's own chunks (CHUNK_BYTES): a 20,000-line block decoded at once runs
         # out of the CPU cache and measured a third slower.
         per_block = max(1, CHUNK_BYTES * len(lines) // sum(len(line) + 1 for line in lines))
-        blocks = [b"\n".join(lines[i:i + per_block]) for i in range(0, len(lines), per_block)]
+        blocks = [b"\n".join(lines[i : i + per_block]) for i in range(0, len(lines), per_block)]
         decoder = LEAN_DECODER if kind == "lean-block" else msgspec.json.Decoder(Nothing)
         began = time.process_time()
         for block in blocks:
@@ -155,9 +221,17 @@ def main() -> None:
         # Flushed before the parses, so that they do not share the machine with the kernel
         # writing back up to a gigabyte of the bench's own fixture.
         os.sync()
-        runs = [orjson.loads(subprocess.run([sys.executable, __file__, "--child", str(path)],
-                                            check=True, capture_output=True, text=True).stdout)
-                for _ in range(args.repeat)]
+        runs = [
+            orjson.loads(
+                subprocess.run(
+                    [sys.executable, __file__, "--child", str(path)],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
+            )
+            for _ in range(args.repeat)
+        ]
     print(summary(runs, args.compress, size_mb))
 
 
@@ -171,17 +245,19 @@ def summary(runs: list[dict[str, float]], compress: str, size_mb: float) -> str:
     msgspec_s = statistics.median(run["msgspec_lines_s"] for run in runs)
     lean_s = statistics.median(run["lean_block_lines_s"] for run in runs)
     skip_s = statistics.median(run["skip_lines_s"] for run in runs)
-    return (f"{r['lines']:,.0f} lines ({compress}, {size_mb:.0f} MB on disk), {len(runs)} runs: "
-            f"{mid:,.0f} lines/s per core (median; range {per_core[0]:,.0f}-{per_core[-1]:,.0f}), "
-            f"{r['lines'] / r['seconds']:,.0f} wall; {r['cpu_s']:.2f} s CPU, then "
-            f"{r['pickle_s']:.2f} s pickling the result ({r['process_cpu_s']:.2f} s for the whole "
-            f"process with its start-up); peak RSS {max(run['rss_mb'] for run in runs):.0f} MB; "
-            f"{r['counted']:,.0f} counted requests, {r['listeners']:,.0f} listener-days; "
-            f"decode-only yardsticks on the same lines: stdlib json {json_s:,.0f}/s, msgspec "
-            f"{msgspec_s:,.0f}/s (end to end = {mid / json_s:.1f}x json, "
-            f"{mid / msgspec_s:.2f}x msgspec); the parse's own lean decoder alone, a block per "
-            f"call, {lean_s:,.0f}/s (end to end = {mid / lean_s:.2f}x it); msgspec only "
-            f"scanning the lines (a struct with no fields) {skip_s:,.0f}/s")
+    return (
+        f"{r['lines']:,.0f} lines ({compress}, {size_mb:.0f} MB on disk), {len(runs)} runs: "
+        f"{mid:,.0f} lines/s per core (median; range {per_core[0]:,.0f}-{per_core[-1]:,.0f}), "
+        f"{r['lines'] / r['seconds']:,.0f} wall; {r['cpu_s']:.2f} s CPU, then "
+        f"{r['pickle_s']:.2f} s pickling the result ({r['process_cpu_s']:.2f} s for the whole "
+        f"process with its start-up); peak RSS {max(run['rss_mb'] for run in runs):.0f} MB; "
+        f"{r['counted']:,.0f} counted requests, {r['listeners']:,.0f} listener-days; "
+        f"decode-only yardsticks on the same lines: stdlib json {json_s:,.0f}/s, msgspec "
+        f"{msgspec_s:,.0f}/s (end to end = {mid / json_s:.1f}x json, "
+        f"{mid / msgspec_s:.2f}x msgspec); the parse's own lean decoder alone, a block per "
+        f"call, {lean_s:,.0f}/s (end to end = {mid / lean_s:.2f}x it); msgspec only "
+        f"scanning the lines (a struct with no fields) {skip_s:,.0f}/s"
+    )
 
 
 if __name__ == "__main__":

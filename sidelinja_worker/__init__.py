@@ -19,5 +19,6 @@ def __getattr__(name: str) -> Any:
     stats_parse child parses logs) does not pay for asyncpg and the store (~0.17 s a start)."""
     if name in _CLIENT:
         from sidelinja_worker.queue import client
+
         return getattr(client, name)
     raise AttributeError(f"module 'sidelinja_worker' has no attribute {name!r}")

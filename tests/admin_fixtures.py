@@ -42,10 +42,12 @@ async def seed(pool: asyncpg.Pool) -> tuple[UUID, UUID, UUID]:
     """Workspaces A (five failed jobs of two types, one completed) and B (one failed job)."""
     a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('Alfa') RETURNING id")
     b = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('Beta') RETURNING id")
-    sql = ("INSERT INTO job_queue (workspace_id, job_type, payload, status, attempts, error_msg,"
-           " errors, completed_at) SELECT $1, $2, $3::text::jsonb, $4::job_status, 3, $5,"
-           " jsonb_build_array(jsonb_build_object('attempt', 3, 'at', now(), 'class',"
-           " 'transient', 'message', $5::text)), now() FROM generate_series(1, $6)")
+    sql = (
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, attempts, error_msg,"
+        " errors, completed_at) SELECT $1, $2, $3::text::jsonb, $4::job_status, 3, $5,"
+        " jsonb_build_array(jsonb_build_object('attempt', 3, 'at', now(), 'class',"
+        " 'transient', 'message', $5::text)), now() FROM generate_series(1, $6)"
+    )
     await pool.execute(sql, a, "noop", '{"episode": 7}', "error", "HTTP 503 from whisper", 3)
     await pool.execute(sql, a, "srt_parse", '{"path": "/x.srt"}', "error", "bad SRT", 2)
     await pool.execute(sql, a, "noop", "{}", "completed", None, 1)
@@ -58,5 +60,3 @@ def token_for(db_url: str, *scope: str) -> str:
     out = cli("admin-token", "create", *scope, url=db_url)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
-
-

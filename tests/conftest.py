@@ -103,8 +103,13 @@ async def empty_db_url(admin_url: str) -> AsyncIterator[str]:
 @pytest.fixture
 async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
     # Its own application_name, so a test can kill the workers' connections and not its own.
-    p = await asyncpg.create_pool(db_url, min_size=1, max_size=6, init=init_connection,
-                                  server_settings={"application_name": "sidelinja-tests"})
+    p = await asyncpg.create_pool(
+        db_url,
+        min_size=1,
+        max_size=6,
+        init=init_connection,
+        server_settings={"application_name": "sidelinja-tests"},
+    )
     yield p
     await p.close()
 

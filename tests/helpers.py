@@ -25,32 +25,55 @@ class AnyPayload(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
 
-def job_type(name: str, handler: Callable[[JobContext, Any], Awaitable[Any]], *,
-             timeout_s: float = 60, payload_model: type[BaseModel] = AnyPayload) -> JobType:
-    return JobType(name=name, handler=handler, payload_model=payload_model,
-                   default_priority=0, timeout_s=timeout_s, description="test type")
+def job_type(
+    name: str,
+    handler: Callable[[JobContext, Any], Awaitable[Any]],
+    *,
+    timeout_s: float = 60,
+    payload_model: type[BaseModel] = AnyPayload,
+) -> JobType:
+    return JobType(
+        name=name,
+        handler=handler,
+        payload_model=payload_model,
+        default_priority=0,
+        timeout_s=timeout_s,
+        description="test type",
+    )
 
 
-async def run_burst(pool: asyncpg.Pool, url: str, registry: Registry = REGISTRY,
-                    config: ServiceConfig | None = None, **settings: Any) -> Worker:
+async def run_burst(
+    pool: asyncpg.Pool,
+    url: str,
+    registry: Registry = REGISTRY,
+    config: ServiceConfig | None = None,
+    **settings: Any,
+) -> Worker:
     """Runs a worker in this process until no due job is left. `config` defaults to no outside
     services configured (the test's environment never leaks in)."""
     settings.setdefault("poll_interval_s", 0.05)
-    worker = Worker(pool, url, registry, WorkerSettings(burst=True, **settings),
-                    config or ServiceConfig({}))
+    worker = Worker(
+        pool, url, registry, WorkerSettings(burst=True, **settings), config or ServiceConfig({})
+    )
     await asyncio.wait_for(worker.run(), timeout=120)
     return worker
 
 
-def cli(*args: str, url: str | None, env: dict[str, str] | None = None,
-        timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, url: str | None, env: dict[str, str] | None = None, timeout_s: float = 120
+) -> subprocess.CompletedProcess[str]:
     """`sidelinja-worker ARGS` as a real process."""
     full_env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     if url is not None:
         full_env["DATABASE_URL"] = url
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "sidelinja_worker", *args], env=full_env,
-                          capture_output=True, text=True, timeout=timeout_s)
+    return subprocess.run(
+        [sys.executable, "-m", "sidelinja_worker", *args],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 class Spawned:
@@ -98,19 +121,27 @@ async def statuses(pool: asyncpg.Pool) -> dict[str, int]:
     return {r[0]: r[1] for r in rows}
 
 
-async def insert_jobs(pool: asyncpg.Pool, workspace: Any, count: int, payload: str = "{}",
-                      job_type_name: str = "noop") -> None:
+async def insert_jobs(
+    pool: asyncpg.Pool, workspace: Any, count: int, payload: str = "{}", job_type_name: str = "noop"
+) -> None:
     """Plain SQL, the way the web app enqueues."""
     await pool.execute(
         "INSERT INTO job_queue (workspace_id, job_type, payload)"
         " SELECT $1, $2, $3::text::jsonb FROM generate_series(1, $4)",
-        workspace, job_type_name, payload, count)
+        workspace,
+        job_type_name,
+        payload,
+        count,
+    )
 
 
 def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
     """The stderr of a failed command, checked to be one readable line without a traceback."""
-    lines = [ln for ln in proc.stderr.splitlines()
-             if ln.strip() and not ln.startswith("sidelinja-worker: using")]
+    lines = [
+        ln
+        for ln in proc.stderr.splitlines()
+        if ln.strip() and not ln.startswith("sidelinja-worker: using")
+    ]
     assert proc.returncode != 0, proc
     assert "Traceback" not in proc.stderr, proc.stderr
     assert len(lines) == 1, proc.stderr

@@ -17,11 +17,18 @@ from tests.admin_fixtures import admin_fixture, seed, token_for  # noqa: F401 (f
 from tests.helpers import run_burst
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 pytestmark = pytest.mark.skipif(
     not Path(CHROMIUM).exists(),
-    reason=f"{CHROMIUM} is missing: apt-get install -y chromium (Debian's; never a download)")
+    reason=f"{CHROMIUM} is missing: apt-get install -y chromium (Debian's; never a download)",
+)
 playwright_api = pytest.importorskip("playwright.async_api")
 
 
@@ -43,12 +50,16 @@ async def logged_in(browser: object, base: str, token: str) -> object:
 
 
 async def row_ids(page: object) -> set[str]:
-    return set(await page.locator("tr[data-job]").evaluate_all(  # type: ignore[attr-defined]
-        "rows => rows.map(r => r.dataset.job)"))
+    return set(
+        await page.locator("tr[data-job]").evaluate_all(  # type: ignore[attr-defined]
+            "rows => rows.map(r => r.dataset.job)"
+        )
+    )
 
 
-async def test_filter_open_retry_and_watch_it_live(pool: asyncpg.Pool, db_url: str, admin: str,
-                                                   browser: object) -> None:
+async def test_filter_open_retry_and_watch_it_live(
+    pool: asyncpg.Pool, db_url: str, admin: str, browser: object
+) -> None:
     a, _b, b_job = await seed(pool)
     page = await logged_in(browser, admin, token_for(db_url, "--workspace", str(a)))
     assert len(await row_ids(page)) == 5 and str(b_job) not in await row_ids(page)
@@ -70,7 +81,10 @@ async def test_filter_open_retry_and_watch_it_live(pool: asyncpg.Pool, db_url: s
     await page.click("#retry")
     await page.wait_for_url("**done=retry")
     assert await page.inner_text("#job-status") == "pending"
-    assert await pool.fetchval("SELECT action FROM admin_audit WHERE $1 = ANY(job_ids)", job_id) == "retry"
+    assert (
+        await pool.fetchval("SELECT action FROM admin_audit WHERE $1 = ANY(job_ids)", job_id)
+        == "retry"
+    )
 
     await page.wait_for_selector("body[data-live=on]")
     await page.evaluate("window.notReloaded = true")
@@ -78,20 +92,28 @@ async def test_filter_open_retry_and_watch_it_live(pool: asyncpg.Pool, db_url: s
     await store.report_progress(pool, job_id, worker_id, "Transkriberer…", 40)
     await page.wait_for_function("document.querySelector('#job-status').textContent === 'running'")
     await page.wait_for_function(
-        "document.querySelector('#job-progress').textContent.includes('Transkriberer… (40 %)')")
+        "document.querySelector('#job-progress').textContent.includes('Transkriberer… (40 %)')"
+    )
     await shot(page, "admin-job.png")
-    await pool.execute("UPDATE job_queue SET status = 'pending', worker_id = NULL WHERE id = $1",
-                       job_id)
+    await pool.execute(
+        "UPDATE job_queue SET status = 'pending', worker_id = NULL WHERE id = $1", job_id
+    )
     await run_burst(pool, db_url)
-    await page.wait_for_function("document.querySelector('#job-status').textContent === 'completed'")
+    await page.wait_for_function(
+        "document.querySelector('#job-status').textContent === 'completed'"
+    )
     assert await page.evaluate("window.notReloaded") is True
 
 
 async def claim_by_hand(pool: asyncpg.Pool, job_id: UUID) -> UUID:
     """What a worker's claim does to the row, so a progress report is accepted."""
     worker_id = await pool.fetchval("SELECT gen_random_uuid()")
-    await pool.execute("UPDATE job_queue SET status = 'running', worker_id = $2,"
-                       " attempts = attempts + 1 WHERE id = $1", job_id, worker_id)
+    await pool.execute(
+        "UPDATE job_queue SET status = 'running', worker_id = $2,"
+        " attempts = attempts + 1 WHERE id = $1",
+        job_id,
+        worker_id,
+    )
     return worker_id
 
 
@@ -102,8 +124,9 @@ async def shot(page: object, name: str) -> None:
         await page.screenshot(path=str(Path(folder) / name), full_page=True)  # type: ignore[attr-defined]
 
 
-async def test_a_workspace_token_never_sees_another_workspace(pool: asyncpg.Pool, db_url: str,
-                                                              admin: str, browser: object) -> None:
+async def test_a_workspace_token_never_sees_another_workspace(
+    pool: asyncpg.Pool, db_url: str, admin: str, browser: object
+) -> None:
     a, b, b_job = await seed(pool)
     page = await logged_in(browser, admin, token_for(db_url, "--workspace", str(a)))
     for query in ("status=all", f"status=all&workspace={b}", f"status=error&workspace={b}"):
@@ -129,8 +152,9 @@ async def test_a_workspace_token_never_sees_another_workspace(pool: asyncpg.Pool
     assert {e["workspace_id"] for e in seen} == {str(a)}
 
     csrf = await page.get_attribute("form.bulk input[name=csrf]", "value")
-    forged = await page.request.post(f"{admin}/admin/jobs/bulk-retry",
-                                     form={"status": "all", "workspace": str(b), "csrf": csrf})
+    forged = await page.request.post(
+        f"{admin}/admin/jobs/bulk-retry", form={"status": "all", "workspace": str(b), "csrf": csrf}
+    )
     assert forged.ok
     no_csrf = await page.request.post(f"{admin}/admin/jobs/bulk-retry", form={"status": "all"})
     assert no_csrf.status == 403
@@ -138,5 +162,11 @@ async def test_a_workspace_token_never_sees_another_workspace(pool: asyncpg.Pool
     await page.click("#bulk-retry")
     await page.wait_for_selector("#retried")
     assert await pool.fetchval("SELECT status::text FROM job_queue WHERE id = $1", b_job) == "retry"
-    assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE workspace_id = $1"
-                               " AND status IN ('error', 'retry')", a) == 0
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM job_queue WHERE workspace_id = $1"
+            " AND status IN ('error', 'retry')",
+            a,
+        )
+        == 0
+    )

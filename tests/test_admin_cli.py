@@ -11,16 +11,15 @@ from uuid import UUID
 
 import asyncpg
 
-from sidelinja_worker.queue import logs
-from sidelinja_worker.queue import metrics
+from sidelinja_worker.queue import logs, metrics
 from sidelinja_worker.queue.jobs import ClaimedJob
 from tests.helpers import cli, insert_jobs, metrics_text, one_line_error
 
 
-async def test_tokens_are_created_hashed_listed_and_revoked(pool: asyncpg.Pool, db_url: str,
-                                                            workspace: UUID) -> None:
-    made = cli("admin-token", "create", "--workspace", str(workspace), "--label", "ops",
-               url=db_url)
+async def test_tokens_are_created_hashed_listed_and_revoked(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    made = cli("admin-token", "create", "--workspace", str(workspace), "--label", "ops", url=db_url)
     token = made.stdout.strip()
     assert made.returncode == 0 and token.startswith("slj_")
     stored = await pool.fetchval("SELECT token_sha256 FROM admin_tokens")
@@ -33,24 +32,40 @@ async def test_tokens_are_created_hashed_listed_and_revoked(pool: asyncpg.Pool, 
     assert "revoked" in cli("admin-token", "list", url=db_url).stdout
     assert cli("admin-token", "create", "--all", url=db_url).returncode == 0
     assert "no workspace" in one_line_error(
-        cli("admin-token", "create", "--workspace", str(UUID(int=1)), url=db_url))
+        cli("admin-token", "create", "--workspace", str(UUID(int=1)), url=db_url)
+    )
 
 
 async def test_jobs_list_and_retry(pool: asyncpg.Pool, db_url: str, workspace: UUID) -> None:
     await insert_jobs(pool, workspace, 2)
-    failed = await pool.fetchval("UPDATE job_queue SET status = 'error', attempts = 3,"
-                                 " error_msg = 'boom' WHERE id = (SELECT min(id::text)::uuid"
-                                 " FROM job_queue) RETURNING id")
+    failed = await pool.fetchval(
+        "UPDATE job_queue SET status = 'error', attempts = 3,"
+        " error_msg = 'boom' WHERE id = (SELECT min(id::text)::uuid"
+        " FROM job_queue) RETURNING id"
+    )
     table = cli("jobs", "list", url=db_url)
     assert table.returncode == 0 and str(failed) in table.stdout and "boom" in table.stdout
     rows = json.loads(cli("jobs", "list", "--status", "all", "--json", url=db_url).stdout)
     assert len(rows) == 2 and {r["status"] for r in rows} == {"error", "pending"}
-    only = json.loads(cli("jobs", "list", "--status", "pending", "--type", "noop", "--workspace",
-                          str(workspace), "--json", url=db_url).stdout)
+    only = json.loads(
+        cli(
+            "jobs",
+            "list",
+            "--status",
+            "pending",
+            "--type",
+            "noop",
+            "--workspace",
+            str(workspace),
+            "--json",
+            url=db_url,
+        ).stdout
+    )
     assert [r["status"] for r in only] == ["pending"]
     assert cli("jobs", "retry", str(failed), url=db_url).returncode == 0
-    row = await pool.fetchrow("SELECT status::text, max_attempts FROM job_queue WHERE id = $1",
-                              failed)
+    row = await pool.fetchrow(
+        "SELECT status::text, max_attempts FROM job_queue WHERE id = $1", failed
+    )
     assert tuple(row) == ("pending", 4)
     assert "only error or retry" in one_line_error(cli("jobs", "retry", str(failed), url=db_url))
     assert "bad" in one_line_error(cli("jobs", "list", "--status", "bad", url=db_url))
@@ -72,7 +87,9 @@ async def test_worker_metrics_endpoint(pool: asyncpg.Pool, workspace: UUID) -> N
     assert 'sidelinja_jobs{job_type="noop",status="pending"} 3.0' in body
     assert 'sidelinja_jobs_processed_total{job_type="metrics_probe",outcome="failed"}' in body
     assert "sidelinja_job_run_seconds_bucket" in body
-    assert 'sidelinja_job_pickup_latency_seconds_bucket{job_type="metrics_probe",le="0.5"} 1.0' in body
+    assert (
+        'sidelinja_job_pickup_latency_seconds_bucket{job_type="metrics_probe",le="0.5"} 1.0' in body
+    )
     assert "sidelinja_oldest_due_job_age_seconds" in body
 
 
@@ -95,5 +112,9 @@ async def test_json_log_lines_carry_the_job() -> None:
         log.removeHandler(handler)
     first, second = (json.loads(line) for line in stream.getvalue().splitlines())
     assert (first["job_id"], first["job_type"], first["workspace_id"], first["attempt"]) == (
-        str(UUID(int=7)), "noop", str(UUID(int=8)), 2)
+        str(UUID(int=7)),
+        "noop",
+        str(UUID(int=8)),
+        2,
+    )
     assert first["msg"] == "job failed" and "job_id" not in second

@@ -31,8 +31,9 @@ async def collect(url: str, action: Any, settle_s: float = 0.3) -> list[dict[str
     return got
 
 
-async def test_inserts_and_status_changes_are_published_in_batches(pool: asyncpg.Pool,
-                                                                    db_url: str) -> None:
+async def test_inserts_and_status_changes_are_published_in_batches(
+    pool: asyncpg.Pool, db_url: str
+) -> None:
     a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
     b = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('B') RETURNING id")
 
@@ -42,20 +43,27 @@ async def test_inserts_and_status_changes_are_published_in_batches(pool: asyncpg
 
     inserted = await collect(db_url, enqueue)
     assert sorted((p["workspace_id"], len(p["ids"])) for p in inserted) == sorted(
-        [(str(a), 3), (str(b), 1)])
+        [(str(a), 3), (str(b), 1)]
+    )
     assert all(p["status"] == "pending" for p in inserted)
 
-    changed = await collect(db_url, lambda: pool.execute(
-        "UPDATE job_queue SET status = 'error', attempts = 3"))
+    changed = await collect(
+        db_url, lambda: pool.execute("UPDATE job_queue SET status = 'error', attempts = 3")
+    )
     assert len(changed) == 2
     one = next(p for p in changed if p["workspace_id"] == str(a))
     assert set(one) == {"workspace_id", "job_type", "status", "max_attempts", "ids", "attempts"}
     assert (one["job_type"], one["status"], one["max_attempts"], one["attempts"]) == (
-        "noop", "error", 3, [3, 3, 3])
+        "noop",
+        "error",
+        3,
+        [3, 3, 3],
+    )
 
 
-async def test_a_big_statement_is_split_under_the_notify_limit(pool: asyncpg.Pool,
-                                                                db_url: str) -> None:
+async def test_a_big_statement_is_split_under_the_notify_limit(
+    pool: asyncpg.Pool, db_url: str
+) -> None:
     a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
     got = await collect(db_url, lambda: insert_jobs(pool, a, 1000))
     assert sum(len(p["ids"]) for p in got) == 1000
@@ -64,33 +72,55 @@ async def test_a_big_statement_is_split_under_the_notify_limit(pool: asyncpg.Poo
     assert max(len(orjson.dumps(p)) for p in got) < 8000
 
 
-async def test_a_job_type_needing_escapes_comes_through_intact(pool: asyncpg.Pool,
-                                                               db_url: str) -> None:
+async def test_a_job_type_needing_escapes_comes_through_intact(
+    pool: asyncpg.Pool, db_url: str
+) -> None:
     """The payload is written as text by the trigger; job_type is the one free-text field."""
     a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
     odd = 'say "hei"\\ på\nnorsk\t{}'
-    got = await collect(db_url, lambda: pool.execute(
-        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, $2, '{}')", a, odd))
+    got = await collect(
+        db_url,
+        lambda: pool.execute(
+            "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, $2, '{}')", a, odd
+        ),
+    )
     assert [p["job_type"] for p in got] == [odd]
 
 
 def test_explode_gives_one_event_per_job() -> None:
-    batch = {"workspace_id": "w", "job_type": "t", "status": "running", "max_attempts": 3, "ids": ["1", "2"], "attempts": [1, 2]}
+    batch = {
+        "workspace_id": "w",
+        "job_type": "t",
+        "status": "running",
+        "max_attempts": 3,
+        "ids": ["1", "2"],
+        "attempts": [1, 2],
+    }
     events = explode(orjson.dumps(batch).decode())
     assert [(e["id"], e["attempts"], e["status"]) for e in events] == [
-        ("1", 1, "running"), ("2", 2, "running")]
-    progress = {"id": "1", "workspace_id": "w", "job_type": "t", "status": "running",
-                "progress": {"message": "x"}}
+        ("1", 1, "running"),
+        ("2", 2, "running"),
+    ]
+    progress = {
+        "id": "1",
+        "workspace_id": "w",
+        "job_type": "t",
+        "status": "running",
+        "progress": {"message": "x"},
+    }
     assert explode(orjson.dumps(progress).decode()) == [progress]
 
 
-async def test_the_hub_gives_each_stream_only_its_workspace(pool: asyncpg.Pool,
-                                                           db_url: str) -> None:
+async def test_the_hub_gives_each_stream_only_its_workspace(
+    pool: asyncpg.Pool, db_url: str
+) -> None:
     a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
     b = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('B') RETURNING id")
     hub = EventHub(db_url)
     await hub.start()
-    streams = {name: hub.stream(Scope(None, ws)) for name, ws in (("a", a), ("b", b), ("all", None))}
+    streams = {
+        name: hub.stream(Scope(None, ws)) for name, ws in (("a", a), ("b", b), ("all", None))
+    }
     try:
         for s in streams.values():
             assert b"connected" in await anext(s)
@@ -98,8 +128,10 @@ async def test_the_hub_gives_each_stream_only_its_workspace(pool: asyncpg.Pool,
         await insert_jobs(pool, b, 1)
         await insert_jobs(pool, a, 2)
         await insert_jobs(pool, b, 1)
-        seen = {name: [await asyncio.wait_for(anext(s), 5) for _ in range(n)]
-                for (name, s), n in zip(streams.items(), (2, 2, 4), strict=True)}
+        seen = {
+            name: [await asyncio.wait_for(anext(s), 5) for _ in range(n)]
+            for (name, s), n in zip(streams.items(), (2, 2, 4), strict=True)
+        }
     finally:
         for s in streams.values():
             await s.aclose()
@@ -113,21 +145,26 @@ async def test_progress_reports_reach_the_channel(pool: asyncpg.Pool, db_url: st
     a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
     job: UUID = await pool.fetchval(
         "INSERT INTO job_queue (workspace_id, job_type, payload, status, worker_id)"
-        " VALUES ($1, 'noop', '{}', 'running', $2) RETURNING id", a, a)
+        " VALUES ($1, 'noop', '{}', 'running', $2) RETURNING id",
+        a,
+        a,
+    )
     from sidelinja_worker.queue import store
 
     got = await collect(db_url, lambda: store.report_progress(pool, job, a, "Transkriberer…", 40))
     assert got[0]["id"] == str(job) and got[0]["progress"]["message"] == "Transkriberer…"
 
 
-async def test_progress_reports_of_one_job_are_stored_in_the_order_made(
-        pool: asyncpg.Pool) -> None:
+async def test_progress_reports_of_one_job_are_stored_in_the_order_made(pool: asyncpg.Pool) -> None:
     """Concurrent parts of a job report at once (prompt_eval's cases): the last report made is
     the one stored, although each write may go out on its own pool connection."""
     a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
     job: UUID = await pool.fetchval(
         "INSERT INTO job_queue (workspace_id, job_type, payload, status, worker_id)"
-        " VALUES ($1, 'noop', '{}', 'running', $2) RETURNING id", a, a)
+        " VALUES ($1, 'noop', '{}', 'running', $2) RETURNING id",
+        a,
+        a,
+    )
     services = Services(pool, None, None, None)  # type: ignore[arg-type]  # only the pool
     ctx = JobContext(job, a, "noop", 1, 3, services, a)
     for _ in range(5):
@@ -136,8 +173,9 @@ async def test_progress_reports_of_one_job_are_stored_in_the_order_made(
         assert stored["message"] == "30/30"
 
 
-async def test_a_stream_ends_once_its_token_is_revoked(db_url: str,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_stream_ends_once_its_token_is_revoked(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(events_module, "KEEPALIVE_S", 0.05)
     hub = EventHub(db_url)
     await hub.start()

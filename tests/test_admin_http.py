@@ -28,8 +28,9 @@ async def pages(http: httpx.AsyncClient, url: str | None) -> list[str]:
     raise AssertionError(f"still more pages after 20: {url}")
 
 
-async def test_no_token_or_a_revoked_one_gets_nothing(pool: asyncpg.Pool, db_url: str,
-                                                       admin: str) -> None:
+async def test_no_token_or_a_revoked_one_gets_nothing(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
     a, _b, _ = await seed(pool)
     token = token_for(db_url, "--workspace", str(a))
     async with httpx.AsyncClient(base_url=admin) as http:
@@ -44,13 +45,17 @@ async def test_no_token_or_a_revoked_one_gets_nothing(pool: asyncpg.Pool, db_url
         assert gone.status_code == 303
 
 
-async def test_keyset_pages_cover_every_job_once(pool: asyncpg.Pool, db_url: str,
-                                                 admin: str) -> None:
+async def test_keyset_pages_cover_every_job_once(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
     a, _b, _ = await seed(pool)
     # 120 more failed jobs, many sharing one created_at: the id breaks the ties.
-    await pool.execute("INSERT INTO job_queue (workspace_id, job_type, payload, status, created_at)"
-                       " SELECT $1, 'noop', '{}', 'error', now() - (g / 7) * interval '1 s'"
-                       " FROM generate_series(1, 120) g", a)
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, created_at)"
+        " SELECT $1, 'noop', '{}', 'error', now() - (g / 7) * interval '1 s'"
+        " FROM generate_series(1, 120) g",
+        a,
+    )
     headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         seen = await pages(http, "/admin/jobs?status=error")
@@ -58,7 +63,8 @@ async def test_keyset_pages_cover_every_job_once(pool: asyncpg.Pool, db_url: str
 
 
 async def test_all_statuses_page_through_every_status_once_in_order(
-        pool: asyncpg.Pool, db_url: str, admin: str) -> None:
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
     a, _b, _ = await seed(pool)
     # 25 jobs of every status, their times tied in sevens, so pages end inside a status, on a
     # tie, and on the boundary between two statuses. Completed jobs sort by when they finished,
@@ -68,12 +74,21 @@ async def test_all_statuses_page_through_every_status_once_in_order(
         " SELECT $1, 'noop', '{}', s::job_status, now() - (g / 7) * interval '1 s',"
         "        CASE WHEN s IN ('completed', 'error', 'cancelled')"
         "             THEN now() - (25 - g) / 7 * interval '1 s' END"
-        " FROM unnest($2::text[]) s, generate_series(1, 25) g", a, list(admin_store.STATUS_ORDER))
-    expected = [str(r[0]) for r in await pool.fetch(
-        "SELECT id FROM job_queue WHERE workspace_id = $1"
-        " ORDER BY array_position($2::text[], status::text),"
-        "          CASE WHEN status = 'completed' THEN completed_at ELSE created_at END DESC,"
-        "          id DESC", a, list(admin_store.STATUS_ORDER))]
+        " FROM unnest($2::text[]) s, generate_series(1, 25) g",
+        a,
+        list(admin_store.STATUS_ORDER),
+    )
+    expected = [
+        str(r[0])
+        for r in await pool.fetch(
+            "SELECT id FROM job_queue WHERE workspace_id = $1"
+            " ORDER BY array_position($2::text[], status::text),"
+            "          CASE WHEN status = 'completed' THEN completed_at ELSE created_at END DESC,"
+            "          id DESC",
+            a,
+            list(admin_store.STATUS_ORDER),
+        )
+    ]
     headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         seen = await pages(http, "/admin/jobs?status=all")
@@ -81,17 +96,22 @@ async def test_all_statuses_page_through_every_status_once_in_order(
 
 
 async def test_from_and_to_are_finish_times_for_completed_jobs(
-        pool: asyncpg.Pool, db_url: str, admin: str) -> None:
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
     a, _b, _ = await seed(pool)
-    sql = ("INSERT INTO job_queue (workspace_id, job_type, payload, status, created_at,"
-           " completed_at) VALUES ($1, 'noop', '{}', $2::job_status, now() - $3::text::interval,"
-           " now() - $4::text::interval) RETURNING id::text")
+    sql = (
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, created_at,"
+        " completed_at) VALUES ($1, 'noop', '{}', $2::job_status, now() - $3::text::interval,"
+        " now() - $4::text::interval) RETURNING id::text"
+    )
     old_finished_late = await pool.fetchval(sql, a, "completed", "3 days", "1 hour")
     await pool.fetchval(sql, a, "completed", "1 hour", "1 minute")
     old_error = await pool.fetchval(sql, a, "error", "3 days", "1 hour")
     now = await pool.fetchval("SELECT now()")
-    window = (f"from={(now - timedelta(hours=2)).isoformat()}"
-              f"&to={(now - timedelta(minutes=30)).isoformat()}").replace("+", "%2B")
+    window = (
+        f"from={(now - timedelta(hours=2)).isoformat()}"
+        f"&to={(now - timedelta(minutes=30)).isoformat()}"
+    ).replace("+", "%2B")
     headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         assert await pages(http, f"/admin/jobs?status=completed&{window}") == [old_finished_late]
@@ -99,8 +119,9 @@ async def test_from_and_to_are_finish_times_for_completed_jobs(
         assert old_error not in await pages(http, f"/admin/jobs?status=error&{window}")
 
 
-async def test_overview_counts_only_the_token_s_workspace(pool: asyncpg.Pool, db_url: str,
-                                                           admin: str) -> None:
+async def test_overview_counts_only_the_token_s_workspace(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
     a, b, _ = await seed(pool)
     await store.set_type_limit(pool, "whisper_transcribe", 1)
     await store.set_workspace_limit(pool, b, 7)

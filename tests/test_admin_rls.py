@@ -19,9 +19,12 @@ async def two_workspaces(pool: asyncpg.Pool) -> tuple[UUID, UUID]:
 
 
 async def as_app(conn: asyncpg.Connection, workspace: UUID | None, all_: bool = False) -> None:
-    await conn.execute("SELECT set_config('sidelinja.workspace_id', $1, true),"
-                       " set_config('sidelinja.all_workspaces', $2, true)",
-                       str(workspace or ""), "on" if all_ else "off")
+    await conn.execute(
+        "SELECT set_config('sidelinja.workspace_id', $1, true),"
+        " set_config('sidelinja.all_workspaces', $2, true)",
+        str(workspace or ""),
+        "on" if all_ else "off",
+    )
     await conn.execute("SET LOCAL ROLE sidelinja_app")
 
 
@@ -32,8 +35,10 @@ async def test_a_workspace_sees_and_changes_only_its_own_rows(pool: asyncpg.Pool
         seen = await conn.fetch("SELECT DISTINCT workspace_id FROM job_queue")
         assert [r[0] for r in seen] == [a]
         assert await conn.fetchval("SELECT count(*) FROM job_queue") == 3
-        assert await conn.execute("UPDATE job_queue SET priority = 9 WHERE workspace_id = $1",
-                                  b) == "UPDATE 0"
+        assert (
+            await conn.execute("UPDATE job_queue SET priority = 9 WHERE workspace_id = $1", b)
+            == "UPDATE 0"
+        )
     assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE priority = 9") == 0
 
 
@@ -43,12 +48,17 @@ async def test_no_delete_and_no_insert_into_another_workspace(pool: asyncpg.Pool
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             async with conn.transaction():
                 await as_app(conn, a)
-                await conn.execute("INSERT INTO job_queue (workspace_id, job_type, payload)"
-                                   " VALUES ($1, 'noop', '{}')", b)
+                await conn.execute(
+                    "INSERT INTO job_queue (workspace_id, job_type, payload)"
+                    " VALUES ($1, 'noop', '{}')",
+                    b,
+                )
         async with conn.transaction():  # its own workspace: allowed, as the web app enqueues
             await as_app(conn, a)
-            await conn.execute("INSERT INTO job_queue (workspace_id, job_type, payload)"
-                               " VALUES ($1, 'noop', '{}')", a)
+            await conn.execute(
+                "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'noop', '{}')",
+                a,
+            )
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             async with conn.transaction():  # moving a job into B is refused by WITH CHECK
                 await as_app(conn, a)
@@ -68,7 +78,10 @@ async def test_unset_setting_sees_nothing_and_all_sees_all(pool: asyncpg.Pool) -
         # SET LOCAL and set_config(..., true) end with the transaction: nothing leaks to the
         # next user of a pooled connection.
         assert await conn.fetchval("SELECT current_user") != "sidelinja_app"
-        assert await conn.fetchval("SELECT current_setting('sidelinja.workspace_id', true)") in ("", None)
+        assert await conn.fetchval("SELECT current_setting('sidelinja.workspace_id', true)") in (
+            "",
+            None,
+        )
 
 
 async def test_the_worker_role_still_sees_everything(pool: asyncpg.Pool) -> None:
@@ -90,8 +103,10 @@ async def test_another_non_owner_role_keeps_full_access(pool: asyncpg.Pool, db_u
     """Enabling RLS must not lock out a role the platform already uses (e.g. the web app's)."""
     await two_workspaces(pool)
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute("DO $$ BEGIN CREATE ROLE sidelinja_test_other NOLOGIN;"
-                           " EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        await conn.execute(
+            "DO $$ BEGIN CREATE ROLE sidelinja_test_other NOLOGIN;"
+            " EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+        )
         await conn.execute("GRANT SELECT ON job_queue TO sidelinja_test_other")
         await conn.execute("SET LOCAL ROLE sidelinja_test_other")
         assert await conn.fetchval("SELECT count(*) FROM job_queue") == 5
@@ -102,8 +117,10 @@ async def test_a_web_role_is_confined_once_it_takes_the_app_role(pool: asyncpg.P
     SET LOCAL ROLE sidelinja_app, only the workspace in the setting."""
     a, _b = await two_workspaces(pool)
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute("DO $$ BEGIN CREATE ROLE sidelinja_test_web NOLOGIN NOINHERIT;"
-                           " EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        await conn.execute(
+            "DO $$ BEGIN CREATE ROLE sidelinja_test_web NOLOGIN NOINHERIT;"
+            " EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+        )
         await conn.execute("GRANT SELECT ON job_queue TO sidelinja_test_web")
         await conn.execute("GRANT sidelinja_app TO sidelinja_test_web")
         await conn.execute("SET LOCAL ROLE sidelinja_test_web")

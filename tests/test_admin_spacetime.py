@@ -36,8 +36,9 @@ def fake_spacetime(calls: list[Any], fail_first: bool) -> web.Application:
     return app
 
 
-async def test_events_reach_the_reducer_and_failures_are_dropped(pool: asyncpg.Pool,
-                                                                 db_url: str) -> None:
+async def test_events_reach_the_reducer_and_failures_are_dropped(
+    pool: asyncpg.Pool, db_url: str
+) -> None:
     calls: list[Any] = []
     workspace = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
     async with serve(fake_spacetime(calls, fail_first=True)) as url:
@@ -46,7 +47,7 @@ async def test_events_reach_the_reducer_and_failures_are_dropped(pool: asyncpg.P
         target = SpacetimeTarget(url, "sidelinja", "job_event", Secret("stdb-token"))
         try:
             async with forwarding(hub, target):
-                await insert_jobs(pool, workspace, 2)          # answered 530: dropped, logged
+                await insert_jobs(pool, workspace, 2)  # answered 530: dropped, logged
                 await insert_jobs(pool, workspace, 3)
                 async with asyncio.timeout(10):
                     while len(calls) < 2:

@@ -30,18 +30,29 @@ async def job(pool: asyncpg.Pool, job_id: UUID) -> asyncpg.Record:
     return row
 
 
-async def add_transcript(pool: asyncpg.Pool, workspace: UUID, ref: str,
-                         segments: list[tuple[int, str]]) -> None:
+async def add_transcript(
+    pool: asyncpg.Pool, workspace: UUID, ref: str, segments: list[tuple[int, str]]
+) -> None:
     """A transcript as srt_parse stores it (migration 0006)."""
     plain = " ".join(text for _, text in segments)
     await pool.execute(
         "INSERT INTO transcripts (workspace_id, transcript_ref, language, source, plain_text,"
         " webvtt, segment_count, duration_ms) VALUES ($1, $2, 'no', $3, $4, 'WEBVTT', $5, $6)",
-        workspace, ref, {"path": f"{ref}.srt"}, plain, len(segments), segments[-1][0] + 1000)
+        workspace,
+        ref,
+        {"path": f"{ref}.srt"},
+        plain,
+        len(segments),
+        segments[-1][0] + 1000,
+    )
     await pool.executemany(
         "INSERT INTO transcript_segments (workspace_id, transcript_ref, seq, start_ms, end_ms, text)"
         " VALUES ($1, $2, $3, $4, $5, $6)",
-        [(workspace, ref, i, start, start + 900, text) for i, (start, text) in enumerate(segments, 1)])
+        [
+            (workspace, ref, i, start, start + 900, text)
+            for i, (start, text) in enumerate(segments, 1)
+        ],
+    )
 
 
 async def set_settings(pool: asyncpg.Pool, workspace: UUID, settings: dict[str, Any]) -> None:
@@ -49,22 +60,31 @@ async def set_settings(pool: asyncpg.Pool, workspace: UUID, settings: dict[str, 
 
 
 async def stored(pool: asyncpg.Pool) -> list[asyncpg.Record]:
-    return await pool.fetch("SELECT workspace_id, kind, source_ref, model, result FROM ai_results"
-                            " ORDER BY kind, source_ref, workspace_id")
+    return await pool.fetch(
+        "SELECT workspace_id, kind, source_ref, model, result FROM ai_results"
+        " ORDER BY kind, source_ref, workspace_id"
+    )
 
 
-async def test_analyze_a_stored_transcript(pool: asyncpg.Pool, db_url: str, workspace: UUID,
-                                           ai_gateway: FakeAiGateway) -> None:
-    await add_transcript(pool, workspace, "ep-1", [(0, "Hei og velkommen."), (95_000, "Nå om valget.")])
-    job_id = await client.enqueue(pool, workspace, "openrouter_analyze",
-                                  {"transcript_ref": "ep-1", "title": "Valgspesial"})
+async def test_analyze_a_stored_transcript(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
+    await add_transcript(
+        pool, workspace, "ep-1", [(0, "Hei og velkommen."), (95_000, "Nå om valget.")]
+    )
+    job_id = await client.enqueue(
+        pool, workspace, "openrouter_analyze", {"transcript_ref": "ep-1", "title": "Valgspesial"}
+    )
     await run_jobs(pool, db_url, ai_gateway)
 
     row = await job(pool, job_id)
     assert row["status"] == "completed", row["error_msg"]
     result = row["result"]
-    assert result["analysis"]["chapters"][0] == {"start": "0:00:00", "title": "Innledning",
-                                                 "summary": "Vi starter."}
+    assert result["analysis"]["chapters"][0] == {
+        "start": "0:00:00",
+        "title": "Innledning",
+        "summary": "Vi starter.",
+    }
     assert result["analysis"]["people"] == [{"name": "Kari Nordmann", "role": "ordfører"}]
     assert (result["model"], result["parts"], result["source_ref"]) == (DEFAULT_MODEL, 1, "ep-1")
     assert result["usage"] == {"prompt_tokens": 100, "completion_tokens": 20, "calls": 1}
@@ -78,15 +98,27 @@ async def test_analyze_a_stored_transcript(pool: asyncpg.Pool, db_url: str, work
     assert "[0:00:00] Hei og velkommen.\n[0:01:35] Nå om valget." in req.message("user")
     assert "Episode: Valgspesial" in req.message("user")
     [saved] = await stored(pool)
-    assert (saved["workspace_id"], saved["kind"], saved["source_ref"]) == (workspace, "openrouter_analyze", "ep-1")
+    assert (saved["workspace_id"], saved["kind"], saved["source_ref"]) == (
+        workspace,
+        "openrouter_analyze",
+        "ep-1",
+    )
     assert saved["result"]["analysis"] == result["analysis"]
 
 
-async def test_research_clip(pool: asyncpg.Pool, db_url: str, workspace: UUID,
-                             ai_gateway: FakeAiGateway) -> None:
-    job_id = await client.enqueue(pool, workspace, "research_clip", {
-        "text": "Meny | Logg inn\nRegjeringen lyser ut nye felt for havvind.",
-        "source_url": "https://www.nrk.no/havvind", "ref": "clip-7"})
+async def test_research_clip(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
+    job_id = await client.enqueue(
+        pool,
+        workspace,
+        "research_clip",
+        {
+            "text": "Meny | Logg inn\nRegjeringen lyser ut nye felt for havvind.",
+            "source_url": "https://www.nrk.no/havvind",
+            "ref": "clip-7",
+        },
+    )
     assert (await job(pool, job_id))["priority"] == 10
     await run_jobs(pool, db_url, ai_gateway)
 
@@ -97,16 +129,31 @@ async def test_research_clip(pool: asyncpg.Pool, db_url: str, workspace: UUID,
     [req] = ai_gateway.chat_requests()
     assert "Source: https://www.nrk.no/havvind" in req.message("user")
     assert "Regjeringen lyser ut" in req.message("user")
-    assert [(r["kind"], r["source_ref"]) for r in await stored(pool)] == [("research_clip", "clip-7")]
+    assert [(r["kind"], r["source_ref"]) for r in await stored(pool)] == [
+        ("research_clip", "clip-7")
+    ]
 
 
 async def test_dictation_cleanup_with_workspace_names_prompt_and_model(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway) -> None:
-    await set_settings(pool, workspace, {"ai": {
-        "model": "anthropic/claude-sonnet-4", "names": ["Kari Nordmann", "Tromsø"],
-        "dictation_cleanup": {"model": "google/gemini-2.5-flash", "prompt": "Rydd opp i diktatet."}}})
-    job_id = await client.enqueue(pool, workspace, "dictation_cleanup",
-                                  {"text": "eh ring kari nordman i tromsø på fredag"})
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
+    await set_settings(
+        pool,
+        workspace,
+        {
+            "ai": {
+                "model": "anthropic/claude-sonnet-4",
+                "names": ["Kari Nordmann", "Tromsø"],
+                "dictation_cleanup": {
+                    "model": "google/gemini-2.5-flash",
+                    "prompt": "Rydd opp i diktatet.",
+                },
+            }
+        },
+    )
+    job_id = await client.enqueue(
+        pool, workspace, "dictation_cleanup", {"text": "eh ring kari nordman i tromsø på fredag"}
+    )
     await run_jobs(pool, db_url, ai_gateway)
 
     row = await job(pool, job_id)
@@ -120,18 +167,24 @@ async def test_dictation_cleanup_with_workspace_names_prompt_and_model(
     assert "- Kari Nordmann\n- Tromsø" in system
 
 
-async def test_meeting_summarize(pool: asyncpg.Pool, db_url: str, workspace: UUID,
-                                 ai_gateway: FakeAiGateway) -> None:
+async def test_meeting_summarize(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
     await set_settings(pool, workspace, {"ai": {"model": "anthropic/claude-sonnet-4"}})
     await add_transcript(pool, workspace, "møte-3", [(0, "Ola booker studio til fredag.")])
-    job_id = await client.enqueue(pool, workspace, "meeting_summarize", {
-        "transcript_ref": "møte-3", "meeting_date": "2025-03-04", "participants": ["Ola", "Kari"]})
+    job_id = await client.enqueue(
+        pool,
+        workspace,
+        "meeting_summarize",
+        {"transcript_ref": "møte-3", "meeting_date": "2025-03-04", "participants": ["Ola", "Kari"]},
+    )
     await run_jobs(pool, db_url, ai_gateway)
 
     row = await job(pool, job_id)
     assert row["status"] == "completed", row["error_msg"]
     assert row["result"]["minutes"]["action_points"] == [
-        {"who": "Ola", "what": "Booke studio", "due": "2025-03-07"}]
+        {"who": "Ola", "what": "Booke studio", "due": "2025-03-07"}
+    ]
     [req] = ai_gateway.chat_requests()
     assert req.body["model"] == "anthropic/claude-sonnet-4"  # the workspace's model
     assert "Meeting date: 2025-03-04 (Tuesday)." in req.message("user")
@@ -141,13 +194,18 @@ async def test_meeting_summarize(pool: asyncpg.Pool, db_url: str, workspace: UUI
 def numbered_summary(request: Recorded) -> dict[str, Any]:
     """An Analysis whose summary names the lines it was shown (for the split test)."""
     shown = [line for line in request.message("user").splitlines() if "setning" in line]
-    return {"title_suggestions": ["T"], "summary": f"{len(shown)} lines", "topics": [],
-            "chapters": [{"start": shown[0][1:8] if shown else "0:00:00", "title": "K", "summary": ""}],
-            "people": []}
+    return {
+        "title_suggestions": ["T"],
+        "summary": f"{len(shown)} lines",
+        "topics": [],
+        "chapters": [{"start": shown[0][1:8] if shown else "0:00:00", "title": "K", "summary": ""}],
+        "people": [],
+    }
 
 
 async def test_a_long_transcript_is_split_and_the_parts_combined(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway) -> None:
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
     await set_settings(pool, workspace, {"ai": {"context_tokens": 150}})  # 450 characters a part
     segments = [(i * 10_000, f"Dette er setning {i} om byvalget.") for i in range(60)]
     await add_transcript(pool, workspace, "lang", segments)
@@ -164,8 +222,10 @@ async def test_a_long_transcript_is_split_and_the_parts_combined(
     assert len(requests) == len(parts) + len(combines) and combines
     # Not cut: every line of the transcript went to exactly one part, in order.
     shown = [line for r in parts for line in r.message("user").splitlines() if "setning" in line]
-    assert shown == [f"[{t // 3600}:{t % 3600 // 60:02d}:{t % 60:02d}] {text}"
-                     for t, text in ((ms // 1000, text) for ms, text in segments)]
+    assert shown == [
+        f"[{t // 3600}:{t % 3600 // 60:02d}:{t % 60:02d}] {text}"
+        for t, text in ((ms // 1000, text) for ms, text in segments)
+    ]
     assert all(len(r.message("user")) < 450 + 200 for r in parts)
     # The parts' answers reach the combine step, and its answer is the job's result.
     assert '"summary":"' in combines[0].message("user")
@@ -173,7 +233,8 @@ async def test_a_long_transcript_is_split_and_the_parts_combined(
 
 
 async def test_a_long_dictation_is_joined_without_a_combine_call(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway) -> None:
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
     await set_settings(pool, workspace, {"ai": {"dictation_cleanup": {"context_tokens": 100}}})
     bodies = iter(f"Del {i}." for i in range(1, 100))
     ai_gateway.answers["Note"] = lambda r: {"title": "Notat", "body": next(bodies), "tasks": []}
@@ -189,51 +250,79 @@ async def test_a_long_dictation_is_joined_without_a_combine_call(
 
 
 async def test_a_job_reads_and_writes_only_its_own_workspace(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway) -> None:
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
     other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
     await add_transcript(pool, other, "ep-b", [(0, "Hemmelig innhold i B.")])
     await add_transcript(pool, workspace, "felles", [(0, "Innhold i A.")])
     await add_transcript(pool, other, "felles", [(0, "Innhold i B.")])
     ai_gateway.answers["Analysis"] = lambda r: {
-        "title_suggestions": [r.message("user").strip()], "summary": "s", "chapters": [],
-        "topics": [], "people": []}
+        "title_suggestions": [r.message("user").strip()],
+        "summary": "s",
+        "chapters": [],
+        "topics": [],
+        "people": [],
+    }
     steal = await client.enqueue(pool, workspace, "openrouter_analyze", {"transcript_ref": "ep-b"})
     in_a = await client.enqueue(pool, workspace, "openrouter_analyze", {"transcript_ref": "felles"})
     in_b = await client.enqueue(pool, other, "openrouter_analyze", {"transcript_ref": "felles"})
     await run_jobs(pool, db_url, ai_gateway)
 
     row = await job(pool, steal)
-    assert (row["status"], row["error_msg"]) == ("error", "transcript 'ep-b' not found in this workspace")
+    assert (row["status"], row["error_msg"]) == (
+        "error",
+        "transcript 'ep-b' not found in this workspace",
+    )
     assert all("Hemmelig" not in r.text() for r in ai_gateway.requests)
     rows = {r["workspace_id"]: r for r in await stored(pool)}
     assert set(rows) == {workspace, other}
     assert rows[workspace]["result"]["analysis"]["title_suggestions"] == ["[0:00:00] Innhold i A."]
     assert rows[other]["result"]["analysis"]["title_suggestions"] == ["[0:00:00] Innhold i B."]
-    assert (await job(pool, in_a))["result"]["ai_result_id"] != (await job(pool, in_b))["result"]["ai_result_id"]
+    assert (await job(pool, in_a))["result"]["ai_result_id"] != (await job(pool, in_b))["result"][
+        "ai_result_id"
+    ]
 
 
-async def test_a_rerun_replaces_the_stored_answer(pool: asyncpg.Pool, db_url: str, workspace: UUID,
-                                                  ai_gateway: FakeAiGateway) -> None:
+async def test_a_rerun_replaces_the_stored_answer(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
     for summary in ("første", "andre"):
         ai_gateway.answers["Minutes"] = lambda r, s=summary: {
-            "summary": s, "decisions": [], "action_points": []}
+            "summary": s,
+            "decisions": [],
+            "action_points": [],
+        }
         await client.enqueue(pool, workspace, "meeting_summarize", {"text": "møte", "ref": "m1"})
         await run_jobs(pool, db_url, ai_gateway)
     [saved] = await stored(pool)
     assert saved["result"]["minutes"]["summary"] == "andre"
 
 
-async def test_bad_input_fails_at_once_without_a_call(pool: asyncpg.Pool, db_url: str,
-                                                      workspace: UUID, ai_gateway: FakeAiGateway) -> None:
-    both = await client.enqueue(pool, workspace, "dictation_cleanup", {"transcript_ref": "a", "text": "b"})
-    bad_url = await client.enqueue(pool, workspace, "research_clip", {"text": "x", "source_url": "nope"})
-    missing = await client.enqueue(pool, workspace, "openrouter_analyze", {"transcript_ref": "finnes-ikke"})
+async def test_bad_input_fails_at_once_without_a_call(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
+    both = await client.enqueue(
+        pool, workspace, "dictation_cleanup", {"transcript_ref": "a", "text": "b"}
+    )
+    bad_url = await client.enqueue(
+        pool, workspace, "research_clip", {"text": "x", "source_url": "nope"}
+    )
+    missing = await client.enqueue(
+        pool, workspace, "openrouter_analyze", {"transcript_ref": "finnes-ikke"}
+    )
     await set_settings(pool, workspace, {"ai": {"names": "Kari"}})  # must be a list
     bad_settings = await client.enqueue(pool, workspace, "meeting_summarize", {"text": "møte"})
     await run_jobs(pool, db_url, ai_gateway)
 
-    errors = {k: await job(pool, v) for k, v in
-              {"both": both, "bad_url": bad_url, "missing": missing, "settings": bad_settings}.items()}
+    errors = {
+        k: await job(pool, v)
+        for k, v in {
+            "both": both,
+            "bad_url": bad_url,
+            "missing": missing,
+            "settings": bad_settings,
+        }.items()
+    }
     assert all((r["status"], r["attempts"]) == ("error", 1) for r in errors.values())
     assert "exactly one of transcript_ref or text" in errors["both"]["error_msg"]
     assert errors["bad_url"]["error_msg"].startswith("invalid payload: source_url")
@@ -242,8 +331,9 @@ async def test_bad_input_fails_at_once_without_a_call(pool: asyncpg.Pool, db_url
     assert ai_gateway.requests == []
 
 
-async def test_unset_gateway_settings_fail_naming_the_variable(pool: asyncpg.Pool, db_url: str,
-                                                               workspace: UUID) -> None:
+async def test_unset_gateway_settings_fail_naming_the_variable(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
     job_id = await client.enqueue(pool, workspace, "research_clip", {"text": "x"})
     await run_burst(pool, db_url)  # no outside services configured
     row = await job(pool, job_id)
@@ -253,6 +343,8 @@ async def test_unset_gateway_settings_fail_naming_the_variable(pool: asyncpg.Poo
 
 def test_payload_round_trips_through_json() -> None:
     from sidelinja_worker.jobs.ai.meeting_summarize import MeetingPayload
-    payload = MeetingPayload.model_validate(json.loads(json.dumps(
-        {"text": "t", "meeting_date": "2025-03-04", "participants": ["Ola"]})))
+
+    payload = MeetingPayload.model_validate(
+        json.loads(json.dumps({"text": "t", "meeting_date": "2025-03-04", "participants": ["Ola"]}))
+    )
     assert MeetingPayload.model_validate_json(payload.model_dump_json()) == payload

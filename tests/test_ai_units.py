@@ -29,8 +29,9 @@ from sidelinja_worker.services.ai_gateway import (
 
 
 def test_split_text_is_lossless_and_respects_the_budget() -> None:
-    text = "".join(f"[0:{i // 60:02d}:{i % 60:02d}] setning nummer {i} om byvalget.\n"
-                   for i in range(200))
+    text = "".join(
+        f"[0:{i // 60:02d}:{i % 60:02d}] setning nummer {i} om byvalget.\n" for i in range(200)
+    )
     text += "ett veldig langt ord " * 100 + "\n" + "x" * 250  # a long line; a word over budget
     parts = split_text(text, 120)
     assert "".join(parts) == text
@@ -53,15 +54,23 @@ def test_group_for_combine_always_makes_progress() -> None:
 
 def test_timestamps() -> None:
     assert timestamp(3725.9) == "1:02:05"
-    assert timestamped_lines([(0, " Hei "), (65, "Og velkommen")]) == \
-        "[0:00:00] Hei\n[0:01:05] Og velkommen\n"
+    assert (
+        timestamped_lines([(0, " Hei "), (65, "Og velkommen")])
+        == "[0:00:00] Hei\n[0:01:05] Og velkommen\n"
+    )
 
 
 def test_strict_schema_inlines_refs_and_requires_every_property() -> None:
     schema = strict_schema(openrouter_analyze.Analysis)
     assert "$defs" not in str(schema) and "$ref" not in str(schema)
     assert schema["additionalProperties"] is False
-    assert set(schema["required"]) == {"title_suggestions", "summary", "chapters", "topics", "people"}
+    assert set(schema["required"]) == {
+        "title_suggestions",
+        "summary",
+        "chapters",
+        "topics",
+        "people",
+    }
     person = schema["properties"]["people"]["items"]
     assert person["required"] == ["name", "role"] and person["additionalProperties"] is False
     assert {"type": "null"} in person["properties"]["role"]["anyOf"]  # optional = nullable
@@ -70,7 +79,9 @@ def test_strict_schema_inlines_refs_and_requires_every_property() -> None:
 
 
 def test_parse_answer_accepts_a_fenced_answer_and_names_what_is_wrong() -> None:
-    minutes = parse_answer(Minutes, '```json\n{"summary": "s", "decisions": [], "action_points": []}\n```')
+    minutes = parse_answer(
+        Minutes, '```json\n{"summary": "s", "decisions": [], "action_points": []}\n```'
+    )
     assert minutes.summary == "s"
     with pytest.raises(Exception, match="action_points"):
         parse_answer(Minutes, '{"summary": "s", "decisions": []}')
@@ -85,20 +96,34 @@ def test_retry_after_seconds_and_dates() -> None:
 
 
 def test_error_text_keeps_the_gateway_message_and_useful_metadata() -> None:
-    text = describe_error(402, {"message": "Insufficient credits",
-                                "metadata": {"limit_source": "key"}})
+    text = describe_error(
+        402, {"message": "Insufficient credits", "metadata": {"limit_source": "key"}}
+    )
     assert text == "AI gateway 402: Insufficient credits (limit_source: key)"
-    text = describe_error(403, {"message": "flagged", "metadata": {"reasons": ["violence", "hate"]}})
+    text = describe_error(
+        403, {"message": "flagged", "metadata": {"reasons": ["violence", "hate"]}}
+    )
     assert text == "AI gateway 403: flagged (reasons: violence, hate)"
 
 
 def test_settings_resolve_job_over_workspace_over_default() -> None:
     task = openrouter_analyze.TASK
     assert resolve_settings({}, task).model == DEFAULT_MODEL
-    raw = {"ai": {"model": "a/ws", "names": ["Tromsø", " "], "context_tokens": 500,
-                  "openrouter_analyze": {"model": "a/job", "prompt": "P"}}}
+    raw = {
+        "ai": {
+            "model": "a/ws",
+            "names": ["Tromsø", " "],
+            "context_tokens": 500,
+            "openrouter_analyze": {"model": "a/job", "prompt": "P"},
+        }
+    }
     got = resolve_settings(raw, task)
-    assert (got.model, got.prompt, got.names, got.context_tokens) == ("a/job", "P", ("Tromsø",), 500)
+    assert (got.model, got.prompt, got.names, got.context_tokens) == (
+        "a/job",
+        "P",
+        ("Tromsø",),
+        500,
+    )
     with pytest.raises(PermanentError, match="ai.openrouter_analyze: context_tokens"):
         resolve_settings({"ai": {"openrouter_analyze": {"context_tokens": "many"}}}, task)
 
@@ -112,7 +137,9 @@ def test_transcript_source_needs_exactly_one_source() -> None:
 
 def test_split_dictation_is_joined_locally_without_losing_text() -> None:
     a = Note(title="A", body="Første del.", tasks=[NoteTask(what="Ring Kari")])
-    b = Note(title="B", body="Andre del.", tasks=[NoteTask(what="Ring Kari"), NoteTask(what="Send")])
+    b = Note(
+        title="B", body="Andre del.", tasks=[NoteTask(what="Ring Kari"), NoteTask(what="Send")]
+    )
     merged = merge_notes([a, b])
     assert merged.body == "Første del.\n\nAndre del."
     assert [t.what for t in merged.tasks] == ["Ring Kari", "Send"]

@@ -23,8 +23,10 @@ from tests.fakes.ai_gateway_server import (  # noqa: F401
 )
 from tests.helpers import run_burst
 
-STATEMENTS = [{"id": "s1", "text": "Norge bør bygge mer havvind."},
-              {"id": "s2", "text": "Formuesskatten bør fjernes."}]
+STATEMENTS = [
+    {"id": "s1", "text": "Norge bør bygge mer havvind."},
+    {"id": "s2", "text": "Formuesskatten bør fjernes."},
+]
 PROGRAMME = "Vi vil satse kraftig på havvind i Nordsjøen.\nFormuesskatten skal bestå."
 
 
@@ -43,18 +45,32 @@ async def other_workspace(pool: asyncpg.Pool) -> UUID:
 
 
 def profile_answer(r: Recorded) -> dict[str, Any]:
-    return {"summary": "Grønt og rettferdig.", "positions": [
-        {"statement_id": "s1", "position": 2, "justification": "Programmet vil satse på havvind.",
-         "quote": "Vi vil satse  kraftig på havvind"},
-        {"statement_id": "s2", "position": -2, "justification": "Skatten skal bestå.",
-         "quote": "Formuesskatten skal avskaffes"}]}
+    return {
+        "summary": "Grønt og rettferdig.",
+        "positions": [
+            {
+                "statement_id": "s1",
+                "position": 2,
+                "justification": "Programmet vil satse på havvind.",
+                "quote": "Vi vil satse  kraftig på havvind",
+            },
+            {
+                "statement_id": "s2",
+                "position": -2,
+                "justification": "Skatten skal bestå.",
+                "quote": "Formuesskatten skal avskaffes",
+            },
+        ],
+    }
 
 
 async def test_embeddings_without_pgvector_fail_permanently_naming_it(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway) -> None:
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
     assert not await pool.fetchval("SELECT to_regclass('knowledge_embeddings') IS NOT NULL")
-    job_id = await client.enqueue(pool, workspace, "generate_embeddings",
-                                  {"items": [{"ref": "a", "text": "tekst"}]})
+    job_id = await client.enqueue(
+        pool, workspace, "generate_embeddings", {"items": [{"ref": "a", "text": "tekst"}]}
+    )
     await run_burst(pool, db_url, config=config(ai_gateway))
     row = await job(pool, job_id)
     assert (row["status"], row["attempts"]) == ("error", 1)
@@ -62,42 +78,78 @@ async def test_embeddings_without_pgvector_fail_permanently_naming_it(
     assert ai_gateway.requests == []
 
 
-async def test_profile_from_a_programme_file(pool: asyncpg.Pool, db_url: str, workspace: UUID,
-                                             ai_gateway: FakeAiGateway, tmp_path: Path) -> None:
+async def test_profile_from_a_programme_file(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway, tmp_path: Path
+) -> None:
     (tmp_path / "ap.txt").write_text(PROGRAMME, encoding="utf-8")
     ai_gateway.answers["Profile"] = profile_answer
-    job_id = await client.enqueue(pool, workspace, "valgomat_generate_profile", {
-        "quiz_id": "storting-2025", "party": "Testpartiet", "programme_path": "ap.txt",
-        "statements": STATEMENTS})
+    job_id = await client.enqueue(
+        pool,
+        workspace,
+        "valgomat_generate_profile",
+        {
+            "quiz_id": "storting-2025",
+            "party": "Testpartiet",
+            "programme_path": "ap.txt",
+            "statements": STATEMENTS,
+        },
+    )
     await run_burst(pool, db_url, config=config(ai_gateway, MEDIA_ROOT=str(tmp_path)))
 
     row = await job(pool, job_id)
     assert row["status"] == "completed", row["error_msg"]
     positions = row["result"]["profile"]["positions"]
     assert [(p["statement_id"], p["position"], p["quote_found"]) for p in positions] == [
-        ("s1", 2, True), ("s2", -2, False)]  # the second quote is not in the programme
+        ("s1", 2, True),
+        ("s2", -2, False),
+    ]  # the second quote is not in the programme
     [req] = ai_gateway.chat_requests()
     assert req.body["response_format"]["json_schema"]["name"] == "Profile"
     assert "- [s1] Norge bør bygge mer havvind." in req.message("user")
     assert "Formuesskatten skal bestå." in req.message("user")
-    saved = await pool.fetchrow("SELECT workspace_id, quiz_id, party, profile FROM valgomat_profiles")
-    assert (saved["workspace_id"], saved["quiz_id"], saved["party"]) == (workspace, "storting-2025", "Testpartiet")
+    saved = await pool.fetchrow(
+        "SELECT workspace_id, quiz_id, party, profile FROM valgomat_profiles"
+    )
+    assert (saved["workspace_id"], saved["quiz_id"], saved["party"]) == (
+        workspace,
+        "storting-2025",
+        "Testpartiet",
+    )
     assert saved["profile"]["positions"] == positions
 
 
 async def test_profile_bad_input_and_a_model_that_skips_statements(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway,
-        tmp_path: Path) -> None:
-    outside = await client.enqueue(pool, workspace, "valgomat_generate_profile", {
-        "quiz_id": "q", "party": "P", "programme_path": "../../etc/passwd", "statements": STATEMENTS})
-    dupes = await client.enqueue(pool, workspace, "valgomat_generate_profile", {
-        "quiz_id": "q", "party": "P", "programme_text": "x", "statements": STATEMENTS * 2})
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway, tmp_path: Path
+) -> None:
+    outside = await client.enqueue(
+        pool,
+        workspace,
+        "valgomat_generate_profile",
+        {
+            "quiz_id": "q",
+            "party": "P",
+            "programme_path": "../../etc/passwd",
+            "statements": STATEMENTS,
+        },
+    )
+    dupes = await client.enqueue(
+        pool,
+        workspace,
+        "valgomat_generate_profile",
+        {"quiz_id": "q", "party": "P", "programme_text": "x", "statements": STATEMENTS * 2},
+    )
     ai_gateway.answers["Profile"] = lambda r: {"summary": "s", "positions": []}
-    partial = await client.enqueue(pool, workspace, "valgomat_generate_profile", {
-        "quiz_id": "q", "party": "P", "programme_text": PROGRAMME, "statements": STATEMENTS})
+    partial = await client.enqueue(
+        pool,
+        workspace,
+        "valgomat_generate_profile",
+        {"quiz_id": "q", "party": "P", "programme_text": PROGRAMME, "statements": STATEMENTS},
+    )
     await run_burst(pool, db_url, config=config(ai_gateway, MEDIA_ROOT=str(tmp_path)))
 
-    assert (await job(pool, outside))["error_msg"] == "path '../../etc/passwd' is outside MEDIA_ROOT"
+    assert (await job(pool, outside))[
+        "error_msg"
+    ] == "path '../../etc/passwd' is outside MEDIA_ROOT"
     assert "statement ids must be unique" in (await job(pool, dupes))["error_msg"]
     row = await job(pool, partial)
     assert row["status"] == "retry"
@@ -110,53 +162,86 @@ def topic_vector(text: str, dims: int) -> list[float]:
     return [1.0 if w in text.lower() else 0.0 for w in words] + [len(text) / 100]
 
 
-async def add_questions(pool: asyncpg.Pool, workspace: UUID, quiz: str, questions: dict[str, str]) -> None:
+async def add_questions(
+    pool: asyncpg.Pool, workspace: UUID, quiz: str, questions: dict[str, str]
+) -> None:
     await pool.executemany(
         "INSERT INTO valgomat_questions (workspace_id, quiz_id, question_id, text) VALUES ($1, $2, $3, $4)",
-        [(workspace, quiz, k, v) for k, v in questions.items()])
+        [(workspace, quiz, k, v) for k, v in questions.items()],
+    )
 
 
 def review(r: Recorded) -> dict[str, Any]:
-    return {"neutral_question": "Bør Norge bygge mer havvind?", "leading": True,
-            "loaded_terms": ["naturødeleggende"], "flags": ["leading", "loaded_language"],
-            "explanation": "Spørsmålet antyder et svar."}
+    return {
+        "neutral_question": "Bør Norge bygge mer havvind?",
+        "leading": True,
+        "loaded_terms": ["naturødeleggende"],
+        "flags": ["leading", "loaded_language"],
+        "explanation": "Spørsmålet antyder et svar.",
+    }
 
 
 async def test_moderation_finds_the_duplicate_in_the_same_quiz_only(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway) -> None:
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
     other = await other_workspace(pool)
     ai_gateway.vector = topic_vector
     ai_gateway.answers["Review"] = review
-    await add_questions(pool, workspace, "q1", {"q-vind": "Bør det bygges mer havvind?",
-                                                "q-skatt": "Bør skatten ned?"})
+    await add_questions(
+        pool,
+        workspace,
+        "q1",
+        {"q-vind": "Bør det bygges mer havvind?", "q-skatt": "Bør skatten ned?"},
+    )
     await add_questions(pool, workspace, "q2", {"q2-vind": "Havvind overalt?"})
     await add_questions(pool, other, "q1", {"b-vind": "Havvind i B?"})
     question = "Er du ikke enig i at naturødeleggende havvind må stoppes?"
-    job_id = await client.enqueue(pool, workspace, "valgomat_moderation", {
-        "quiz_id": "q1", "question": question, "submission_ref": "sub-1"})
+    job_id = await client.enqueue(
+        pool,
+        workspace,
+        "valgomat_moderation",
+        {"quiz_id": "q1", "question": question, "submission_ref": "sub-1"},
+    )
     await run_burst(pool, db_url, config=config(ai_gateway))
 
     row = await job(pool, job_id)
     assert row["status"] == "completed", row["error_msg"]
     result = row["result"]
-    assert (result["duplicate_of"], result["status"], result["threshold"]) == ("q-vind", "pending", 0.9)
+    assert (result["duplicate_of"], result["status"], result["threshold"]) == (
+        "q-vind",
+        "pending",
+        0.9,
+    )
     assert [c["question_id"] for c in result["similar"]] == ["q-vind", "q-skatt"]
     assert result["review"]["flags"] == ["leading", "loaded_language"]
     [emb] = [r for r in ai_gateway.requests if r.path.endswith("/embeddings")]
     assert emb.body["input"] == [question, "Bør skatten ned?", "Bør det bygges mer havvind?"]
     saved = await pool.fetchrow("SELECT * FROM valgomat_moderation")
-    assert (saved["workspace_id"], saved["duplicate_of"], saved["status"]) == (workspace, "q-vind", "pending")
+    assert (saved["workspace_id"], saved["duplicate_of"], saved["status"]) == (
+        workspace,
+        "q-vind",
+        "pending",
+    )
     assert saved["rewrite"] == "Bør Norge bygge mer havvind?"
     assert saved["flags"] == ["leading", "loaded_language"]
     # The quiz's vectors were stored; B's question and the other quiz's were never touched.
-    vectors = await pool.fetch("SELECT question_id FROM valgomat_questions WHERE embedding IS NOT NULL")
+    vectors = await pool.fetch(
+        "SELECT question_id FROM valgomat_questions WHERE embedding IS NOT NULL"
+    )
     assert sorted(r[0] for r in vectors) == ["q-skatt", "q-vind"]
 
     # A stricter threshold, a second submission: the stored vectors are reused, no duplicate.
-    await pool.execute("UPDATE workspaces SET settings = $2 WHERE id = $1", workspace,
-                       {"valgomat": {"duplicate_threshold": 0.999}})
-    again = await client.enqueue(pool, workspace, "valgomat_moderation",
-                                 {"quiz_id": "q1", "question": question, "submission_ref": "sub-2"})
+    await pool.execute(
+        "UPDATE workspaces SET settings = $2 WHERE id = $1",
+        workspace,
+        {"valgomat": {"duplicate_threshold": 0.999}},
+    )
+    again = await client.enqueue(
+        pool,
+        workspace,
+        "valgomat_moderation",
+        {"quiz_id": "q1", "question": question, "submission_ref": "sub-2"},
+    )
     await run_burst(pool, db_url, config=config(ai_gateway))
     result = (await job(pool, again))["result"]
     assert result["duplicate_of"] is None and result["similarity"] < 0.999
@@ -164,8 +249,9 @@ async def test_moderation_finds_the_duplicate_in_the_same_quiz_only(
     assert last.body["input"] == [question]
 
 
-async def test_a_decided_review_is_not_overwritten(pool: asyncpg.Pool, db_url: str,
-                                                   workspace: UUID, ai_gateway: FakeAiGateway) -> None:
+async def test_a_decided_review_is_not_overwritten(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
     ai_gateway.answers["Review"] = review
     payload = {"quiz_id": "q1", "question": "Havvind?", "submission_ref": "sub-1"}
     await client.enqueue(pool, workspace, "valgomat_moderation", payload)
@@ -178,16 +264,37 @@ async def test_a_decided_review_is_not_overwritten(pool: asyncpg.Pool, db_url: s
 
 
 EVAL_CASES = [
-    {"id": "hovedstad", "inputs": {"land": "Norge"},
-     "expect": [{"kind": "exact", "value": "oslo", "ignore_case": True},
-                {"kind": "judge", "criteria": "Names the capital."}]},
-    {"id": "tall", "inputs": {"land": "Sverige"},
-     "expect": [{"kind": "numeric", "value": 10.5, "tolerance": 0.1},
-                {"kind": "regex", "pattern": r"\d+,\d"}]},
-    {"id": "json", "inputs": {"land": "Danmark"},
-     "expect": [{"kind": "json_schema", "schema": {
-         "type": "object", "required": ["by"], "properties": {"by": {"type": "string"}}}},
-                {"kind": "contains", "value": "København"}]},
+    {
+        "id": "hovedstad",
+        "inputs": {"land": "Norge"},
+        "expect": [
+            {"kind": "exact", "value": "oslo", "ignore_case": True},
+            {"kind": "judge", "criteria": "Names the capital."},
+        ],
+    },
+    {
+        "id": "tall",
+        "inputs": {"land": "Sverige"},
+        "expect": [
+            {"kind": "numeric", "value": 10.5, "tolerance": 0.1},
+            {"kind": "regex", "pattern": r"\d+,\d"},
+        ],
+    },
+    {
+        "id": "json",
+        "inputs": {"land": "Danmark"},
+        "expect": [
+            {
+                "kind": "json_schema",
+                "schema": {
+                    "type": "object",
+                    "required": ["by"],
+                    "properties": {"by": {"type": "string"}},
+                },
+            },
+            {"kind": "contains", "value": "København"},
+        ],
+    },
 ]
 
 
@@ -201,18 +308,34 @@ def eval_answer(r: Recorded) -> str:
 
 
 async def test_prompt_eval_scores_every_case_per_model(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway) -> None:
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
     ai_gateway.plain_answer = eval_answer
-    ai_gateway.answers["Verdict"] = lambda r: {"passed": "Oslo" in r.message("user"), "reason": "ok"}
+    ai_gateway.answers["Verdict"] = lambda r: {
+        "passed": "Oslo" in r.message("user"),
+        "reason": "ok",
+    }
+
     def refuse(r: Recorded) -> Any:
         if r.body["model"] == "bad/model" and "Danmark" in r.message("user"):
             return error(400, "refused")
         return eval_answer_reply(r)
+
     ai_gateway.push(*[refuse] * 9)  # 6 answers and 3 verdicts
-    job_id = await client.enqueue(pool, workspace, "prompt_eval", {
-        "prompt": "Hovedstaden eller folketallet i {{land}}?", "system": "Svar kort.",
-        "cases": EVAL_CASES, "models": ["good/model", "bad/model"], "max_concurrency": 2,
-        "judge_model": "judge/model", "ref": "lab-1"})
+    job_id = await client.enqueue(
+        pool,
+        workspace,
+        "prompt_eval",
+        {
+            "prompt": "Hovedstaden eller folketallet i {{land}}?",
+            "system": "Svar kort.",
+            "cases": EVAL_CASES,
+            "models": ["good/model", "bad/model"],
+            "max_concurrency": 2,
+            "judge_model": "judge/model",
+            "ref": "lab-1",
+        },
+    )
     assert (await job(pool, job_id))["priority"] == 1
     await run_burst(pool, db_url, config=config(ai_gateway))
 
@@ -224,8 +347,12 @@ async def test_prompt_eval_scores_every_case_per_model(
     assert summary["bad/model"]["cases"] == 3
     progress = await pool.fetchval("SELECT progress FROM job_queue WHERE id = $1", job_id)
     assert (progress["message"], progress["percent"]) == ("Prompt-lab: 6/6 svar", 95)
-    results = {(r["model"], r["case_id"]): r for r in await pool.fetch(
-        "SELECT * FROM prompt_eval_results WHERE workspace_id = $1", workspace)}
+    results = {
+        (r["model"], r["case_id"]): r
+        for r in await pool.fetch(
+            "SELECT * FROM prompt_eval_results WHERE workspace_id = $1", workspace
+        )
+    }
     assert len(results) == 6
     tall = results[("bad/model", "tall")]
     assert not tall["passed"] and [s["passed"] for s in tall["scores"]] == [False, False]
@@ -244,21 +371,32 @@ async def test_prompt_eval_scores_every_case_per_model(
 
 def eval_answer_reply(r: Recorded) -> Any:
     if r.schema_name == "Verdict":
-        return completion({"passed": "Oslo" in r.message("user"), "reason": "ok"}, model=r.body["model"])
+        return completion(
+            {"passed": "Oslo" in r.message("user"), "reason": "ok"}, model=r.body["model"]
+        )
     return completion(eval_answer(r), model=r.body["model"])
 
 
 async def test_prompt_eval_case_refused_is_recorded_and_an_outage_retries(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway) -> None:
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
     ai_gateway.plain_answer = eval_answer
     cases = [c for c in EVAL_CASES if c["id"] != "hovedstad"]
 
     def refuse_danmark(r: Recorded) -> Any:
-        return error(403, "flagged", {"reasons": ["test"]}) if "Danmark" in r.message("user") \
+        return (
+            error(403, "flagged", {"reasons": ["test"]})
+            if "Danmark" in r.message("user")
             else eval_answer_reply(r)
+        )
+
     ai_gateway.push(refuse_danmark, refuse_danmark)
-    ok = await client.enqueue(pool, workspace, "prompt_eval", {
-        "prompt": "{{land}}", "cases": cases, "models": ["good/model"], "max_concurrency": 1})
+    ok = await client.enqueue(
+        pool,
+        workspace,
+        "prompt_eval",
+        {"prompt": "{{land}}", "cases": cases, "models": ["good/model"], "max_concurrency": 1},
+    )
     await run_burst(pool, db_url, config=config(ai_gateway))
     row = await job(pool, ok)
     assert row["status"] == "completed", row["error_msg"]
@@ -267,22 +405,51 @@ async def test_prompt_eval_case_refused_is_recorded_and_an_outage_retries(
     assert err.startswith("AI gateway 403: flagged")
 
     ai_gateway.push(*[error(502, "Provider down", {"provider_name": "X"})] * 4)
-    down = await client.enqueue(pool, workspace, "prompt_eval", {
-        "prompt": "{{land}}", "cases": cases, "models": ["good/model"], "ref": "down"})
+    down = await client.enqueue(
+        pool,
+        workspace,
+        "prompt_eval",
+        {"prompt": "{{land}}", "cases": cases, "models": ["good/model"], "ref": "down"},
+    )
     await run_burst(pool, db_url, config=config(ai_gateway))
     row = await job(pool, down)
     assert row["status"] == "retry" and "AI gateway 502" in row["error_msg"]
     assert await pool.fetchval("SELECT count(*) FROM prompt_eval_runs WHERE run_ref = 'down'") == 0
 
 
-async def test_prompt_eval_bad_input(pool: asyncpg.Pool, db_url: str, workspace: UUID,
-                                     ai_gateway: FakeAiGateway) -> None:
-    missing_input = await client.enqueue(pool, workspace, "prompt_eval", {
-        "prompt": "{{land}} {{by}}", "cases": [{"id": "a", "inputs": {"land": "x"}}], "models": ["m"]})
-    bad_regex = await client.enqueue(pool, workspace, "prompt_eval", {
-        "prompt": "p", "cases": [{"id": "a", "expect": [{"kind": "regex", "pattern": "("}]}], "models": ["m"]})
-    no_judge = await client.enqueue(pool, workspace, "prompt_eval", {
-        "prompt": "p", "cases": [{"id": "a", "expect": [{"kind": "judge", "criteria": "c"}]}], "models": ["m"]})
+async def test_prompt_eval_bad_input(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
+    missing_input = await client.enqueue(
+        pool,
+        workspace,
+        "prompt_eval",
+        {
+            "prompt": "{{land}} {{by}}",
+            "cases": [{"id": "a", "inputs": {"land": "x"}}],
+            "models": ["m"],
+        },
+    )
+    bad_regex = await client.enqueue(
+        pool,
+        workspace,
+        "prompt_eval",
+        {
+            "prompt": "p",
+            "cases": [{"id": "a", "expect": [{"kind": "regex", "pattern": "("}]}],
+            "models": ["m"],
+        },
+    )
+    no_judge = await client.enqueue(
+        pool,
+        workspace,
+        "prompt_eval",
+        {
+            "prompt": "p",
+            "cases": [{"id": "a", "expect": [{"kind": "judge", "criteria": "c"}]}],
+            "models": ["m"],
+        },
+    )
     await run_burst(pool, db_url, config=config(ai_gateway))
     assert "case 'a' has no input 'by'" in (await job(pool, missing_input))["error_msg"]
     assert "not a regular expression" in (await job(pool, bad_regex))["error_msg"]
@@ -291,11 +458,20 @@ async def test_prompt_eval_bad_input(pool: asyncpg.Pool, db_url: str, workspace:
 
 
 def test_schema_subset() -> None:
-    schema = {"type": "object", "required": ["a"], "additionalProperties": False,
-              "properties": {"a": {"type": "integer", "minimum": 1},
-                             "b": {"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 2}}}
+    schema = {
+        "type": "object",
+        "required": ["a"],
+        "additionalProperties": False,
+        "properties": {
+            "a": {"type": "integer", "minimum": 1},
+            "b": {"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 2},
+        },
+    }
     assert schema_errors(schema, {"a": 2, "b": ["x"]}) == []
     assert schema_errors(schema, {"a": True}) == ["$.a: expected integer"]
     assert schema_errors(schema, {"b": ["z"], "c": 1}) == [
-        "$: missing 'a'", "$.b[0]: 'z' not in enum", "$: unexpected 'c'"]
+        "$: missing 'a'",
+        "$.b[0]: 'z' not in enum",
+        "$: unexpected 'c'",
+    ]
     assert re.match(r"\$: expected object", schema_errors(schema, [])[0])

@@ -87,7 +87,8 @@ async def add_nodes(pool: asyncpg.Pool, workspace: UUID, nodes: dict[str, str]) 
     await pool.executemany(
         "INSERT INTO knowledge_nodes (workspace_id, node_id, content) VALUES ($1, $2, $3)"
         " ON CONFLICT (workspace_id, node_id) DO UPDATE SET content = EXCLUDED.content",
-        [(workspace, k, v) for k, v in nodes.items()])
+        [(workspace, k, v) for k, v in nodes.items()],
+    )
 
 
 def embed_requests(gw: FakeAiGateway) -> list[list[str]]:
@@ -105,23 +106,39 @@ def topic_vector(text: str, dims: int) -> list[float]:
 
 
 async def test_nodes_are_embedded_in_batches_stored_and_skipped_when_unchanged(
-        vpool: asyncpg.Pool, vec_url: str, ai_gateway: FakeAiGateway) -> None:
+    vpool: asyncpg.Pool, vec_url: str, ai_gateway: FakeAiGateway
+) -> None:
     ws = await add_workspace(vpool, "a")
-    await vpool.execute("UPDATE workspaces SET settings = $2 WHERE id = $1", ws,
-                        {"ai": {"embeddings": {"batch_size": 2}}})
-    await add_nodes(vpool, ws, {"n1": "Havvind i Nordsjøen", "n2": "Skatt på formue", "n3": "Skole"})
-    job_id = await client.enqueue(vpool, ws, "generate_embeddings", {"node_ids": ["n1", "n2", "n3"]})
+    await vpool.execute(
+        "UPDATE workspaces SET settings = $2 WHERE id = $1",
+        ws,
+        {"ai": {"embeddings": {"batch_size": 2}}},
+    )
+    await add_nodes(
+        vpool, ws, {"n1": "Havvind i Nordsjøen", "n2": "Skatt på formue", "n3": "Skole"}
+    )
+    job_id = await client.enqueue(
+        vpool, ws, "generate_embeddings", {"node_ids": ["n1", "n2", "n3"]}
+    )
     assert (await store.get_job(vpool, job_id))["priority"] == 1
     await run_burst(vpool, vec_url, config=config(ai_gateway))
 
     row = await store.get_job(vpool, job_id)
     assert row["status"] == "completed", row["error_msg"]
-    assert (row["result"]["embedded"], row["result"]["unchanged"], row["result"]["requests"]) == (3, 0, 2)
+    assert (row["result"]["embedded"], row["result"]["unchanged"], row["result"]["requests"]) == (
+        3,
+        0,
+        2,
+    )
     assert embed_requests(ai_gateway) == [["Havvind i Nordsjøen", "Skatt på formue"], ["Skole"]]
-    stored = await vpool.fetch("SELECT ref, model, dims, vector_dims(embedding) AS d FROM"
-                               " knowledge_embeddings WHERE workspace_id = $1 ORDER BY ref", ws)
+    stored = await vpool.fetch(
+        "SELECT ref, model, dims, vector_dims(embedding) AS d FROM"
+        " knowledge_embeddings WHERE workspace_id = $1 ORDER BY ref",
+        ws,
+    )
     assert [(r["ref"], r["model"], r["dims"], r["d"]) for r in stored] == [
-        (n, DEFAULT_EMBEDDING_MODEL, 8, 8) for n in ("n1", "n2", "n3")]
+        (n, DEFAULT_EMBEDDING_MODEL, 8, 8) for n in ("n1", "n2", "n3")
+    ]
 
     # Same texts: nothing sent. One node edited: only that one.
     await add_nodes(vpool, ws, {"n2": "Skatt på formue og arv"})
@@ -131,29 +148,47 @@ async def test_nodes_are_embedded_in_batches_stored_and_skipped_when_unchanged(
     assert (result["embedded"], result["unchanged"]) == (1, 2)
     assert embed_requests(ai_gateway)[-1] == ["Skatt på formue og arv"]
     # Another model is another vector set: embedded again.
-    other = await client.enqueue(vpool, ws, "generate_embeddings",
-                                 {"node_ids": ["n1"], "model": "baai/bge-m3"})
+    other = await client.enqueue(
+        vpool, ws, "generate_embeddings", {"node_ids": ["n1"], "model": "baai/bge-m3"}
+    )
     await run_burst(vpool, vec_url, config=config(ai_gateway))
     assert (await store.get_job(vpool, other))["result"]["embedded"] == 1
 
 
 async def test_similarity_search_uses_the_hnsw_index_for_1536_dimensions(
-        vpool: asyncpg.Pool, vec_url: str, ai_gateway: FakeAiGateway) -> None:
+    vpool: asyncpg.Pool, vec_url: str, ai_gateway: FakeAiGateway
+) -> None:
     ws = await add_workspace(vpool, "a")
     other = await add_workspace(vpool, "b")
     ai_gateway.vector = topic_vector
-    items = [{"ref": "vind", "text": "Havvind gir strøm"}, {"ref": "skatt", "text": "Skatt og avgift"},
-             {"ref": "skole", "text": "Skole og lærere"}]
+    items = [
+        {"ref": "vind", "text": "Havvind gir strøm"},
+        {"ref": "skatt", "text": "Skatt og avgift"},
+        {"ref": "skole", "text": "Skole og lærere"},
+    ]
     await client.enqueue(vpool, ws, "generate_embeddings", {"items": items, "dimensions": 1536})
-    await client.enqueue(vpool, other, "generate_embeddings", {
-        "items": [{"ref": "b-vind", "text": "Havvind i B"}], "dimensions": 1536})
+    await client.enqueue(
+        vpool,
+        other,
+        "generate_embeddings",
+        {"items": [{"ref": "b-vind", "text": "Havvind i B"}], "dimensions": 1536},
+    )
     await run_burst(vpool, vec_url, config=config(ai_gateway))
     assert await vpool.fetchval("SELECT count(*) FROM knowledge_embeddings WHERE dims = 1536") == 4
 
     async with httpx.AsyncClient() as http:
-        gateway = AiGateway(http, ai_gateway.url, Secret(ai_gateway.key), RateLimiter(vpool, LimitsCache(vpool)))
-        found = await search(vpool, gateway, ws, "Mer havvind?", model=DEFAULT_EMBEDDING_MODEL,
-                             dimensions=1536, limit=2)
+        gateway = AiGateway(
+            http, ai_gateway.url, Secret(ai_gateway.key), RateLimiter(vpool, LimitsCache(vpool))
+        )
+        found = await search(
+            vpool,
+            gateway,
+            ws,
+            "Mer havvind?",
+            model=DEFAULT_EMBEDDING_MODEL,
+            dimensions=1536,
+            limit=2,
+        )
     assert [f.ref for f in found][0] == "vind"  # never B's node, though it is as close
     assert all(f.ref != "b-vind" for f in found)
     assert found[0].similarity > 0.9 > found[1].similarity
@@ -162,14 +197,19 @@ async def test_similarity_search_uses_the_hnsw_index_for_1536_dimensions(
         # Few rows: the planner rightly prefers a sort; forbid it to see the index can serve.
         await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
         rows = await conn.fetch(
-            "EXPLAIN " + knowledge_store.Q["similar_1536"], ws, DEFAULT_EMBEDDING_MODEL,
-            knowledge_store.vector_literal([0.1] * 1536), 5)
+            "EXPLAIN " + knowledge_store.Q["similar_1536"],
+            ws,
+            DEFAULT_EMBEDDING_MODEL,
+            knowledge_store.vector_literal([0.1] * 1536),
+            5,
+        )
     plan = "\n".join(r[0] for r in rows)
     assert "knowledge_embeddings_hnsw_1536" in plan
 
 
 async def test_nodes_of_another_workspace_are_not_found(
-        vpool: asyncpg.Pool, vec_url: str, ai_gateway: FakeAiGateway) -> None:
+    vpool: asyncpg.Pool, vec_url: str, ai_gateway: FakeAiGateway
+) -> None:
     a = await add_workspace(vpool, "a")
     b = await add_workspace(vpool, "b")
     await add_nodes(vpool, b, {"secret": "Hemmelig i B"})
@@ -182,20 +222,29 @@ async def test_nodes_of_another_workspace_are_not_found(
     assert await vpool.fetchval("SELECT count(*) FROM knowledge_embeddings") == 0
 
 
-async def test_gateway_errors_are_classified(vpool: asyncpg.Pool, vec_url: str,
-                                             ai_gateway: FakeAiGateway) -> None:
+async def test_gateway_errors_are_classified(
+    vpool: asyncpg.Pool, vec_url: str, ai_gateway: FakeAiGateway
+) -> None:
     ws = await add_workspace(vpool, "a")
     ai_gateway.push(error(502, "Provider returned error", {"provider_name": "OpenAI"}))
-    flaky = await client.enqueue(vpool, ws, "generate_embeddings",
-                                 {"items": [{"ref": "x", "text": "tekst"}]})
+    flaky = await client.enqueue(
+        vpool, ws, "generate_embeddings", {"items": [{"ref": "x", "text": "tekst"}]}
+    )
     await run_burst(vpool, vec_url, config=config(ai_gateway))
     row = await store.get_job(vpool, flaky)
     assert row["status"] == "retry" and "AI gateway 502" in row["error_msg"]
 
     ai_gateway.push(error(400, "Unknown model: nope/embed"))
-    bad = await client.enqueue(vpool, ws, "generate_embeddings",
-                               {"items": [{"ref": "y", "text": "tekst"}], "model": "nope/embed"})
+    bad = await client.enqueue(
+        vpool,
+        ws,
+        "generate_embeddings",
+        {"items": [{"ref": "y", "text": "tekst"}], "model": "nope/embed"},
+    )
     await vpool.execute("UPDATE job_queue SET status = 'completed' WHERE id = $1", flaky)
     await run_burst(vpool, vec_url, config=config(ai_gateway))
     row = await store.get_job(vpool, bad)
-    assert (row["status"], row["error_msg"]) == ("error", "AI gateway 400: Unknown model: nope/embed")
+    assert (row["status"], row["error_msg"]) == (
+        "error",
+        "AI gateway 400: Unknown model: nope/embed",
+    )

@@ -25,8 +25,9 @@ async def _until(pool: asyncpg.Pool, sql: str, *args: Any, timeout_s: float = 60
         await asyncio.sleep(0.02)
 
 
-async def test_a_single_job_of_another_workspace_is_not_starved(pool: asyncpg.Pool,
-                                                                db_url: str, workspace: UUID) -> None:
+async def test_a_single_job_of_another_workspace_is_not_starved(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
     other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('B') RETURNING id")
     await insert_jobs(pool, workspace, 10_000, job_type_name="embed")
     await insert_jobs(pool, other, 10, job_type_name="embed")
@@ -43,8 +44,13 @@ async def test_a_single_job_of_another_workspace_is_not_starved(pool: asyncpg.Po
 
     from sidelinja_worker.queue.settings import WorkerSettings
     from sidelinja_worker.queue.worker import Worker
-    worker = Worker(pool, db_url, Registry([job_type("embed", record)]),
-                    WorkerSettings(max_concurrent=4, poll_interval_s=0.05))
+
+    worker = Worker(
+        pool,
+        db_url,
+        Registry([job_type("embed", record)]),
+        WorkerSettings(max_concurrent=4, poll_interval_s=0.05),
+    )
     task = asyncio.create_task(worker.run())
     await asyncio.wait_for(stop_early(), 60)
     worker.request_stop()
@@ -54,8 +60,9 @@ async def test_a_single_job_of_another_workspace_is_not_starved(pool: asyncpg.Po
     assert len(b_starts) == 10 and max(b_starts) < a_100th, (b_starts, a_100th)
 
 
-async def test_priority_still_comes_before_fairness(pool: asyncpg.Pool, db_url: str,
-                                                    workspace: UUID) -> None:
+async def test_priority_still_comes_before_fairness(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
     other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('B') RETURNING id")
     order: list[str] = []
 
@@ -63,19 +70,26 @@ async def test_priority_still_comes_before_fairness(pool: asyncpg.Pool, db_url: 
         order.append(payload.model_dump()["label"])
 
     for label, ws, prio in [("a-low", workspace, 0), ("b-low", other, 0), ("a-high", workspace, 9)]:
-        await pool.execute("INSERT INTO job_queue (workspace_id, job_type, payload, priority)"
-                           " VALUES ($1, 'rec', jsonb_build_object('label', $2::text), $3)",
-                           ws, label, prio)
+        await pool.execute(
+            "INSERT INTO job_queue (workspace_id, job_type, payload, priority)"
+            " VALUES ($1, 'rec', jsonb_build_object('label', $2::text), $3)",
+            ws,
+            label,
+            prio,
+        )
     await run_burst(pool, db_url, Registry([job_type("rec", record)]), max_concurrent=1)
     assert order[0] == "a-high" and sorted(order[1:]) == ["a-low", "b-low"]
 
 
 async def test_type_cap_holds_across_processes_and_frees_after_kill_9(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID) -> None:
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
     await store.set_type_limit(pool, "noop", 1)
     await insert_jobs(pool, workspace, 12, '{"sleep_ms": 60}')
-    procs = [spawn("run", "--burst", "--max-concurrent", "5", "--poll-interval", "50ms",
-                   url=db_url) for _ in range(3)]
+    procs = [
+        spawn("run", "--burst", "--max-concurrent", "5", "--poll-interval", "50ms", url=db_url)
+        for _ in range(3)
+    ]
     for p in procs:
         assert (await asyncio.to_thread(p.communicate, timeout=120))[0] is not None
     assert [p.returncode for p in procs] == [0, 0, 0]
@@ -88,13 +102,18 @@ async def test_type_cap_holds_across_processes_and_frees_after_kill_9(
 
     # A worker killed while it holds the only slot: the slot frees with its lease.
     await pool.execute("DELETE FROM job_queue")
-    stuck = await pool.fetchval("INSERT INTO job_queue (workspace_id, job_type, payload, max_attempts)"
-                                " VALUES ($1, 'noop', '{\"sleep_ms\": 600000}', 1) RETURNING id",
-                                workspace)
+    stuck = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, max_attempts)"
+        " VALUES ($1, 'noop', '{\"sleep_ms\": 600000}', 1) RETURNING id",
+        workspace,
+    )
     victim = spawn("run", "--lease", "2s", "--poll-interval", "100ms", url=db_url)
     await _until(pool, "SELECT status = 'running' FROM job_queue WHERE id = $1", stuck)
-    nxt = await pool.fetchval("INSERT INTO job_queue (workspace_id, job_type, payload)"
-                              " VALUES ($1, 'noop', '{}') RETURNING id", workspace)
+    nxt = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload)"
+        " VALUES ($1, 'noop', '{}') RETURNING id",
+        workspace,
+    )
     victim.send_signal(signal.SIGKILL)
     victim.communicate()
     killed_at = time.monotonic()
@@ -138,8 +157,13 @@ async def test_limits_change_at_run_time(pool: asyncpg.Pool, db_url: str, worksp
 
     from sidelinja_worker.queue.settings import WorkerSettings
     from sidelinja_worker.queue.worker import Worker
-    worker = Worker(pool, db_url, Registry([job_type("slow", slow)]),
-                    WorkerSettings(max_concurrent=6, poll_interval_s=0.05))
+
+    worker = Worker(
+        pool,
+        db_url,
+        Registry([job_type("slow", slow)]),
+        WorkerSettings(max_concurrent=6, poll_interval_s=0.05),
+    )
     task = asyncio.create_task(worker.run())
     try:
         await store.set_type_limit(pool, "slow", 1)
@@ -170,40 +194,54 @@ def _fair_order(jobs: list[asyncpg.Record]) -> list[UUID]:
     turns: dict[tuple[UUID, int], int] = {}
     keyed = []
     for j in sorted(jobs, key=lambda j: j["scheduled_for"]):
-        turn = turns[(j["workspace_id"], j["priority"])] = \
+        turn = turns[(j["workspace_id"], j["priority"])] = (
             turns.get((j["workspace_id"], j["priority"]), 0) + 1
+        )
         keyed.append(((-j["priority"], turn, j["scheduled_for"]), j["id"]))
     return [job_id for _, job_id in sorted(keyed)]
 
 
-
-async def test_the_fair_claim_skips_workspaces_without_due_jobs(pool: asyncpg.Pool,
-                                                                 workspace: UUID) -> None:
+async def test_the_fair_claim_skips_workspaces_without_due_jobs(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
     """The busy workspaces are found by a skip scan of the pending index, in workspace id
     order: one whose jobs are all scheduled later sits between two busy ones and is passed
     over, and the `workspaces` table, idle rows and all, is never read (probing each of its
     rows cost a claim 6.5 ms at 10,000 workspaces, bench/claim_latency.py)."""
-    spaces = sorted([workspace] + [await pool.fetchval(
-        "INSERT INTO workspaces (name) VALUES ($1) RETURNING id", f"w{i}") for i in range(2)])
+    spaces = sorted(
+        [workspace]
+        + [
+            await pool.fetchval("INSERT INTO workspaces (name) VALUES ($1) RETURNING id", f"w{i}")
+            for i in range(2)
+        ]
+    )
     for ws, later in zip(spaces, (False, True, False)):
         for _ in range(8):
             await pool.execute(
                 "INSERT INTO job_queue (workspace_id, job_type, payload, scheduled_for)"
                 " VALUES ($1, 'noop', '{}', now() + CASE WHEN $2 THEN interval '1 hour'"
-                " ELSE interval '0' END)", ws, later)
+                " ELSE interval '0' END)",
+                ws,
+                later,
+            )
     worker_id = uuid4()
     await store.register_worker(pool, worker_id, "test", 1, ["noop"], 60)
     async with pool.acquire() as conn:
         got = await store.claim_with_limits(conn, worker_id, 10, ["noop"], True, False)
-        plan = "\n".join(r[0] for r in await conn.fetch(
-            "EXPLAIN " + QUERIES["claim_fair"], worker_id, 10, ["noop"], True))
+        plan = "\n".join(
+            r[0]
+            for r in await conn.fetch(
+                "EXPLAIN " + QUERIES["claim_fair"], worker_id, 10, ["noop"], True
+            )
+        )
     taken = [j.workspace_id for j in got]
     assert taken.count(spaces[0]) == taken.count(spaces[2]) == 5 and spaces[1] not in taken
     assert "on workspaces" not in plan
 
 
-async def test_a_worker_whose_lease_lapsed_claims_nothing(pool: asyncpg.Pool,
-                                                          workspace: UUID) -> None:
+async def test_a_worker_whose_lease_lapsed_claims_nothing(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
     """Every path of the claim checks the worker's lease: the plain claim, the fair claim with
     one busy workspace (its own shortcut) and with two. Another worker may be rescuing this
     one's jobs, so it must start nothing new."""
@@ -211,8 +249,9 @@ async def test_a_worker_whose_lease_lapsed_claims_nothing(pool: asyncpg.Pool,
     await insert_jobs(pool, workspace, 3)
     worker_id = uuid4()
     await store.register_worker(pool, worker_id, "test", 1, ["noop"], 60)
-    await pool.execute("UPDATE job_workers SET expires_at = now() - interval '1 second'"
-                       " WHERE id = $1", worker_id)
+    await pool.execute(
+        "UPDATE job_workers SET expires_at = now() - interval '1 second' WHERE id = $1", worker_id
+    )
     for busy in (1, 2):
         if busy == 2:
             await insert_jobs(pool, other, 3)
@@ -220,15 +259,18 @@ async def test_a_worker_whose_lease_lapsed_claims_nothing(pool: asyncpg.Pool,
             assert await store.claim_with_limits(conn, worker_id, 10, ["noop"], True, False) == []
             assert await store.claim_with_limits(conn, worker_id, 10, ["noop"], False, False) == []
         assert await store.claim(pool, worker_id, 10, ["noop"]) == []
-    await pool.execute("UPDATE job_workers SET expires_at = now() + interval '1 minute'"
-                       " WHERE id = $1", worker_id)
+    await pool.execute(
+        "UPDATE job_workers SET expires_at = now() + interval '1 minute' WHERE id = $1", worker_id
+    )
     async with pool.acquire() as conn:  # renewed: the same claim takes them
         assert len(await store.claim_with_limits(conn, worker_id, 10, ["noop"], True, False)) == 6
 
 
 async def _busy_workspaces(pool: asyncpg.Pool, n: int, job_type_name: str = "noop") -> list[UUID]:
-    spaces = [await pool.fetchval("INSERT INTO workspaces (name) VALUES ($1) RETURNING id", f"w{i}")
-              for i in range(n)]
+    spaces = [
+        await pool.fetchval("INSERT INTO workspaces (name) VALUES ($1) RETURNING id", f"w{i}")
+        for i in range(n)
+    ]
     for ws in spaces:
         await insert_jobs(pool, ws, 2, job_type_name=job_type_name)
     return spaces
@@ -239,11 +281,13 @@ def _locked_rows(plan: Any) -> int:
     node = plan[0]["Plan"] if isinstance(plan, list) else plan
     own = node.get("Actual Rows", 0) * node.get("Actual Loops", 0)
     return (own if node["Node Type"] == "LockRows" else 0) + sum(
-        _locked_rows(child) for child in node.get("Plans", ()))
+        _locked_rows(child) for child in node.get("Plans", ())
+    )
 
 
-async def test_a_claim_asks_only_as_many_workspaces_as_it_takes(pool: asyncpg.Pool,
-                                                                  workspace: UUID) -> None:
+async def test_a_claim_asks_only_as_many_workspaces_as_it_takes(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
     """30 busy workspaces and a claim of 5: each share is one job, and only the 5 workspaces
     whose head jobs come first are asked for theirs, so 5 rows are locked, not 30 (at 1,000
     busy workspaces a claim of 50 took 18 ms locking 1,000 rows)."""
@@ -251,8 +295,15 @@ async def test_a_claim_asks_only_as_many_workspaces_as_it_takes(pool: asyncpg.Po
     worker_id = uuid4()
     await store.register_worker(pool, worker_id, "test", 1, ["noop"], 60)
     async with pool.acquire() as conn, conn.transaction():
-        plan = orjson.loads(await conn.fetchval(
-            "EXPLAIN (ANALYZE, FORMAT JSON) " + QUERIES["claim_fair"], worker_id, 5, ["noop"], True))
+        plan = orjson.loads(
+            await conn.fetchval(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + QUERIES["claim_fair"],
+                worker_id,
+                5,
+                ["noop"],
+                True,
+            )
+        )
         assert _locked_rows(plan) == 5
         claimed = await conn.fetch("SELECT workspace_id FROM job_queue WHERE status = 'running'")
     # the jobs were inserted workspace by workspace: the first five workspaces' heads are oldest
@@ -260,7 +311,8 @@ async def test_a_claim_asks_only_as_many_workspaces_as_it_takes(pool: asyncpg.Po
 
 
 async def test_a_capped_type_at_the_head_of_many_workspaces_does_not_starve_another(
-        pool: asyncpg.Pool, workspace: UUID) -> None:
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
     """With a type cap, every busy workspace is still asked: the heads of the first workspaces
     are all of the capped type, and the other type's job behind them is claimed all the same."""
     await _busy_workspaces(pool, 12, job_type_name="capped")
@@ -273,40 +325,51 @@ async def test_a_capped_type_at_the_head_of_many_workspaces_does_not_starve_anot
     assert sorted(j.job_type for j in got) == ["capped", "free"]
 
 
-async def test_every_fair_claim_is_a_prefix_of_the_fair_order(pool: asyncpg.Pool,
-                                                              workspace: UUID) -> None:
+async def test_every_fair_claim_is_a_prefix_of_the_fair_order(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
     """Claims of several sizes over workspaces of very different sizes and mixed priorities:
     each claim takes jobs in exactly the fair order of what is left (it may come back short
     when a workspace's share is cut, never empty while jobs are due, never out of order)."""
     import random
+
     rnd = random.Random(7)
-    spaces = [workspace] + [await pool.fetchval(
-        "INSERT INTO workspaces (name) VALUES ($1) RETURNING id", f"w{i}") for i in range(6)]
+    spaces = [workspace] + [
+        await pool.fetchval("INSERT INTO workspaces (name) VALUES ($1) RETURNING id", f"w{i}")
+        for i in range(6)
+    ]
     sizes = [120, 40, 9, 3, 1, 1, 0]
-    rows = [(ws, rnd.choice([0, 0, 0, 5, 9]), n) for ws, size in zip(spaces, sizes)
-            for n in range(size)]
+    rows = [
+        (ws, rnd.choice([0, 0, 0, 5, 9]), n) for ws, size in zip(spaces, sizes) for n in range(size)
+    ]
     rnd.shuffle(rows)
     for i, (ws, prio, _) in enumerate(rows):  # distinct ages: the order has no ties
-        await pool.execute("INSERT INTO job_queue (workspace_id, job_type, payload, priority,"
-                           " scheduled_for) VALUES ($1, 'noop', '{}', $2,"
-                           " now() - make_interval(secs => $3))", ws, prio, 1000 - i)
+        await pool.execute(
+            "INSERT INTO job_queue (workspace_id, job_type, payload, priority,"
+            " scheduled_for) VALUES ($1, 'noop', '{}', $2,"
+            " now() - make_interval(secs => $3))",
+            ws,
+            prio,
+            1000 - i,
+        )
     worker_id = uuid4()
     await store.register_worker(pool, worker_id, "test", 1, ["noop"], 60)
     claims = 0
-    while left := await pool.fetch("SELECT id, workspace_id, priority, scheduled_for"
-                                   " FROM job_queue WHERE status = 'pending'"):
+    while left := await pool.fetch(
+        "SELECT id, workspace_id, priority, scheduled_for FROM job_queue WHERE status = 'pending'"
+    ):
         size = rnd.choice([1, 4, 10, 32])
         async with pool.acquire() as conn:
             got = await store.claim_with_limits(conn, worker_id, size, ["noop"], True, False)
         assert got, "a fair claim came back empty while jobs were due"
-        assert set(j.id for j in got) == set(_fair_order(list(left))[:len(got)])
+        assert set(j.id for j in got) == set(_fair_order(list(left))[: len(got)])
         claims += 1
     assert claims < len(rows)  # claims of more than one job did take more than one
 
 
-async def test_jobs_why_names_each_reason(pool: asyncpg.Pool, db_url: str,
-                                          workspace: UUID) -> None:
+async def test_jobs_why_names_each_reason(pool: asyncpg.Pool, db_url: str, workspace: UUID) -> None:
     """Every reason issue 6 lists, each set up by plain SQL and read back through the CLI."""
+
     async def why(job_id: UUID) -> str:
         out = cli("jobs", "why", str(job_id), url=db_url)
         assert out.returncode == 0, out.stderr
@@ -315,7 +378,9 @@ async def test_jobs_why_names_each_reason(pool: asyncpg.Pool, db_url: str,
     async def job(sql_tail: str = "", *args: Any) -> UUID:
         return await pool.fetchval(
             "INSERT INTO job_queue (workspace_id, job_type, payload" + sql_tail + " RETURNING id",
-            workspace, *args)
+            workspace,
+            *args,
+        )
 
     later = await job(", scheduled_for) VALUES ($1, 'noop', '{}', now() + interval '1 hour')")
     assert "not due until" in await why(later)
@@ -324,8 +389,10 @@ async def test_jobs_why_names_each_reason(pool: asyncpg.Pool, db_url: str,
 
     worker_id = uuid4()
     await store.register_worker(pool, worker_id, "test", 1, ["noop"], 600)
-    holder = await job(", status, worker_id, started_at) VALUES ($1, 'noop', '{}', 'running', $2,"
-                       " now())", worker_id)
+    holder = await job(
+        ", status, worker_id, started_at) VALUES ($1, 'noop', '{}', 'running', $2, now())",
+        worker_id,
+    )
     await store.set_type_limit(pool, "noop", 1)
     capped = await why(lone)
     assert "no live worker" not in capped
@@ -334,9 +401,11 @@ async def test_jobs_why_names_each_reason(pool: asyncpg.Pool, db_url: str,
     await store.rate_pause(pool, "ai_gateway", 300)
     assert "service ai_gateway is rate-limited (paused) until" in await why(lone)
 
-    deferred = await job(", scheduled_for, progress) VALUES ($1, 'noop', '{}', now() + interval"
-                         " '60 seconds', jsonb_build_object('message', 'the call is live',"
-                         " 'deferred_until', now() + interval '60 seconds'))")
+    deferred = await job(
+        ", scheduled_for, progress) VALUES ($1, 'noop', '{}', now() + interval"
+        " '60 seconds', jsonb_build_object('message', 'the call is live',"
+        " 'deferred_until', now() + interval '60 seconds'))"
+    )
     assert "deferred until" in await why(deferred) and "the call is live" in await why(deferred)
 
     for _ in range(2):

@@ -19,14 +19,19 @@ from sidelinja_worker.queue.worker import Worker
 from tests.helpers import cli, job_type, run_burst, statuses
 
 
-async def _insert(pool: asyncpg.Pool, workspace: UUID, name: str, payload: str = "{}",
-                  **columns: Any) -> UUID:
+async def _insert(
+    pool: asyncpg.Pool, workspace: UUID, name: str, payload: str = "{}", **columns: Any
+) -> UUID:
     extra = "".join(f", {c}" for c in columns)
     values = "".join(f", ${i + 4}" for i in range(len(columns)))
     return await pool.fetchval(
         f"INSERT INTO job_queue (workspace_id, job_type, payload{extra})"
         f" VALUES ($1, $2, $3::text::jsonb{values}) RETURNING id",
-        workspace, name, payload, *columns.values())
+        workspace,
+        name,
+        payload,
+        *columns.values(),
+    )
 
 
 async def _job(pool: asyncpg.Pool, job_id: UUID) -> asyncpg.Record:
@@ -35,8 +40,9 @@ async def _job(pool: asyncpg.Pool, job_id: UUID) -> asyncpg.Record:
     return row
 
 
-async def test_timeout_cancels_the_handler_and_retries(pool: asyncpg.Pool, db_url: str,
-                                                       workspace: UUID) -> None:
+async def test_timeout_cancels_the_handler_and_retries(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
     finished = []
 
     async def slow(ctx: JobContext, payload: Any) -> None:
@@ -77,8 +83,10 @@ async def test_each_error_class(pool: asyncpg.Pool, db_url: str, workspace: UUID
         return {"ok": True}
 
     registry = Registry([job_type("outcome", outcome)])
-    ids = {k: await _insert(pool, workspace, "outcome", f'{{"kind": "{k}"}}')
-           for k in ("ok", "retry_after", "permanent", "defer", "bug")}
+    ids = {
+        k: await _insert(pool, workspace, "outcome", f'{{"kind": "{k}"}}')
+        for k in ("ok", "retry_after", "permanent", "defer", "bug")
+    }
     await run_burst(pool, db_url, registry)
     rows = {k: await _job(pool, i) for k, i in ids.items()}
     assert (rows["ok"]["status"], rows["ok"]["result"]) == ("completed", {"ok": True})
@@ -94,8 +102,9 @@ async def test_each_error_class(pool: asyncpg.Pool, db_url: str, workspace: UUID
     assert rows["bug"]["status"] == "retry" and rows["bug"]["error_msg"] == "KeyError: 'oops'"
 
 
-async def test_bad_payload_fails_permanently_naming_the_field(pool: asyncpg.Pool, db_url: str,
-                                                              workspace: UUID) -> None:
+async def test_bad_payload_fails_permanently_naming_the_field(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
     class Clip(BaseModel):
         text: str
         source_url: str | None = None
@@ -113,12 +122,14 @@ async def test_bad_payload_fails_permanently_naming_the_field(pool: asyncpg.Pool
     assert b["error_msg"] == "invalid payload: expected a JSON object, got list"
 
 
-async def test_duplicate_unique_keys_enqueued_concurrently(pool: asyncpg.Pool,
-                                                           workspace: UUID) -> None:
+async def test_duplicate_unique_keys_enqueued_concurrently(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
     async def enqueue_one() -> UUID:
         async with pool.acquire() as conn, conn.transaction():
-            return await client.enqueue(conn, workspace, "noop", {},
-                                        unique_key="stats_parse:2026-12-02T10")
+            return await client.enqueue(
+                conn, workspace, "noop", {}, unique_key="stats_parse:2026-12-02T10"
+            )
 
     ids = await asyncio.gather(*(enqueue_one() for _ in range(6)))
     assert len(set(ids)) == 1
@@ -130,7 +141,9 @@ async def test_duplicate_unique_keys_enqueued_concurrently(pool: asyncpg.Pool,
     except asyncpg.UniqueViolationError:
         pass
     await pool.execute("UPDATE job_queue SET status = 'completed'")
-    again = await client.enqueue(pool, workspace, "noop", {}, unique_key="stats_parse:2026-12-02T10")
+    again = await client.enqueue(
+        pool, workspace, "noop", {}, unique_key="stats_parse:2026-12-02T10"
+    )
     assert again != ids[0]
 
 
@@ -144,8 +157,9 @@ async def test_cancel_a_pending_job(pool: asyncpg.Pool, db_url: str, workspace: 
     assert again.returncode != 0 and "already cancelled" in again.stderr
 
 
-async def test_cancel_a_running_job_stops_its_handler(pool: asyncpg.Pool, db_url: str,
-                                                      workspace: UUID) -> None:
+async def test_cancel_a_running_job_stops_its_handler(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
     started = asyncio.Event()
     stopped = []
 
@@ -158,8 +172,12 @@ async def test_cancel_a_running_job_stops_its_handler(pool: asyncpg.Pool, db_url
             raise
 
     job_id = await _insert(pool, workspace, "long")
-    worker = Worker(pool, db_url, Registry([job_type("long", long)]),
-                    WorkerSettings(burst=True, poll_interval_s=0.05))
+    worker = Worker(
+        pool,
+        db_url,
+        Registry([job_type("long", long)]),
+        WorkerSettings(burst=True, poll_interval_s=0.05),
+    )
     task = asyncio.create_task(worker.run())
     await asyncio.wait_for(started.wait(), 10)
     out = await asyncio.to_thread(cli, "jobs", "cancel", str(job_id), url=db_url)
@@ -171,7 +189,8 @@ async def test_cancel_a_running_job_stops_its_handler(pool: asyncpg.Pool, db_url
 
 
 async def test_cancel_by_plain_sql_reaches_the_worker_by_heartbeat(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID) -> None:
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
     started = asyncio.Event()
 
     async def long(ctx: JobContext, payload: Any) -> None:
@@ -179,8 +198,12 @@ async def test_cancel_by_plain_sql_reaches_the_worker_by_heartbeat(
         await asyncio.sleep(60)
 
     job_id = await _insert(pool, workspace, "long")
-    worker = Worker(pool, db_url, Registry([job_type("long", long)]),
-                    WorkerSettings(burst=True, poll_interval_s=0.05, lease_s=0.6, listen=False))
+    worker = Worker(
+        pool,
+        db_url,
+        Registry([job_type("long", long)]),
+        WorkerSettings(burst=True, poll_interval_s=0.05, lease_s=0.6, listen=False),
+    )
     task = asyncio.create_task(worker.run())
     await asyncio.wait_for(started.wait(), 10)
     await pool.execute("UPDATE job_queue SET cancel_requested_at = now() WHERE id = $1", job_id)
@@ -188,10 +211,15 @@ async def test_cancel_by_plain_sql_reaches_the_worker_by_heartbeat(
     assert (await _job(pool, job_id))["status"] == "cancelled"
 
 
-async def test_no_listen_still_runs_jobs_by_polling(pool: asyncpg.Pool, db_url: str,
-                                                    workspace: UUID) -> None:
-    worker = Worker(pool, db_url, Registry([job_type("noop", _echo)]),
-                    WorkerSettings(poll_interval_s=0.05, listen=False))
+async def test_no_listen_still_runs_jobs_by_polling(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    worker = Worker(
+        pool,
+        db_url,
+        Registry([job_type("noop", _echo)]),
+        WorkerSettings(poll_interval_s=0.05, listen=False),
+    )
     task = asyncio.create_task(worker.run())
     try:
         job_id = await _insert(pool, workspace, "noop")
@@ -200,25 +228,32 @@ async def test_no_listen_still_runs_jobs_by_polling(pool: asyncpg.Pool, db_url: 
                 break
             await asyncio.sleep(0.02)
         assert (await _job(pool, job_id))["status"] == "completed"
-        assert not await pool.fetchval("SELECT count(*) FROM pg_stat_activity"
-                                       " WHERE query LIKE 'LISTEN%' AND datname = current_database()")
+        assert not await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE query LIKE 'LISTEN%' AND datname = current_database()"
+        )
     finally:
         worker.request_stop()
         await task
 
 
-async def test_retention_prunes_old_finished_jobs_in_batches(pool: asyncpg.Pool,
-                                                             workspace: UUID) -> None:
+async def test_retention_prunes_old_finished_jobs_in_batches(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
     await pool.execute(
         "INSERT INTO job_queue (workspace_id, job_type, payload, status, completed_at)"
         " SELECT $1, 'noop', '{}', s::job_status, now() - make_interval(days => d)"
         " FROM unnest(ARRAY['completed','completed','error','error','cancelled','pending']::text[],"
-        "             ARRAY[20, 1, 20, 100, 20, 20]) AS t(s, d)", workspace)
+        "             ARRAY[20, 1, 20, 100, 20, 20]) AS t(s, d)",
+        workspace,
+    )
     deleted = await store.prune(pool, 14 * 86400, 90 * 86400, batch=2)
     deleted += await store.prune(pool, 14 * 86400, 90 * 86400, batch=2)
     assert deleted == 3
-    left = await pool.fetch("SELECT status::text, extract(day FROM now() - completed_at)::int AS age"
-                            " FROM job_queue ORDER BY 1, 2")
+    left = await pool.fetch(
+        "SELECT status::text, extract(day FROM now() - completed_at)::int AS age"
+        " FROM job_queue ORDER BY 1, 2"
+    )
     assert [tuple(r) for r in left] == [("completed", 1), ("error", 20), ("pending", 20)]
     assert await statuses(pool) == {"completed": 1, "error": 1, "pending": 1}
 

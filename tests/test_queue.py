@@ -24,17 +24,26 @@ async def _worker_row(pool: asyncpg.Pool) -> UUID:
     return worker_id
 
 
-async def test_claim_takes_priority_then_oldest_and_skips_future(pool: asyncpg.Pool,
-                                                                 workspace: UUID) -> None:
+async def test_claim_takes_priority_then_oldest_and_skips_future(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
     rows = [  # (label, priority, scheduled_for offset in seconds)
-        ("low-old", 0, -30), ("high-new", 10, -1), ("high-old", 10, -20),
-        ("mid", 5, -10), ("future-high", 100, 3600),
+        ("low-old", 0, -30),
+        ("high-new", 10, -1),
+        ("high-old", 10, -20),
+        ("mid", 5, -10),
+        ("future-high", 100, 3600),
     ]
     for label, priority, offset in rows:
         await pool.execute(
             "INSERT INTO job_queue (workspace_id, job_type, payload, priority, scheduled_for)"
             " VALUES ($1, 'noop', jsonb_build_object('label', $2::text), $3,"
-            " now() + make_interval(secs => $4))", workspace, label, priority, offset)
+            " now() + make_interval(secs => $4))",
+            workspace,
+            label,
+            priority,
+            offset,
+        )
     worker_id = await _worker_row(pool)
     order = []
     for _ in range(5):
@@ -43,14 +52,15 @@ async def test_claim_takes_priority_then_oldest_and_skips_future(pool: asyncpg.P
     assert order == ["high-old", "high-new", "mid", "low-old"]
     running = await pool.fetchrow(
         "SELECT status::text, started_at IS NOT NULL AS started, attempts, worker_id"
-        " FROM job_queue WHERE payload->>'label' = 'mid'")
+        " FROM job_queue WHERE payload->>'label' = 'mid'"
+    )
     assert tuple(running) == ("running", True, 1, worker_id)
 
 
-async def test_backoff_is_30_60_120_then_error(pool: asyncpg.Pool, db_url: str,
-                                               workspace: UUID) -> None:
-    job_id = await client.enqueue(pool, workspace, "noop", {"fail": "upstream 503"},
-                                  max_attempts=4)
+async def test_backoff_is_30_60_120_then_error(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    job_id = await client.enqueue(pool, workspace, "noop", {"fail": "upstream 503"}, max_attempts=4)
     delays = []
     for attempt in range(1, 5):
         await run_burst(pool, db_url)
@@ -60,9 +70,12 @@ async def test_backoff_is_30_60_120_then_error(pool: asyncpg.Pool, db_url: str,
         assert len(last) == attempt and last[-1]["message"] == "upstream 503"
         if attempt < 4:
             assert row["status"] == "retry" and row["attempts"] == attempt
-            delays.append(await pool.fetchval(
-                "SELECT scheduled_for - (errors->-1->>'at')::timestamptz FROM job_queue WHERE id = $1",
-                job_id))
+            delays.append(
+                await pool.fetchval(
+                    "SELECT scheduled_for - (errors->-1->>'at')::timestamptz FROM job_queue WHERE id = $1",
+                    job_id,
+                )
+            )
             # Time travel instead of sleeping: make the retry due now.
             await pool.execute("UPDATE job_queue SET scheduled_for = now() WHERE id = $1", job_id)
         else:
@@ -71,8 +84,9 @@ async def test_backoff_is_30_60_120_then_error(pool: asyncpg.Pool, db_url: str,
     assert delays == [timedelta(seconds=30), timedelta(seconds=60), timedelta(seconds=120)]
 
 
-async def test_enqueue_joins_the_callers_transaction(pool: asyncpg.Pool, db_url: str,
-                                                     workspace: UUID) -> None:
+async def test_enqueue_joins_the_callers_transaction(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
     async with pool.acquire() as conn:
         with pytest.raises(RuntimeError):
             async with conn.transaction():
@@ -86,24 +100,32 @@ async def test_enqueue_joins_the_callers_transaction(pool: asyncpg.Pool, db_url:
     assert row is not None and row["status"] == "completed" and row["result"] == {"n": 2}
 
 
-async def test_enqueue_many_in_one_call_keeps_order_and_defaults(pool: asyncpg.Pool,
-                                                                 workspace: UUID) -> None:
+async def test_enqueue_many_in_one_call_keeps_order_and_defaults(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
     jobs = [client.NewJob(workspace, "noop", {"i": i}) for i in range(500)]
     jobs.append(client.NewJob(workspace, "research_clip", {"text": "x"}))
     jobs.append(client.NewJob(workspace, "noop", {"i": "late"}, priority=7, delay_s=600))
     ids = await client.enqueue_many(pool, jobs)
-    rows = {r["id"]: r for r in await pool.fetch(
-        "SELECT id, payload, priority, scheduled_for - created_at AS wait FROM job_queue")}
+    rows = {
+        r["id"]: r
+        for r in await pool.fetch(
+            "SELECT id, payload, priority, scheduled_for - created_at AS wait FROM job_queue"
+        )
+    }
     assert [rows[i]["payload"] for i in ids[:500]] == [{"i": i} for i in range(500)]
     assert rows[ids[500]]["priority"] == 10  # DESIGN §5 default for research_clip
     assert rows[ids[501]]["priority"] == 7 and rows[ids[501]]["wait"] == timedelta(seconds=600)
 
 
-async def test_plain_sql_insert_is_a_complete_job(pool: asyncpg.Pool, db_url: str,
-                                                  workspace: UUID) -> None:
+async def test_plain_sql_insert_is_a_complete_job(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
     job_id = await pool.fetchval(
         "INSERT INTO job_queue (workspace_id, job_type, payload)"
-        " VALUES ($1, 'noop', '{\"hei\": \"verden\"}') RETURNING id", workspace)
+        " VALUES ($1, 'noop', '{\"hei\": \"verden\"}') RETURNING id",
+        workspace,
+    )
     await run_burst(pool, db_url)
     row = await store.get_job(pool, job_id)
     assert row is not None
@@ -111,19 +133,26 @@ async def test_plain_sql_insert_is_a_complete_job(pool: asyncpg.Pool, db_url: st
     assert row["started_at"] <= row["completed_at"]
 
 
-async def test_types_restricts_what_a_worker_claims(pool: asyncpg.Pool, db_url: str,
-                                                    workspace: UUID) -> None:
+async def test_types_restricts_what_a_worker_claims(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
     async def ok(ctx: JobContext, payload: Any) -> str:
         return ctx.job_type
 
     registry = Registry([job_type("light", ok), job_type("heavy", ok)])
     for name in ("light", "heavy", "light"):
-        await pool.execute("INSERT INTO job_queue (workspace_id, job_type, payload)"
-                           " VALUES ($1, $2, '{}')", workspace, name)
+        await pool.execute(
+            "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, $2, '{}')",
+            workspace,
+            name,
+        )
     await run_burst(pool, db_url, registry, job_types=("light",))
     rows = await pool.fetch("SELECT job_type, status::text FROM job_queue ORDER BY job_type")
-    assert [tuple(r) for r in rows] == [("heavy", "pending"), ("light", "completed"),
-                                        ("light", "completed")]
+    assert [tuple(r) for r in rows] == [
+        ("heavy", "pending"),
+        ("light", "completed"),
+        ("light", "completed"),
+    ]
 
 
 async def test_concurrency_bound_holds(pool: asyncpg.Pool, db_url: str, workspace: UUID) -> None:
@@ -138,15 +167,19 @@ async def test_concurrency_bound_holds(pool: asyncpg.Pool, db_url: str, workspac
         now_running -= 1
 
     registry = Registry([job_type("slow", slow)])
-    await pool.execute("INSERT INTO job_queue (workspace_id, job_type, payload)"
-                       " SELECT $1, 'slow', '{}' FROM generate_series(1, 50)", workspace)
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload)"
+        " SELECT $1, 'slow', '{}' FROM generate_series(1, 50)",
+        workspace,
+    )
     await run_burst(pool, db_url, registry, max_concurrent=3)
     assert await statuses(pool) == {"completed": 50}
     assert peak == 3  # never more than 3, and the bound was actually reached
 
 
 async def test_bulk_enqueue_by_copy_keeps_order_defaults_and_transaction(
-        pool: asyncpg.Pool, workspace: UUID) -> None:
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
     jobs = [client.NewJob(workspace, "research_clip", {"i": i}) for i in range(300)]
     async with pool.acquire() as conn:
         with pytest.raises(RuntimeError):
@@ -155,16 +188,23 @@ async def test_bulk_enqueue_by_copy_keeps_order_defaults_and_transaction(
                 raise RuntimeError("rolled back")
     assert await pool.fetchval("SELECT count(*) FROM job_queue") == 0
     ids = await client.enqueue_many(pool, jobs)
-    rows = {r["id"]: r for r in await pool.fetch(
-        "SELECT id, payload, priority, status::text, attempts, max_attempts,"
-        " scheduled_for = created_at AS default_schedule FROM job_queue")}
+    rows = {
+        r["id"]: r
+        for r in await pool.fetch(
+            "SELECT id, payload, priority, status::text, attempts, max_attempts,"
+            " scheduled_for = created_at AS default_schedule FROM job_queue"
+        )
+    }
     assert [rows[i]["payload"]["i"] for i in ids] == list(range(300))
-    assert {(r["priority"], r["status"], r["attempts"], r["max_attempts"], r["default_schedule"])
-            for r in rows.values()} == {(10, "pending", 0, 3, True)}
+    assert {
+        (r["priority"], r["status"], r["attempts"], r["max_attempts"], r["default_schedule"])
+        for r in rows.values()
+    } == {(10, "pending", 0, 3, True)}
 
 
 async def test_claim_pool_connections_come_prepared_and_claim_nothing(
-        db_url: str, pool: asyncpg.Pool, workspace: UUID) -> None:
+    db_url: str, pool: asyncpg.Pool, workspace: UUID
+) -> None:
     """Each connection of a worker's claim pool has the claims and the completion parsed and
     planned before its first job (a first use cost that job ~5 ms of pickup), and preparing
     them touches no job, even with a live worker and a due job in the table."""
@@ -176,7 +216,8 @@ async def test_claim_pool_connections_come_prepared_and_claim_nothing(
         async with queue_pool.acquire() as first, queue_pool.acquire() as second:
             for conn in (first, second):
                 rows = await conn.fetch(
-                    "SELECT statement, generic_plans FROM pg_prepared_statements")
+                    "SELECT statement, generic_plans FROM pg_prepared_statements"
+                )
                 planned = {r["statement"]: r["generic_plans"] for r in rows}
                 assert all(planned.get(sql, 0) >= 1 for sql in hot), planned
     finally:

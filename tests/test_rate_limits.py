@@ -33,7 +33,7 @@ class CountingServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            def do_GET(self) -> None:
                 with lock:
                     status = 429 if len(outer.arrivals) < outer._fail_first else 200
                     outer.arrivals.append((time.monotonic(), status))
@@ -85,8 +85,16 @@ JobType_ = Any
 async def _run_workers(db_url: str, registry: Registry, until: Any, count: int = 3) -> None:
     """`count` independent workers (each with its own pool), until `until()` is true."""
     pools = [await create_pool(db_url, max_size=5) for _ in range(count)]
-    workers = [Worker(p, db_url, registry, WorkerSettings(max_concurrent=10, poll_interval_s=0.1),
-                      ServiceConfig({})) for p in pools]
+    workers = [
+        Worker(
+            p,
+            db_url,
+            registry,
+            WorkerSettings(max_concurrent=10, poll_interval_s=0.1),
+            ServiceConfig({}),
+        )
+        for p in pools
+    ]
     tasks = [asyncio.create_task(w.run()) for w in workers]
     try:
         await until()
@@ -106,9 +114,9 @@ async def _all_done(pool: asyncpg.Pool, n: int, timeout_s: float) -> None:
 
 
 @pytest.mark.timeout(240)
-async def test_twenty_per_minute_across_three_workers(pool: asyncpg.Pool, db_url: str,
-                                                      workspace: UUID,
-                                                      server: CountingServer) -> None:
+async def test_twenty_per_minute_across_three_workers(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, server: CountingServer
+) -> None:
     await store.set_rate_limit(pool, "svc", 20, 60.0)
     await insert_jobs(pool, workspace, 25, job_type_name="call")
     registry = Registry([_calling(server.url, "svc")])
@@ -122,8 +130,7 @@ async def test_twenty_per_minute_across_three_workers(pool: asyncpg.Pool, db_url
     assert await pool.fetchval("SELECT max(attempts) FROM job_queue") == 1
 
 
-async def test_a_429_pauses_every_worker(pool: asyncpg.Pool, db_url: str,
-                                         workspace: UUID) -> None:
+async def test_a_429_pauses_every_worker(pool: asyncpg.Pool, db_url: str, workspace: UUID) -> None:
     server = CountingServer(fail_first=1, retry_after_s=2)
     log: dict[str, list[float]] = {}
     try:

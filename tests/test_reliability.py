@@ -36,29 +36,45 @@ async def _jobs_started(port: int, n: int) -> bool:
     body = await metrics_text(port)
     if body is None:  # not serving yet
         return False
-    found = re.search(r'^sidelinja_job_pickup_latency_seconds_count\{job_type="noop"\} (\S+)$',
-                      body, re.MULTILINE)
+    found = re.search(
+        r'^sidelinja_job_pickup_latency_seconds_count\{job_type="noop"\} (\S+)$', body, re.MULTILINE
+    )
     return found is not None and float(found.group(1)) >= n
 
 
-async def test_plain_sql_insert_wakes_an_idle_worker_at_once(pool: asyncpg.Pool, db_url: str,
-                                                             workspace: UUID) -> None:
-    worker = Worker(pool, db_url, Registry([job_type("noop", _echo)]),
-                    WorkerSettings(poll_interval_s=10.0))
+async def test_plain_sql_insert_wakes_an_idle_worker_at_once(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    worker = Worker(
+        pool, db_url, Registry([job_type("noop", _echo)]), WorkerSettings(poll_interval_s=10.0)
+    )
     task = asyncio.create_task(worker.run())
     try:
-        await _wait_until(lambda: pool.fetchval(
-            "SELECT count(*) = 1 FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND datname = current_database()"))
+        await _wait_until(
+            lambda: pool.fetchval(
+                "SELECT count(*) = 1 FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND datname = current_database()"
+            )
+        )
         await asyncio.sleep(0.1)  # let the worker's first (empty) claim finish; it now idles
         latencies = []
         for _ in range(5):
-            job_id = await pool.fetchval("INSERT INTO job_queue (workspace_id, job_type, payload)"
-                                         " VALUES ($1, 'noop', '{}') RETURNING id", workspace)
-            await _wait_until(lambda: pool.fetchval(
-                "SELECT status = 'completed' FROM job_queue WHERE id = $1", job_id), 5)
-            latencies.append(await pool.fetchval(
-                "SELECT extract(epoch FROM started_at - created_at) FROM job_queue WHERE id = $1",
-                job_id))
+            job_id = await pool.fetchval(
+                "INSERT INTO job_queue (workspace_id, job_type, payload)"
+                " VALUES ($1, 'noop', '{}') RETURNING id",
+                workspace,
+            )
+            await _wait_until(
+                lambda: pool.fetchval(
+                    "SELECT status = 'completed' FROM job_queue WHERE id = $1", job_id
+                ),
+                5,
+            )
+            latencies.append(
+                await pool.fetchval(
+                    "SELECT extract(epoch FROM started_at - created_at) FROM job_queue WHERE id = $1",
+                    job_id,
+                )
+            )
         # A generous bound for a loaded CI machine; with 10 s polling only NOTIFY can do this.
         assert max(latencies) < 1.0, latencies
     finally:
@@ -66,58 +82,83 @@ async def test_plain_sql_insert_wakes_an_idle_worker_at_once(pool: asyncpg.Pool,
         await task
 
 
-async def test_a_killed_listen_connection_is_replaced(pool: asyncpg.Pool, db_url: str,
-                                                      workspace: UUID) -> None:
-    worker = Worker(pool, db_url, Registry([job_type("noop", _echo)]),
-                    WorkerSettings(poll_interval_s=30.0))
+async def test_a_killed_listen_connection_is_replaced(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    worker = Worker(
+        pool, db_url, Registry([job_type("noop", _echo)]), WorkerSettings(poll_interval_s=30.0)
+    )
     task = asyncio.create_task(worker.run())
     try:
         listening = "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND datname = current_database()"
         await _wait_until(lambda: pool.fetchval(f"SELECT count(*) = 1 FROM ({listening}) l"))
         old_pid = await pool.fetchval(listening)
         await pool.execute("SELECT pg_terminate_backend($1)", old_pid)
-        await _wait_until(lambda: pool.fetchval(
-            f"SELECT count(*) = 1 FROM ({listening}) l WHERE pid <> $1", old_pid))
-        job_id = await pool.fetchval("INSERT INTO job_queue (workspace_id, job_type, payload)"
-                                     " VALUES ($1, 'noop', '{}') RETURNING id", workspace)
-        await _wait_until(lambda: pool.fetchval(
-            "SELECT status = 'completed' FROM job_queue WHERE id = $1", job_id), 5)
+        await _wait_until(
+            lambda: pool.fetchval(
+                f"SELECT count(*) = 1 FROM ({listening}) l WHERE pid <> $1", old_pid
+            )
+        )
+        job_id = await pool.fetchval(
+            "INSERT INTO job_queue (workspace_id, job_type, payload)"
+            " VALUES ($1, 'noop', '{}') RETURNING id",
+            workspace,
+        )
+        await _wait_until(
+            lambda: pool.fetchval(
+                "SELECT status = 'completed' FROM job_queue WHERE id = $1", job_id
+            ),
+            5,
+        )
     finally:
         worker.request_stop()
         await task
 
 
-async def test_kill_9_mid_run_loses_nothing(pool: asyncpg.Pool, db_url: str,
-                                            workspace: UUID) -> None:
+async def test_kill_9_mid_run_loses_nothing(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
     # Every 100th job takes 500 ms, so that the victim can be killed while it surely holds one:
     # with only 20 ms jobs, all of its jobs could be finished, their completion in flight (and
     # committed by the server after the kill), leaving nothing to rescue.
     await pool.execute(
         "INSERT INTO job_queue (workspace_id, job_type, payload)"
         " SELECT $1, 'noop', CASE WHEN i % 100 = 0 THEN '{\"sleep_ms\": 500}'"
-        " ELSE '{\"sleep_ms\": 20}' END::jsonb FROM generate_series(1, 3000) AS i", workspace)
+        " ELSE '{\"sleep_ms\": 20}' END::jsonb FROM generate_series(1, 3000) AS i",
+        workspace,
+    )
     args = ("run", "--max-concurrent", "20", "--lease", "3s", "--poll-interval", "200ms")
     victim = spawn(*args, url=db_url)
-    await _wait_until(lambda: pool.fetchval(
-        "SELECT count(*) >= 300 FROM job_queue WHERE status = 'completed'"))
+    await _wait_until(
+        lambda: pool.fetchval("SELECT count(*) >= 300 FROM job_queue WHERE status = 'completed'")
+    )
     victim_id = await pool.fetchval("SELECT id FROM job_workers")
     survivors = [spawn(*args, url=db_url) for _ in range(2)]
     await _wait_until(lambda: pool.fetchval("SELECT count(*) = 3 FROM job_workers"))
-    await _wait_until(lambda: pool.fetchval(
-        "SELECT count(*) > 0 FROM job_queue WHERE status = 'running' AND worker_id = $1"
-        " AND payload->>'sleep_ms' = '500' AND started_at > now() - interval '250 ms'",
-        victim_id))
+    await _wait_until(
+        lambda: pool.fetchval(
+            "SELECT count(*) > 0 FROM job_queue WHERE status = 'running' AND worker_id = $1"
+            " AND payload->>'sleep_ms' = '500' AND started_at > now() - interval '250 ms'",
+            victim_id,
+        )
+    )
     victim.send_signal(signal.SIGKILL)
     victim_err = victim.communicate()[1]
-    await _wait_until(lambda: pool.fetchval(
-        "SELECT count(*) = 3000 FROM job_queue WHERE status = 'completed'"), 120)
+    await _wait_until(
+        lambda: pool.fetchval("SELECT count(*) = 3000 FROM job_queue WHERE status = 'completed'"),
+        120,
+    )
     for p in survivors:
         p.send_signal(signal.SIGTERM)
     outputs = [await asyncio.to_thread(p.communicate, timeout=60) for p in survivors]
     assert [p.returncode for p in survivors] == [0, 0], [e[-2000:] for _, e in outputs]
     assert await statuses(pool) == {"completed": 3000}
-    rescued = {str(r["id"]) for r in await pool.fetch(
-        "SELECT id FROM job_queue WHERE errors @> '[{\"class\": \"rescued\"}]'")}
+    rescued = {
+        str(r["id"])
+        for r in await pool.fetch(
+            'SELECT id FROM job_queue WHERE errors @> \'[{"class": "rescued"}]\''
+        )
+    }
     assert rescued, "the victim held running jobs when killed; they must show as rescued"
     # Every job ran to completion once on a survivor, except those the victim finished and
     # wrote; a rescued job ran on a survivor exactly once, after its rescue.
@@ -128,14 +169,19 @@ async def test_kill_9_mid_run_loses_nothing(pool: asyncpg.Pool, db_url: str,
     assert not (victim_done & set(survivor_runs)) - rescued
 
 
-async def test_a_live_worker_keeps_its_jobs_past_the_lease(pool: asyncpg.Pool, db_url: str,
-                                                           workspace: UUID) -> None:
+async def test_a_live_worker_keeps_its_jobs_past_the_lease(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
     """A 3 s job under a 1 s lease, with a second worker rescuing every 50 ms: never taken."""
-    await pool.execute("INSERT INTO job_queue (workspace_id, job_type, payload)"
-                       " VALUES ($1, 'noop', '{\"sleep_ms\": 3000}')", workspace)
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload)"
+        " VALUES ($1, 'noop', '{\"sleep_ms\": 3000}')",
+        workspace,
+    )
     settings: dict[str, Any] = {"lease_s": 1.0, "poll_interval_s": 0.05}
-    runner = Worker(pool, db_url, Registry([job_type("noop", _sleepy)]),
-                    WorkerSettings(burst=True, **settings))
+    runner = Worker(
+        pool, db_url, Registry([job_type("noop", _sleepy)]), WorkerSettings(burst=True, **settings)
+    )
     rescuer = Worker(pool, db_url, Registry([job_type("other", _echo)]), WorkerSettings(**settings))
     rescuing = asyncio.create_task(rescuer.run())
     try:
@@ -147,13 +193,15 @@ async def test_a_live_worker_keeps_its_jobs_past_the_lease(pool: asyncpg.Pool, d
     assert tuple(row) == ("completed", 1, [])
 
 
-async def test_sigterm_waits_for_grace_then_gives_jobs_back(pool: asyncpg.Pool, db_url: str,
-                                                            workspace: UUID) -> None:
+async def test_sigterm_waits_for_grace_then_gives_jobs_back(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
     await insert_jobs(pool, workspace, 2, '{"sleep_ms": 60000}')
     await insert_jobs(pool, workspace, 1, '{"sleep_ms": 300}')
     port = free_port()
-    proc = spawn("run", "--grace", "1s", "--max-concurrent", "5", "--metrics-port", str(port),
-                 url=db_url)
+    proc = spawn(
+        "run", "--grace", "1s", "--max-concurrent", "5", "--metrics-port", str(port), url=db_url
+    )
     # Started by the worker, not only claimed: a claim is `running` in the table a moment before
     # its answer reaches the worker, and a SIGTERM in that moment gives the jobs back unstarted.
     await _wait_until(lambda: _jobs_started(port, 3))
@@ -162,36 +210,49 @@ async def test_sigterm_waits_for_grace_then_gives_jobs_back(pool: asyncpg.Pool, 
     _, err = await asyncio.to_thread(proc.communicate, timeout=30)
     assert proc.returncode == 0, err
     assert time.monotonic() - started < 5  # the 1 s grace plus writing and exiting
-    rows = await pool.fetch("SELECT status::text, attempts, payload->>'sleep_ms' AS ms FROM job_queue")
+    rows = await pool.fetch(
+        "SELECT status::text, attempts, payload->>'sleep_ms' AS ms FROM job_queue"
+    )
     assert sorted(tuple(r) for r in rows) == [
-        ("completed", 1, "300"), ("pending", 0, "60000"), ("pending", 0, "60000")]
+        ("completed", 1, "300"),
+        ("pending", 0, "60000"),
+        ("pending", 0, "60000"),
+    ]
     assert await pool.fetchval("SELECT count(*) FROM job_workers") == 0
 
 
 JOBS_THROUGH_KILLS = 6000
 
 
-async def test_workers_survive_their_connections_being_killed(pool: asyncpg.Pool, db_url: str,
-                                                              workspace: UUID) -> None:
+async def test_workers_survive_their_connections_being_killed(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
     # Enough work that the workers are still at it in the third round: 2,000 jobs once drained
     # between two rounds on a fast hour of the CI machine, and the round waited in vain.
     await insert_jobs(pool, workspace, JOBS_THROUGH_KILLS, '{"sleep_ms": 2}')
-    procs = [spawn("run", "--burst", "--max-concurrent", "10", "--poll-interval", "100ms",
-                   url=db_url) for _ in range(2)]
+    procs = [
+        spawn("run", "--burst", "--max-concurrent", "10", "--poll-interval", "100ms", url=db_url)
+        for _ in range(2)
+    ]
     for _ in range(3):  # three rounds of "the database dropped every worker connection"
-        await _wait_until(lambda: pool.fetchval(
-            "SELECT count(*) > 0 FROM job_queue WHERE status = 'running'"))
+        await _wait_until(
+            lambda: pool.fetchval("SELECT count(*) > 0 FROM job_queue WHERE status = 'running'")
+        )
         await pool.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE application_name = 'sidelinja-worker' AND datname = current_database()")
+            " WHERE application_name = 'sidelinja-worker' AND datname = current_database()"
+        )
         await asyncio.sleep(0.2)
     outputs = [await asyncio.to_thread(p.communicate, timeout=120) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], [e[-6000:].replace("noop completed", "") for _, e in outputs]
+    assert [p.returncode for p in procs] == [0, 0], [
+        e[-6000:].replace("noop completed", "") for _, e in outputs
+    ]
     # Nothing waits for a lease: a claim whose answer was lost with the connection is given
     # back by the worker that holds it.
     assert await statuses(pool) == {"completed": JOBS_THROUGH_KILLS}
-    assert await pool.fetchval(
-        "SELECT count(*) FROM job_queue WHERE result IS NULL") == 0  # never done without result
+    assert (
+        await pool.fetchval("SELECT count(*) FROM job_queue WHERE result IS NULL") == 0
+    )  # never done without result
 
 
 async def _echo(ctx: JobContext, payload: Any) -> Any:

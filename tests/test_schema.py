@@ -32,35 +32,45 @@ async def test_job_queue_has_every_seed_column_exactly(pool: asyncpg.Pool) -> No
     rows = await pool.fetch(
         "SELECT column_name, CASE WHEN data_type = 'USER-DEFINED' THEN udt_name ELSE data_type END,"
         " is_nullable, column_default FROM information_schema.columns"
-        " WHERE table_name = 'job_queue'")
+        " WHERE table_name = 'job_queue'"
+    )
     found = {r[0]: (r[1], r[2], r[3]) for r in rows}
     for column, expected in SEED_COLUMNS.items():
         assert found[column] == expected, column
     enum = await pool.fetchval("SELECT enum_range(NULL::job_status)::text[]")
     assert enum[:5] == ["pending", "running", "completed", "error", "retry"]
-    index = await pool.fetchval("SELECT indexdef FROM pg_indexes WHERE indexname = 'idx_job_queue_pending'")
-    assert index.endswith("(priority DESC, scheduled_for) WHERE (status = ANY "
-                          "(ARRAY['pending'::job_status, 'retry'::job_status]))")
+    index = await pool.fetchval(
+        "SELECT indexdef FROM pg_indexes WHERE indexname = 'idx_job_queue_pending'"
+    )
+    assert index.endswith(
+        "(priority DESC, scheduled_for) WHERE (status = ANY "
+        "(ARRAY['pending'::job_status, 'retry'::job_status]))"
+    )
     fk = await pool.fetchval(
         "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = 'job_queue'::regclass"
-        " AND contype = 'f'")
+        " AND contype = 'f'"
+    )
     assert fk == "FOREIGN KEY (workspace_id) REFERENCES workspaces(id) ON DELETE CASCADE"
     settings = await pool.fetchval(
         "SELECT data_type FROM information_schema.columns"
-        " WHERE table_name = 'workspaces' AND column_name = 'settings'")
+        " WHERE table_name = 'workspaces' AND column_name = 'settings'"
+    )
     assert settings == "jsonb"
 
 
 async def test_migrate_twice_at_once_applies_each_migration_once(empty_db_url: str) -> None:
-    procs = await asyncio.gather(*(asyncio.to_thread(cli, "migrate", url=empty_db_url)
-                                   for _ in range(3)))
+    procs = await asyncio.gather(
+        *(asyncio.to_thread(cli, "migrate", url=empty_db_url) for _ in range(3))
+    )
     assert [p.returncode for p in procs] == [0, 0, 0], [p.stderr for p in procs]
     applied = [line for p in procs for line in p.stdout.splitlines() if line.startswith("applied")]
     shipped = migrate.shipped_migrations()
     assert len(applied) == len(shipped)  # every migration applied by exactly one process
     conn = await asyncpg.connect(empty_db_url)
     try:
-        assert await conn.fetchval("SELECT count(*) FROM sidelinja_schema_migrations") == len(shipped)
+        assert await conn.fetchval("SELECT count(*) FROM sidelinja_schema_migrations") == len(
+            shipped
+        )
     finally:
         await conn.close()
 
@@ -77,8 +87,10 @@ async def test_migration_keeps_an_existing_platform_table(empty_db_url: str) -> 
     """On the real platform workspaces (and perhaps job_queue) exist already: adopt them."""
     conn = await asyncpg.connect(empty_db_url)
     try:
-        await conn.execute("CREATE TABLE workspaces (id UUID PRIMARY KEY DEFAULT gen_random_uuid(),"
-                           " name TEXT NOT NULL, settings JSONB NOT NULL DEFAULT '{}', slug TEXT)")
+        await conn.execute(
+            "CREATE TABLE workspaces (id UUID PRIMARY KEY DEFAULT gen_random_uuid(),"
+            " name TEXT NOT NULL, settings JSONB NOT NULL DEFAULT '{}', slug TEXT)"
+        )
         await conn.execute("INSERT INTO workspaces (name, slug) VALUES ('ekte', 'ekte')")
     finally:
         await conn.close()

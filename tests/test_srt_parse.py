@@ -28,12 +28,20 @@ from tests.fakes.fixtures import (  # noqa: F401  (pytest finds fixtures by modu
 from tests.fakes.forgejo_server import FakeForgejo
 from tests.helpers import run_burst
 
-TWO_CUES = ("1\n00:00:01,000 --> 00:00:02,000\nNy versjon.\n\n"
-            "2\n00:00:02,000 --> 00:00:03,500\nTo linjer.\n")
+TWO_CUES = (
+    "1\n00:00:01,000 --> 00:00:02,000\nNy versjon.\n\n"
+    "2\n00:00:02,000 --> 00:00:03,500\nTo linjer.\n"
+)
 
 
-async def parse_job(pool: asyncpg.Pool, db_url: str, workspace: UUID, body: dict[str, Any],
-                    media_root: Path | None, forgejo: FakeForgejo | None = None) -> asyncpg.Record:
+async def parse_job(
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    body: dict[str, Any],
+    media_root: Path | None,
+    forgejo: FakeForgejo | None = None,
+) -> asyncpg.Record:
     body = {"transcript_ref": "ep-1", **body}
     job_id = await client.enqueue(pool, workspace, "srt_parse", body)
     await run_burst(pool, db_url, config=service_config(media_root, forgejo=forgejo))
@@ -41,19 +49,25 @@ async def parse_job(pool: asyncpg.Pool, db_url: str, workspace: UUID, body: dict
 
 
 async def test_the_sample_episode_is_stored_with_plain_text_and_webvtt(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path) -> None:
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path
+) -> None:
     body = {"srt_path": "srt/episode.srt", "language": "no"}
     row = await parse_job(pool, db_url, workspace, body, media_root)
     assert row["status"] == "completed", row["error_msg"]
-    assert row["result"] == {"transcript_ref": "ep-1", "segments": 10, "duration_ms": 43_900,
-                             "characters": row["result"]["characters"],
-                             "source": {"path": "srt/episode.srt"}}
+    assert row["result"] == {
+        "transcript_ref": "ep-1",
+        "segments": 10,
+        "duration_ms": 43_900,
+        "characters": row["result"]["characters"],
+        "source": {"path": "srt/episode.srt"},
+    }
     t = await transcripts_store.get_transcript(pool, workspace, "ep-1")
     assert t is not None
     assert (t["segment_count"], t["language"], t["job_id"]) == (10, "no", row["id"])
     first, second = t["plain_text"].split("\n\n")  # a 2.4 s pause starts a new paragraph
-    assert first.startswith("Hei, og velkommen til Sidelinja. Jeg heter Ingrid, og med meg i "
-                            "studio i dag")
+    assert first.startswith(
+        "Hei, og velkommen til Sidelinja. Jeg heter Ingrid, og med meg i studio i dag"
+    )
     assert second.startswith("La oss begynne med tallene fra Medietilsynet,")
     assert t["webvtt"].startswith("WEBVTT\n\n1\n00:00:00.000 --> 00:00:03.480\nHei, og velkommen")
     segs = await transcripts_store.get_segments(pool, workspace, "ep-1")
@@ -63,19 +77,30 @@ async def test_the_sample_episode_is_stored_with_plain_text_and_webvtt(
     assert segs[7]["text"] == "Særlig i Nord-Norge og på Vestlandet."  # <i> removed
 
 
-@pytest.mark.parametrize("text", [
-    "\ufeff1\n00:00:01,000 --> 00:00:02,000\nHei\n\n2\n00:00:03,000 --> 00:00:04,500\nHallo\n",
-    ("1\r\n00:00:01,000 --> 00:00:02,000\r\nHei\r\n\r\n"
-     "2\r\n00:00:03,000 --> 00:00:04,500\r\nHallo\r\n"),
-    "1\r00:00:01,000 --> 00:00:02,000\rHei\r\r2\r00:00:03,000 --> 00:00:04,500\rHallo",
-    "1\n00:00:01,000 --> 00:00:02,000\nHei\n\n2\n00:00:03,000 --> 00:00:04,500\nHallo",
-    ("\n\n1\n00:00:01,000 --> 00:00:02,000\n<i>Hei</i>\n\n\n\n2\n00:00:03,000 --> 00:00:04,500\n"
-     "<font color=\"#ffff00\">Hallo</font>\n"),
-    ("1\n00:00:01,000 --> 00:00:02,000\n{\\an8}Hei\n\n"
-     "2\n00:00:03.000 --> 00:00:04.500\n<b>Hal</b>lo\n"),
-    ("1\n00:00:01,000 --> 00:00:02,000\nHei\n\n2\n00:00:02,500 --> 00:00:02,900\n<i></i>\n\n"
-     "3\n00:00:03,000 --> 00:00:04,500\nHallo\n"),  # a cue that is only markup is dropped
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\ufeff1\n00:00:01,000 --> 00:00:02,000\nHei\n\n2\n00:00:03,000 --> 00:00:04,500\nHallo\n",
+        (
+            "1\r\n00:00:01,000 --> 00:00:02,000\r\nHei\r\n\r\n"
+            "2\r\n00:00:03,000 --> 00:00:04,500\r\nHallo\r\n"
+        ),
+        "1\r00:00:01,000 --> 00:00:02,000\rHei\r\r2\r00:00:03,000 --> 00:00:04,500\rHallo",
+        "1\n00:00:01,000 --> 00:00:02,000\nHei\n\n2\n00:00:03,000 --> 00:00:04,500\nHallo",
+        (
+            "\n\n1\n00:00:01,000 --> 00:00:02,000\n<i>Hei</i>\n\n\n\n2\n00:00:03,000 --> 00:00:04,500\n"
+            '<font color="#ffff00">Hallo</font>\n'
+        ),
+        (
+            "1\n00:00:01,000 --> 00:00:02,000\n{\\an8}Hei\n\n"
+            "2\n00:00:03.000 --> 00:00:04.500\n<b>Hal</b>lo\n"
+        ),
+        (
+            "1\n00:00:01,000 --> 00:00:02,000\nHei\n\n2\n00:00:02,500 --> 00:00:02,900\n<i></i>\n\n"
+            "3\n00:00:03,000 --> 00:00:04,500\nHallo\n"
+        ),  # a cue that is only markup is dropped
+    ],
+)
 def test_tolerated_variants_parse_to_the_same_segments(text: str) -> None:
     assert parse_srt(text).segments == (Segment(1000, 2000, "Hei"), Segment(3000, 4500, "Hallo"))
 
@@ -91,15 +116,24 @@ def test_an_empty_srt_is_an_empty_transcript() -> None:
     assert parse_srt("\ufeff \n\n").segments == ()
 
 
-@pytest.mark.parametrize("text, line, words", [
-    ("hei\n", 1, "expected a cue number and timing line, got 'hei'"),
-    ("1\n00:00:01,000 --> 00:0x:02,000\nHei\n", 2, "bad timing line"),
-    ("1\n00:00:01,000 --> 00:00:02,000\nHei\n\n2\nHallo\n", 6, "expected a timing line"),
-    ("1\r\n00:00:01,000 --> 00:00:02,000\r\nHei\r\n\r\n2\r\n00:00:05,000 --> 00:00:03,000\r\nx\r\n",
-     6, "cue 2 ends before it starts"),
-    ("1\n00:00:01,000 --> 00:00:02,000\nHei\n\nstray\n00:00:03,000 -> 00:00:04,000\nx\n", 6,
-     "bad timing line"),
-])
+@pytest.mark.parametrize(
+    "text, line, words",
+    [
+        ("hei\n", 1, "expected a cue number and timing line, got 'hei'"),
+        ("1\n00:00:01,000 --> 00:0x:02,000\nHei\n", 2, "bad timing line"),
+        ("1\n00:00:01,000 --> 00:00:02,000\nHei\n\n2\nHallo\n", 6, "expected a timing line"),
+        (
+            "1\r\n00:00:01,000 --> 00:00:02,000\r\nHei\r\n\r\n2\r\n00:00:05,000 --> 00:00:03,000\r\nx\r\n",
+            6,
+            "cue 2 ends before it starts",
+        ),
+        (
+            "1\n00:00:01,000 --> 00:00:02,000\nHei\n\nstray\n00:00:03,000 -> 00:00:04,000\nx\n",
+            6,
+            "bad timing line",
+        ),
+    ],
+)
 def test_malformed_srt_names_the_line(text: str, line: int, words: str) -> None:
     with pytest.raises(SrtError) as caught:
         parse_srt(text)
@@ -109,17 +143,20 @@ def test_malformed_srt_names_the_line(text: str, line: int, words: str) -> None:
 
 
 async def test_a_malformed_srt_fails_the_job_at_once_naming_the_line(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path) -> None:
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path
+) -> None:
     bad = "1\n00:00:01,000 --> 00:00:02,000\nHei\n\n2\nHallo\n"
     (media_root / "srt" / "bad.srt").write_text(bad)
     row = await parse_job(pool, db_url, workspace, {"srt_path": "srt/bad.srt"}, media_root)
     assert (row["status"], row["attempts"]) == ("error", 1)
-    assert row["error_msg"] == ("malformed SRT at line 6: expected a timing line after the cue "
-                                "number, got 'Hallo'")
+    assert row["error_msg"] == (
+        "malformed SRT at line 6: expected a timing line after the cue number, got 'Hallo'"
+    )
 
 
 async def test_a_re_parse_replaces_the_earlier_one_and_a_failed_one_changes_nothing(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path) -> None:
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path
+) -> None:
     await parse_job(pool, db_url, workspace, {"srt_path": "srt/episode.srt"}, media_root)
     (media_root / "srt" / "episode.srt").write_text(TWO_CUES)
     await parse_job(pool, db_url, workspace, {"srt_path": "srt/episode.srt"}, media_root)
@@ -136,20 +173,23 @@ async def test_a_re_parse_replaces_the_earlier_one_and_a_failed_one_changes_noth
 
 async def test_the_replacement_is_one_transaction(pool: asyncpg.Pool, workspace: UUID) -> None:
     good = parse_srt(EPISODE_SRT)
-    await transcripts_store.replace_transcript(pool, workspace, "ep-1", good, language="no",
-                                               source={}, job_id=None)
+    await transcripts_store.replace_transcript(
+        pool, workspace, "ep-1", good, language="no", source={}, job_id=None
+    )
     # A segment the schema refuses, after the transcript row and the delete have run.
     broken = Transcript((Segment(0, 1000, "ok"), Segment(5000, 2000, "backwards")))
     with pytest.raises(asyncpg.CheckViolationError):
-        await transcripts_store.replace_transcript(pool, workspace, "ep-1", broken, language="nn",
-                                                   source={}, job_id=None)
+        await transcripts_store.replace_transcript(
+            pool, workspace, "ep-1", broken, language="nn", source={}, job_id=None
+        )
     t = await transcripts_store.get_transcript(pool, workspace, "ep-1")
     assert t is not None and (t["language"], t["segment_count"]) == ("no", 10)
     assert len(await transcripts_store.get_segments(pool, workspace, "ep-1")) == 10
 
 
 async def test_a_job_writes_only_into_its_own_workspace(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path) -> None:
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path
+) -> None:
     other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
     (media_root / "srt" / "two.srt").write_text(TWO_CUES)
     await parse_job(pool, db_url, other, {"srt_path": "srt/two.srt"}, media_root)
@@ -162,7 +202,8 @@ async def test_a_job_writes_only_into_its_own_workspace(
 
 
 async def test_an_srt_is_read_from_forgejo_at_the_given_commit(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, forgejo_fake: FakeForgejo) -> None:
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, forgejo_fake: FakeForgejo
+) -> None:
     sha = forgejo_fake.commit("sidelinja", "transcripts", "main", "ep/1.srt", EPISODE_SRT.encode())
     forgejo_fake.commit("sidelinja", "transcripts", "main", "ep/1.srt", TWO_CUES.encode())
     source = {"owner": "sidelinja", "repo": "transcripts", "path": "ep/1.srt", "ref": sha}
@@ -173,37 +214,59 @@ async def test_an_srt_is_read_from_forgejo_at_the_given_commit(
     assert forgejo_fake.calls[0].query == {"ref": sha}
 
 
-@pytest.mark.parametrize("body, words", [
-    ({"forgejo": {"owner": "sidelinja", "repo": "transcripts", "path": "nope.srt"}},
-     "Forgejo has no file sidelinja/transcripts/nope.srt"),
-    ({"srt_path": "../../etc/passwd"}, "is outside MEDIA_ROOT"),
-    ({"srt_path": "srt/missing.srt"}, "not found under MEDIA_ROOT"),
-    ({}, "invalid payload: (payload): Value error, give exactly one of srt_path or forgejo"),
-    ({"srt_path": "srt/episode.srt", "forgejo": {"owner": "o", "repo": "r", "path": "p.srt"}},
-     "give exactly one of srt_path or forgejo"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        (
+            {"forgejo": {"owner": "sidelinja", "repo": "transcripts", "path": "nope.srt"}},
+            "Forgejo has no file sidelinja/transcripts/nope.srt",
+        ),
+        ({"srt_path": "../../etc/passwd"}, "is outside MEDIA_ROOT"),
+        ({"srt_path": "srt/missing.srt"}, "not found under MEDIA_ROOT"),
+        ({}, "invalid payload: (payload): Value error, give exactly one of srt_path or forgejo"),
+        (
+            {
+                "srt_path": "srt/episode.srt",
+                "forgejo": {"owner": "o", "repo": "r", "path": "p.srt"},
+            },
+            "give exactly one of srt_path or forgejo",
+        ),
+    ],
+)
 async def test_bad_sources_fail_permanently(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path,
-        forgejo_fake: FakeForgejo, body: dict[str, Any], words: str) -> None:
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    forgejo_fake: FakeForgejo,
+    body: dict[str, Any],
+    words: str,
+) -> None:
     row = await parse_job(pool, db_url, workspace, body, media_root, forgejo_fake)
     assert (row["status"], row["attempts"]) == ("error", 1)
     assert words in row["error_msg"]
 
 
-@pytest.mark.parametrize("body, missing", [
-    ({"srt_path": "srt/episode.srt"}, "MEDIA_ROOT"),
-    ({"forgejo": {"owner": "o", "repo": "r", "path": "p.srt"}}, "FORGEJO_URL"),
-])
-async def test_a_missing_setting_is_named(pool: asyncpg.Pool, db_url: str, workspace: UUID,
-                                          body: dict[str, Any], missing: str) -> None:
+@pytest.mark.parametrize(
+    "body, missing",
+    [
+        ({"srt_path": "srt/episode.srt"}, "MEDIA_ROOT"),
+        ({"forgejo": {"owner": "o", "repo": "r", "path": "p.srt"}}, "FORGEJO_URL"),
+    ],
+)
+async def test_a_missing_setting_is_named(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, body: dict[str, Any], missing: str
+) -> None:
     row = await parse_job(pool, db_url, workspace, body, None)
     assert row["status"] == "error" and row["error_msg"].startswith(f"{missing} is not set")
 
 
-async def test_windows_1252_files_are_read(pool: asyncpg.Pool, db_url: str, workspace: UUID,
-                                           media_root: Path) -> None:
+async def test_windows_1252_files_are_read(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path
+) -> None:
     (media_root / "srt" / "old.srt").write_bytes(
-        "1\r\n00:00:01,000 --> 00:00:02,000\r\nBlåbærsyltetøy\r\n".encode("cp1252"))
+        "1\r\n00:00:01,000 --> 00:00:02,000\r\nBlåbærsyltetøy\r\n".encode("cp1252")
+    )
     row = await parse_job(pool, db_url, workspace, {"srt_path": "srt/old.srt"}, media_root)
     assert row["status"] == "completed", row["error_msg"]
     segs = await transcripts_store.get_segments(pool, workspace, "ep-1")

@@ -32,9 +32,18 @@ DAY0 = 1_772_323_200.0  # 2026-03-01T00:00:00Z
 SIZE = 10_000_000
 
 
-def line(ts: float = DAY0 + 3600, ip: str = "198.51.100.7", ua: str | None = APPLE,
-         uri: str = EP, method: str = "GET", status: int = 206, start: int = 0,
-         size: int = 1_000_000, range_: str | None = "auto", total: int = SIZE) -> bytes:
+def line(
+    ts: float = DAY0 + 3600,
+    ip: str = "198.51.100.7",
+    ua: str | None = APPLE,
+    uri: str = EP,
+    method: str = "GET",
+    status: int = 206,
+    start: int = 0,
+    size: int = 1_000_000,
+    range_: str | None = "auto",
+    total: int = SIZE,
+) -> bytes:
     """One Caddy access-log line as Caddy writes it (fields it logs but we ignore included)."""
     headers: dict[str, list[str]] = {"Accept": ["*/*"], "Cookie": ["REDACTED"]}
     if ua is not None:
@@ -46,12 +55,33 @@ def line(ts: float = DAY0 + 3600, ip: str = "198.51.100.7", ua: str | None = APP
     resp = {"Server": ["Caddy"], "Content-Length": [str(size if status == 206 else total)]}
     if status == 206:
         resp["Content-Range"] = [f"bytes {start}-{start + size - 1}/{total}"]
-    return orjson.dumps({
-        "level": "info", "ts": ts, "logger": "http.log.access.log0", "msg": "handled request",
-        "request": {"remote_ip": ip, "remote_port": "50123", "client_ip": ip, "proto": "HTTP/2.0",
-                    "method": method, "host": "pod.example.no", "uri": uri, "headers": headers},
-        "bytes_read": 0, "user_id": "", "duration": 0.5, "size": size, "status": status,
-        "resp_headers": resp}) + b"\n"
+    return (
+        orjson.dumps(
+            {
+                "level": "info",
+                "ts": ts,
+                "logger": "http.log.access.log0",
+                "msg": "handled request",
+                "request": {
+                    "remote_ip": ip,
+                    "remote_port": "50123",
+                    "client_ip": ip,
+                    "proto": "HTTP/2.0",
+                    "method": method,
+                    "host": "pod.example.no",
+                    "uri": uri,
+                    "headers": headers,
+                },
+                "bytes_read": 0,
+                "user_id": "",
+                "duration": 0.5,
+                "size": size,
+                "status": status,
+                "resp_headers": resp,
+            }
+        )
+        + b"\n"
+    )
 
 
 def tally(*lines: bytes) -> Tally:
@@ -65,29 +95,39 @@ def bytes_by_listener(t: Tally) -> dict[tuple[int, str, str, str], int]:
 
 
 def test_ranges_of_one_listener_are_summed() -> None:
-    t = tally(line(start=0, size=400_000), line(start=400_000, size=700_000),
-              line(start=1_100_000, size=50_000, ts=DAY0 + 7200))
+    t = tally(
+        line(start=0, size=400_000),
+        line(start=400_000, size=700_000),
+        line(start=1_100_000, size=50_000, ts=DAY0 + 7200),
+    )
     assert list(bytes_by_listener(t).values()) == [1_150_000]
     assert t.sizes == {EP: SIZE}
 
 
 def test_head_304_probes_and_other_paths_are_not_counted() -> None:
-    t = tally(line(method="HEAD", status=200, range_=None),
-              line(status=304, size=0, range_="bytes=0-"),
-              line(range_="bytes=0-1", size=2),
-              line(range_="bytes=5000-5001", size=2),
-              line(uri="/feed.xml", status=200, range_=None),
-              line(status=404, size=0, range_=None),
-              line(method="POST", status=200, range_=None))
+    t = tally(
+        line(method="HEAD", status=200, range_=None),
+        line(status=304, size=0, range_="bytes=0-"),
+        line(range_="bytes=0-1", size=2),
+        line(range_="bytes=5000-5001", size=2),
+        line(uri="/feed.xml", status=200, range_=None),
+        line(status=404, size=0, range_=None),
+        line(method="POST", status=200, range_=None),
+    )
     assert t.listens == {}
     assert is_probe("bytes=0-1") and not is_probe("bytes=0-") and not is_probe("bytes=0-2")
 
 
 def test_bots_watch_duplicates_and_missing_agents_are_dropped() -> None:
-    dropped = ["Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)",
-               "atc/1.0 watchOS/10.4 model/Watch6,1 hwp/t8301 build/21T216 (6; dt:249)",
-               "AppleCoreMedia/1.0 (null)/(null) watchOS/10.4", "curl/8.5.0",
-               "SomeNewCrawler/1.0", "my-spider", ""]
+    dropped = [
+        "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)",
+        "atc/1.0 watchOS/10.4 model/Watch6,1 hwp/t8301 build/21T216 (6; dt:249)",
+        "AppleCoreMedia/1.0 (null)/(null) watchOS/10.4",
+        "curl/8.5.0",
+        "SomeNewCrawler/1.0",
+        "my-spider",
+        "",
+    ]
     t = tally(*(line(ua=ua) for ua in dropped), line(ua=None))
     assert t.listens == {}
     agents = AgentClassifier()
@@ -97,13 +137,20 @@ def test_bots_watch_duplicates_and_missing_agents_are_dropped() -> None:
 
 
 def test_ip_and_agent_make_the_listener_ipv6_cut_to_64() -> None:
-    t = tally(line(ip="2001:db8:1:2::1"), line(ip="2001:db8:1:2:ffff::9"),
-              line(ip="2001:db8:1:3::1"), line(ip="198.51.100.7", ua=SPOTIFY),
-              line(ip="198.51.100.8"))
+    t = tally(
+        line(ip="2001:db8:1:2::1"),
+        line(ip="2001:db8:1:2:ffff::9"),
+        line(ip="2001:db8:1:3::1"),
+        line(ip="198.51.100.7", ua=SPOTIFY),
+        line(ip="198.51.100.8"),
+    )
     ips = sorted((k[2], k[3] == SPOTIFY, v) for k, v in bytes_by_listener(t).items())
-    assert ips == [("198.51.100.7", True, 1_000_000), ("198.51.100.8", False, 1_000_000),
-                   ("2001:0db8:0001:0002::/64", False, 2_000_000),
-                   ("2001:0db8:0001:0003::/64", False, 1_000_000)]
+    assert ips == [
+        ("198.51.100.7", True, 1_000_000),
+        ("198.51.100.8", False, 1_000_000),
+        ("2001:0db8:0001:0002::/64", False, 2_000_000),
+        ("2001:0db8:0001:0003::/64", False, 1_000_000),
+    ]
     assert ip_key("::ffff:198.51.100.7") == "198.51.100.7"
 
 
@@ -140,11 +187,13 @@ def test_hosts_match_without_port_brackets_or_case() -> None:
     def at(host: str) -> bytes:
         return line().replace(b'"pod.example.no"', orjson.dumps(host))
 
-    for host, allowed, counts in [("Pod.Example.no:443", "pod.example.no", True),
-                                  ("[2001:db8::1]:8443", "2001:db8::1", True),
-                                  ("[2001:db8::1]", "[2001:db8::1]", True),
-                                  ("[2001:db8::1]:8443", "2001:db8::2", False),
-                                  ("pod.example.no.evil:443", "pod.example.no", False)]:
+    for host, allowed, counts in [
+        ("Pod.Example.no:443", "pod.example.no", True),
+        ("[2001:db8::1]:8443", "2001:db8::1", True),
+        ("[2001:db8::1]", "[2001:db8::1]", True),
+        ("[2001:db8::1]:8443", "2001:db8::2", False),
+        ("pod.example.no.evil:443", "pod.example.no", False),
+    ]:
         t = Tally(EpisodeRules(hosts=(allowed,)))
         t.add_lines([at(host)])
         assert bool(t.listens) is counts, (host, allowed)
@@ -186,7 +235,9 @@ def test_rotated_names_compression_and_fingerprints(tmp_path: Path) -> None:
     assert result.lines == 5 and len(result.listens) == 3  # .1 and .2 twice, .4
     assert [f.offset for f in result.files] == [len(text), len(text) + len(line(ip="198.51.100.4"))]
     # Resuming a compressed file mid-way reads only the rest.
-    again = parse_files([FileTask(lumberjack, True, "fp", len(line(ip="198.51.100.1")))], EpisodeRules())
+    again = parse_files(
+        [FileTask(lumberjack, True, "fp", len(line(ip="198.51.100.1")))], EpisodeRules()
+    )
     assert again.lines == 1
 
 
@@ -209,21 +260,23 @@ def test_a_truncated_rotated_file_is_read_up_to_the_damage(tmp_path: Path) -> No
     broken.write_bytes(data[: len(data) // 2])
     result = parse_files([FileTask(broken, True, "fp", 0)], EpisodeRules())
     assert result.errors and "EOFError" in result.errors[0]
-    assert result.files[0].complete and 0 < result.files[0].offset and result.lines > 1000
+    assert result.files[0].complete and result.files[0].offset > 0 and result.lines > 1000
 
 
 def test_a_bad_line_in_a_block_loses_only_that_line(tmp_path: Path) -> None:
     good = [line(ip=f"198.51.100.{i}") for i in range(5)]
     log = tmp_path / "access.log"
-    log.write_bytes(good[0] + good[1] + b'{"ts": 17\n' + b"\n" + good[2] + b"not json\n"
-                    + good[3] + good[4])
+    log.write_bytes(
+        good[0] + good[1] + b'{"ts": 17\n' + b"\n" + good[2] + b"not json\n" + good[3] + good[4]
+    )
     result = parse_files([FileTask(log, False, "fp", 0)], EpisodeRules())
     assert len(result.listens) == 5 and result.counted_requests == 5
     assert result.bad_lines == 2 and result.lines == 7  # the blank line is not a line
 
 
-def test_blocks_end_at_line_ends_whatever_the_chunk_size(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_blocks_end_at_line_ends_whatever_the_chunk_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(logfiles, "CHUNK_BYTES", 333)  # lines of ~600 bytes straddle chunks
     lines = [line(ip=f"198.51.100.{i}") for i in range(20)]
     text = b"".join(lines)
@@ -240,9 +293,9 @@ def test_blocks_end_at_line_ends_whatever_the_chunk_size(tmp_path: Path,
     assert list(read_blocks(rotated, len(text)))[-1][1] == len(text) + 50
 
 
-
 def test_an_overlong_line_is_dropped_and_memory_stays_bounded(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(logfiles, "CHUNK_BYTES", 333)
     monkeypatch.setattr(logfiles, "MAX_LINE_BYTES", 4000)
     junk = b"x" * 50_000 + b"\n"  # no Caddy entry: it must not be held whole
@@ -256,12 +309,23 @@ def test_an_overlong_line_is_dropped_and_memory_stays_bounded(
     result = parse_files([FileTask(log, False, "fp", 0)], EpisodeRules())
     assert result.counted_requests == 2 and result.bad_lines == 1
 
+
 def test_days_of_lines_out_of_order_and_of_mixed_timestamp_formats() -> None:
     iso = orjson.loads(line())
     iso["ts"] = "2026-03-01T23:59:59.500Z"
     t = Tally(EpisodeRules())
-    t.add_block(b"".join([line(ts=DAY0 + 86400), line(ts=DAY0 - 0.5), orjson.dumps(iso) + b"\n",
-                          line(ts=DAY0 + 86399.9), line(ts=DAY0 + 86400.0), line(ts=DAY0)]))
+    t.add_block(
+        b"".join(
+            [
+                line(ts=DAY0 + 86400),
+                line(ts=DAY0 - 0.5),
+                orjson.dumps(iso) + b"\n",
+                line(ts=DAY0 + 86399.9),
+                line(ts=DAY0 + 86400.0),
+                line(ts=DAY0),
+            ]
+        )
+    )
     first = int(DAY0 // 86400)
     days = sorted((k[0], v) for k, v in bytes_by_listener(t).items())
     assert days == [(first - 1, 1_000_000), (first, 3_000_000), (first + 1, 2_000_000)]
@@ -276,8 +340,12 @@ def test_odd_response_headers_count_the_request_without_a_size() -> None:
 
 def test_a_parse_result_survives_the_trip_to_the_worker(tmp_path: Path) -> None:
     log = tmp_path / "access.log"
-    log.write_bytes(line(status=200, range_=None, size=SIZE) + line(ip="198.51.100.8", ua=SPOTIFY)
-                    + line(ip="2001:db8:1:2::1", ts=DAY0 + 86400) + b"not json\n")
+    log.write_bytes(
+        line(status=200, range_=None, size=SIZE)
+        + line(ip="198.51.100.8", ua=SPOTIFY)
+        + line(ip="2001:db8:1:2::1", ts=DAY0 + 86400)
+        + b"not json\n"
+    )
     result = parse_files([FileTask(log, False, "fp", 0)], EpisodeRules())
     again = pickle.loads(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
     assert again == result and len(again.listens) == 3 and again.bad_lines == 1
@@ -296,21 +364,32 @@ def old_caddy(ip: str, client_ip: str | None = None) -> bytes:
 
 @pytest.mark.parametrize("hosts", [(), ("pod.example.no",)])
 @pytest.mark.parametrize("by_block", [True, False])
-def test_remote_ip_counts_when_client_ip_is_missing_or_empty(hosts: tuple[str, ...],
-                                                            by_block: bool) -> None:
+def test_remote_ip_counts_when_client_ip_is_missing_or_empty(
+    hosts: tuple[str, ...], by_block: bool
+) -> None:
     # The parse decodes without remote_ip until it meets such a line, mid-block here, then
     # decodes the rest of the block again with it: every line still counts exactly once.
-    lines = [line(ip="198.51.100.1"), line(uri="/feed.xml", status=200, range_=None),
-             old_caddy("198.51.100.2"), line(ip="198.51.100.3"), old_caddy("198.51.100.4", ""),
-             old_caddy("198.51.100.5", "198.51.100.6"), line(ip="198.51.100.1", start=5)]
+    lines = [
+        line(ip="198.51.100.1"),
+        line(uri="/feed.xml", status=200, range_=None),
+        old_caddy("198.51.100.2"),
+        line(ip="198.51.100.3"),
+        old_caddy("198.51.100.4", ""),
+        old_caddy("198.51.100.5", "198.51.100.6"),
+        line(ip="198.51.100.1", start=5),
+    ]
     t = Tally(EpisodeRules(hosts=hosts))
     if by_block:
         t.add_block(b"".join(lines))
     else:
         t.add_lines(b"".join(lines).split(b"\n"))
     assert {k[2]: v for k, v in bytes_by_listener(t).items()} == {
-        "198.51.100.1": 2_000_000, "198.51.100.2": 1_000_000, "198.51.100.3": 1_000_000,
-        "198.51.100.4": 1_000_000, "198.51.100.6": 1_000_000}
+        "198.51.100.1": 2_000_000,
+        "198.51.100.2": 1_000_000,
+        "198.51.100.3": 1_000_000,
+        "198.51.100.4": 1_000_000,
+        "198.51.100.6": 1_000_000,
+    }
     assert t.counted_requests == 6 and t.lines == 7 and t.bad_lines == 0
     t.add_block(old_caddy("198.51.100.7"))  # from now on every line keeps remote_ip
     assert t.counted_requests == 7
@@ -327,13 +406,15 @@ def blocks_and_error(log: LogFile) -> tuple[list[tuple[bytes, int]], str]:
 
 @pytest.mark.parametrize("damage", ["none", "truncated", "corrupt"])
 def test_gzip_reads_with_isal_and_like_the_stdlib_up_to_damage(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str) -> None:
-    data = bytearray(gzip.compress(b"".join(line(ip=f"198.51.{i // 250}.{i % 250}")
-                                            for i in range(6000))))
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    data = bytearray(
+        gzip.compress(b"".join(line(ip=f"198.51.{i // 250}.{i % 250}") for i in range(6000)))
+    )
     if damage == "truncated":
         data = data[: len(data) // 2]
     elif damage == "corrupt":
-        data[len(data) // 2: len(data) // 2 + 64] = bytes(64)
+        data[len(data) // 2 : len(data) // 2 + 64] = bytes(64)
     path = tmp_path / "access-2024-05-01T12-30-00.000.log.gz"
     path.write_bytes(data)
     log = LogFile(path, rotated=True)

@@ -29,18 +29,30 @@ def ln(ts: float = 3600, **fields: object) -> bytes:
     return line(ts=DAY0 + ts, **fields)  # type: ignore[arg-type]
 
 
-async def _run(pool: asyncpg.Pool, db_url: str, workspace: UUID, root: Path, logs: str = "logs",
-               schedule: bool = False, jobs: int = 1) -> list[asyncpg.Record]:
-    ids = [await client.enqueue(pool, workspace, "stats_parse", {"logs": logs, "schedule": schedule})
-           for _ in range(jobs)]
-    await run_burst(pool, db_url, config=ServiceConfig({"MEDIA_ROOT": str(root)}),
-                    max_concurrent=max(jobs, 1))
+async def _run(
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    root: Path,
+    logs: str = "logs",
+    schedule: bool = False,
+    jobs: int = 1,
+) -> list[asyncpg.Record]:
+    ids = [
+        await client.enqueue(pool, workspace, "stats_parse", {"logs": logs, "schedule": schedule})
+        for _ in range(jobs)
+    ]
+    await run_burst(
+        pool, db_url, config=ServiceConfig({"MEDIA_ROOT": str(root)}), max_concurrent=max(jobs, 1)
+    )
     return [await store.get_job(pool, i) for i in ids]
 
 
 async def _daily(pool: asyncpg.Pool, workspace: UUID) -> list[tuple[date, str, str, int]]:
-    return [(r.day, r.episode, r.app, r.downloads)
-            for r in await stats_store.daily_downloads(pool, workspace)]
+    return [
+        (r.day, r.episode, r.app, r.downloads)
+        for r in await stats_store.daily_downloads(pool, workspace)
+    ]
 
 
 def _write(path: Path, *lines: bytes) -> Path:
@@ -54,28 +66,36 @@ def _rotated(folder: Path, data: bytes, kind: str) -> None:
         (folder / "access-2026-03-01T06-00-00.000.log.gz").write_bytes(gzip.compress(data))
     else:
         (folder / "access-2026-03-01T06-00-00.000-size.log.zst").write_bytes(
-            zstandard.ZstdCompressor().compress(data))
+            zstandard.ZstdCompressor().compress(data)
+        )
 
 
-async def test_counts_by_the_rules_and_a_rerun_adds_nothing(pool: asyncpg.Pool, db_url: str,
-                                                            workspace: UUID, tmp_path: Path) -> None:
-    _write(tmp_path / "logs" / "access.log",
-           # A: three ranges that together are the whole file (no media file: 100% rule)
-           ln(start=0, size=4_000_000), ln(start=4_000_000, size=4_000_000),
-           ln(start=8_000_000, size=2_000_000),
-           ln(start=0, size=4_000_000, ts=5000),  # A again: same day, same download
-           ln(ip="198.51.100.20", ua=SPOTIFY, size=3_000_000),          # B: too little
-           ln(ip="198.51.100.21", ua=SPOTIFY, status=200, range_=None, size=SIZE),  # C: whole
-           ln(ip="198.51.100.7", ts=86400 + 10, status=200, range_=None, size=SIZE),  # A next day
-           ln(ip="198.51.100.30", method="HEAD", status=200, range_=None, size=0),
-           ln(ip="198.51.100.31", status=304, size=0, range_="bytes=0-"),
-           ln(ip="198.51.100.32", range_="bytes=0-1", size=2),
-           ln(ip="198.51.100.33", ua="Googlebot/2.1", status=200, range_=None, size=SIZE))
+async def test_counts_by_the_rules_and_a_rerun_adds_nothing(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, tmp_path: Path
+) -> None:
+    _write(
+        tmp_path / "logs" / "access.log",
+        # A: three ranges that together are the whole file (no media file: 100% rule)
+        ln(start=0, size=4_000_000),
+        ln(start=4_000_000, size=4_000_000),
+        ln(start=8_000_000, size=2_000_000),
+        ln(start=0, size=4_000_000, ts=5000),  # A again: same day, same download
+        ln(ip="198.51.100.20", ua=SPOTIFY, size=3_000_000),  # B: too little
+        ln(ip="198.51.100.21", ua=SPOTIFY, status=200, range_=None, size=SIZE),  # C: whole
+        ln(ip="198.51.100.7", ts=86400 + 10, status=200, range_=None, size=SIZE),  # A next day
+        ln(ip="198.51.100.30", method="HEAD", status=200, range_=None, size=0),
+        ln(ip="198.51.100.31", status=304, size=0, range_="bytes=0-"),
+        ln(ip="198.51.100.32", range_="bytes=0-1", size=2),
+        ln(ip="198.51.100.33", ua="Googlebot/2.1", status=200, range_=None, size=SIZE),
+    )
     [job] = await _run(pool, db_url, workspace, tmp_path)
     assert job["status"] == "completed", job["error_msg"]
     assert job["result"]["new_downloads"] == 3
-    expected = [(DAY, EP, "Apple Podcasts", 1), (DAY, EP, "Spotify", 1),
-                (DAY + timedelta(days=1), EP, "Apple Podcasts", 1)]
+    expected = [
+        (DAY, EP, "Apple Podcasts", 1),
+        (DAY, EP, "Spotify", 1),
+        (DAY + timedelta(days=1), EP, "Apple Podcasts", 1),
+    ]
     assert await _daily(pool, workspace) == expected
     [again] = await _run(pool, db_url, workspace, tmp_path)
     assert again["result"]["lines"] == 0 and again["result"]["new_downloads"] == 0
@@ -85,27 +105,35 @@ async def test_counts_by_the_rules_and_a_rerun_adds_nothing(pool: asyncpg.Pool, 
     assert "198.51.100" not in dump and "AppleCoreMedia" not in dump
 
 
-async def test_threshold_from_the_media_file_bitrate(pool: asyncpg.Pool, db_url: str,
-                                                     workspace: UUID, tmp_path: Path) -> None:
+async def test_threshold_from_the_media_file_bitrate(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, tmp_path: Path
+) -> None:
     frame = b"\xff\xfb\x90\x64" + b"\x00" * 413  # MPEG-1 layer III, 128 kbit/s: 960,000 B/min
     _write(tmp_path / "media" / "ep1.mp3", frame * 20_000)
-    await pool.execute("UPDATE workspaces SET settings = $2 WHERE id = $1", workspace,
-                       {"stats": {"url_prefix": "/podcast/", "media_dir": "media",
-                                  "episodes": {EP: "ep-1"}}})
-    _write(tmp_path / "logs" / "access.log",
-           ln(ip="198.51.100.1", size=960_000),   # one minute: a download
-           ln(ip="198.51.100.2", size=959_999))   # a byte short
+    await pool.execute(
+        "UPDATE workspaces SET settings = $2 WHERE id = $1",
+        workspace,
+        {"stats": {"url_prefix": "/podcast/", "media_dir": "media", "episodes": {EP: "ep-1"}}},
+    )
+    _write(
+        tmp_path / "logs" / "access.log",
+        ln(ip="198.51.100.1", size=960_000),  # one minute: a download
+        ln(ip="198.51.100.2", size=959_999),
+    )  # a byte short
     [job] = await _run(pool, db_url, workspace, tmp_path)
     assert job["status"] == "completed", job["error_msg"]
     assert await _daily(pool, workspace) == [(DAY, "ep-1", "Apple Podcasts", 1)]
 
 
-async def test_ranges_and_a_partial_line_across_runs(pool: asyncpg.Pool, db_url: str,
-                                                     workspace: UUID, tmp_path: Path) -> None:
+async def test_ranges_and_a_partial_line_across_runs(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, tmp_path: Path
+) -> None:
     live = tmp_path / "logs" / "access.log"
-    first, second, third = (ln(start=0, size=6_000_000),
-                            ln(start=6_000_000, size=4_000_000, ts=4000),
-                            ln(start=0, size=1_000_000, ts=9000))  # a replay: same download
+    first, second, third = (
+        ln(start=0, size=6_000_000),
+        ln(start=6_000_000, size=4_000_000, ts=4000),
+        ln(start=0, size=1_000_000, ts=9000),
+    )  # a replay: same download
     # 6 MB now, 4 + 1 MB in the next run: only the sum across runs reaches the 10 MB file size.
     _write(live, first, second[:200])  # the second line is still being written
     [one] = await _run(pool, db_url, workspace, tmp_path)
@@ -116,7 +144,9 @@ async def test_ranges_and_a_partial_line_across_runs(pool: asyncpg.Pool, db_url:
     assert await _daily(pool, workspace) == [(DAY, EP, "Apple Podcasts", 1)]
 
 
-async def _rotation(pool: asyncpg.Pool, db_url: str, workspace: UUID, root: Path, kind: str) -> None:
+async def _rotation(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, root: Path, kind: str
+) -> None:
     folder = root / "logs"
     old = [ln(ip=f"198.51.100.{i}", status=200, range_=None, size=SIZE) for i in range(1, 4)]
     _write(folder / "access.log", *old[:2])
@@ -129,71 +159,103 @@ async def _rotation(pool: asyncpg.Pool, db_url: str, workspace: UUID, root: Path
     [two] = await _run(pool, db_url, workspace, root, logs="logs/access.log")
     assert two["result"]["lines"] == 2 and two["result"]["new_downloads"] == 2
     [three] = await _run(pool, db_url, workspace, root, logs="logs/access.log")
-    assert three["result"]["lines"] == 0 and three["result"]["files_read"] == 1  # only the live file
+    assert (
+        three["result"]["lines"] == 0 and three["result"]["files_read"] == 1
+    )  # only the live file
     assert await _daily(pool, workspace) == [(DAY, EP, "Apple Podcasts", 4)]
 
 
-async def test_rotated_gz_file_is_known_as_already_read(pool: asyncpg.Pool, db_url: str,
-                                                        workspace: UUID, tmp_path: Path) -> None:
+async def test_rotated_gz_file_is_known_as_already_read(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, tmp_path: Path
+) -> None:
     await _rotation(pool, db_url, workspace, tmp_path, "gz")
 
 
-async def test_rotated_zst_file_is_known_as_already_read(pool: asyncpg.Pool, db_url: str,
-                                                         workspace: UUID, tmp_path: Path) -> None:
+async def test_rotated_zst_file_is_known_as_already_read(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, tmp_path: Path
+) -> None:
     await _rotation(pool, db_url, workspace, tmp_path, "zst")
 
 
 async def test_racing_runs_count_once_and_schedule_one_next_run(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, tmp_path: Path) -> None:
-    await pool.execute("UPDATE workspaces SET settings = $2 WHERE id = $1", workspace,
-                       {"stats": {"interval": "1h"}})
-    _write(tmp_path / "logs" / "access.log",
-           *(ln(ip=f"198.51.100.{i}", status=200, range_=None, size=SIZE) for i in range(1, 6)))
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, tmp_path: Path
+) -> None:
+    await pool.execute(
+        "UPDATE workspaces SET settings = $2 WHERE id = $1",
+        workspace,
+        {"stats": {"interval": "1h"}},
+    )
+    _write(
+        tmp_path / "logs" / "access.log",
+        *(ln(ip=f"198.51.100.{i}", status=200, range_=None, size=SIZE) for i in range(1, 6)),
+    )
     before = datetime.now(UTC)
     jobs = await _run(pool, db_url, workspace, tmp_path, schedule=True, jobs=2)
     assert [j["status"] for j in jobs] == ["completed", "completed"], [j["error_msg"] for j in jobs]
     assert sorted(j["result"]["new_downloads"] for j in jobs) == [0, 5]
     assert await _daily(pool, workspace) == [(DAY, EP, "Apple Podcasts", 5)]
-    pending = await pool.fetch("SELECT scheduled_for, unique_key, payload FROM job_queue"
-                               " WHERE status = 'pending' AND job_type = 'stats_parse'")
+    pending = await pool.fetch(
+        "SELECT scheduled_for, unique_key, payload FROM job_queue"
+        " WHERE status = 'pending' AND job_type = 'stats_parse'"
+    )
     assert len(pending) == 1, pending
     next_run = pending[0]["scheduled_for"]
-    assert next_run.minute == 0 and next_run.second == 0 and 0 < (next_run - before).total_seconds() <= 3600
+    assert (
+        next_run.minute == 0
+        and next_run.second == 0
+        and 0 < (next_run - before).total_seconds() <= 3600
+    )
     assert jobs[0]["result"]["next_run"] == jobs[1]["result"]["next_run"] == next_run.isoformat()
     assert pending[0]["payload"] == {"logs": "logs", "schedule": True}
     assert (await statuses(pool)) == {"completed": 2, "pending": 1}
 
 
-async def test_bad_paths_fail_permanently(pool: asyncpg.Pool, db_url: str, workspace: UUID,
-                                          tmp_path: Path) -> None:
+async def test_bad_paths_fail_permanently(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, tmp_path: Path
+) -> None:
     root = tmp_path / "root"
     _write(tmp_path / "outside" / "access.log", ln())
     _write(root / "empty" / "readme.txt", b"x")
-    outside, missing, empty = [await client.enqueue(pool, workspace, "stats_parse", {"logs": p})
-                               for p in ("../outside", "nope", "empty")]
+    outside, missing, empty = [
+        await client.enqueue(pool, workspace, "stats_parse", {"logs": p})
+        for p in ("../outside", "nope", "empty")
+    ]
     await run_burst(pool, db_url, config=ServiceConfig({"MEDIA_ROOT": str(root)}))
-    errors = [(j["status"], j["error_msg"]) for j in
-              [await store.get_job(pool, i) for i in (outside, missing, empty)]]
-    assert errors == [("error", "logs '../outside' is outside MEDIA_ROOT"),
-                      ("error", "logs 'nope' not found under MEDIA_ROOT"),
-                      ("error", "logs 'empty': no log files found")]
+    errors = [
+        (j["status"], j["error_msg"])
+        for j in [await store.get_job(pool, i) for i in (outside, missing, empty)]
+    ]
+    assert errors == [
+        ("error", "logs '../outside' is outside MEDIA_ROOT"),
+        ("error", "logs 'nope' not found under MEDIA_ROOT"),
+        ("error", "logs 'empty': no log files found"),
+    ]
 
 
-async def test_country_from_a_geoip_database(pool: asyncpg.Pool, db_url: str, workspace: UUID,
-                                             tmp_path: Path) -> None:
+async def test_country_from_a_geoip_database(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, tmp_path: Path
+) -> None:
     pytest.importorskip("maxminddb")
     writer_mod = pytest.importorskip("mmdb_writer")
     netaddr = pytest.importorskip("netaddr")
-    writer = writer_mod.MMDBWriter(ip_version=6, ipv4_compatible=True,
-                                   database_type="GeoLite2-Country")
+    writer = writer_mod.MMDBWriter(
+        ip_version=6, ipv4_compatible=True, database_type="GeoLite2-Country"
+    )
     writer.insert_network(netaddr.IPSet(["198.51.100.0/24"]), {"country": {"iso_code": "NO"}})
     writer.insert_network(netaddr.IPSet(["2001:db8:1::/48"]), {"country": {"iso_code": "SE"}})
     writer.to_db_file(str(tmp_path / "geo.mmdb"))
     whole = {"status": 200, "range_": None, "size": SIZE}
-    _write(tmp_path / "logs" / "access.log", ln(ip="198.51.100.1", **whole),
-           ln(ip="2001:db8:1:2::1", **whole), ln(ip="203.0.113.1", **whole))
+    _write(
+        tmp_path / "logs" / "access.log",
+        ln(ip="198.51.100.1", **whole),
+        ln(ip="2001:db8:1:2::1", **whole),
+        ln(ip="203.0.113.1", **whole),
+    )
     await client.enqueue(pool, workspace, "stats_parse", {"logs": "logs", "schedule": False})
-    await run_burst(pool, db_url, config=ServiceConfig({"MEDIA_ROOT": str(tmp_path),
-                                                        "GEOIP_DB": str(tmp_path / "geo.mmdb")}))
+    await run_burst(
+        pool,
+        db_url,
+        config=ServiceConfig({"MEDIA_ROOT": str(tmp_path), "GEOIP_DB": str(tmp_path / "geo.mmdb")}),
+    )
     rows = await stats_store.daily_downloads(pool, workspace)
     assert sorted((r.country, r.downloads) for r in rows) == [("", 1), ("NO", 1), ("SE", 1)]

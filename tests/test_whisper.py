@@ -44,16 +44,24 @@ async def drain(pool: asyncpg.Pool, db_url: str, **kwargs: Any) -> None:
     second burst runs it."""
     for _ in range(3):
         await run_burst(pool, db_url, **kwargs)
-        if not await pool.fetchval("SELECT count(*) FROM job_queue WHERE status IN "
-                                   "('pending', 'retry') AND scheduled_for <= now()"):
+        if not await pool.fetchval(
+            "SELECT count(*) FROM job_queue WHERE status IN "
+            "('pending', 'retry') AND scheduled_for <= now()"
+        ):
             return
 
 
 def payload(**overrides: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "audio_path": "episodes/ep1.wav", "transcript_ref": "ep-1",
-        "forgejo": {"owner": "sidelinja", "repo": "transcripts", "path": SRT_PATH,
-                    "branch": "main"}}
+        "audio_path": "episodes/ep1.wav",
+        "transcript_ref": "ep-1",
+        "forgejo": {
+            "owner": "sidelinja",
+            "repo": "transcripts",
+            "path": SRT_PATH,
+            "branch": "main",
+        },
+    }
     return {**body, **overrides}
 
 
@@ -68,8 +76,14 @@ async def job(pool: asyncpg.Pool, job_id: UUID) -> asyncpg.Record:
 
 
 def assert_no_secrets(row: asyncpg.Record) -> None:
-    shown = " ".join([str(row["error_msg"]), orjson.dumps(row["result"]).decode(),
-                      orjson.dumps(row["errors"]).decode(), orjson.dumps(row["progress"]).decode()])
+    shown = " ".join(
+        [
+            str(row["error_msg"]),
+            orjson.dumps(row["result"]).decode(),
+            orjson.dumps(row["errors"]).decode(),
+            orjson.dumps(row["progress"]).decode(),
+        ]
+    )
     for secret in SECRETS:
         assert secret not in shown
 
@@ -81,15 +95,22 @@ async def only_follow_up(pool: asyncpg.Pool) -> asyncpg.Record:
 
 
 async def test_transcribe_commits_and_chains_to_srt_parse(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path,
-        whisper_fake: FakeWhisper, forgejo_fake: FakeForgejo) -> None:
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+) -> None:
     events: list[dict[str, Any]] = []
     listener = await asyncpg.connect(db_url)
-    await listener.add_listener("sidelinja_job_events",
-                                lambda *a: events.append(orjson.loads(a[3])))
+    await listener.add_listener(
+        "sidelinja_job_events", lambda *a: events.append(orjson.loads(a[3]))
+    )
     job_id = await enqueue(pool, workspace)
-    await drain(pool, db_url, config=service_config(media_root, whisper=whisper_fake,
-                                                       forgejo=forgejo_fake))
+    await drain(
+        pool, db_url, config=service_config(media_root, whisper=whisper_fake, forgejo=forgejo_fake)
+    )
     await listener.execute("SELECT 1")  # every notification sent before now has arrived
     await listener.close()
 
@@ -97,32 +118,44 @@ async def test_transcribe_commits_and_chains_to_srt_parse(
     assert row["status"] == "completed", row["error_msg"]
     upload = whisper_fake.uploads[0]
     audio = (media_root / "episodes" / "ep1.wav").read_bytes()
-    assert upload.fields == {"model": "Systran/faster-whisper-large-v3", "language": "no",
-                             "response_format": "srt"}
+    assert upload.fields == {
+        "model": "Systran/faster-whisper-large-v3",
+        "language": "no",
+        "response_format": "srt",
+    }
     assert (upload.filename, upload.size) == ("ep1.wav", len(audio))
     assert upload.sha256 == hashlib.sha256(audio).hexdigest()
     committed = forgejo_fake.repos[("sidelinja", "transcripts")].branches["main"][SRT_PATH]
     assert committed.decode() == EPISODE_SRT
     result = row["result"]
     assert result["forgejo"]["action"] == "created" and result["segments"] == 10
-    assert result["governor"] == {"whisper": "default", "live_rooms": None,
-                                  "reason": "no LiveKit configured: not governed"}
+    assert result["governor"] == {
+        "whisper": "default",
+        "live_rooms": None,
+        "reason": "no LiveKit configured: not governed",
+    }
 
     parse = await only_follow_up(pool)
     assert parse["status"] == "completed" and parse["workspace_id"] == workspace
     assert parse["payload"]["forgejo"]["ref"] == result["forgejo"]["commit_sha"]
     segments = await transcripts_store.get_segments(pool, workspace, "ep-1")
     assert len(segments) == 10 and segments[0]["text"] == "Hei, og velkommen til Sidelinja."
-    messages = [e["progress"]["message"] for e in events
-                if e.get("id") == str(job_id) and e.get("progress")]
+    messages = [
+        e["progress"]["message"] for e in events if e.get("id") == str(job_id) and e.get("progress")
+    ]
     assert messages[0] == "Laster opp lydfilen…"
     assert "Venter på transkripsjonen…" in messages
     assert messages[-1] == "Lagrer transkripsjonen i Forgejo…"
 
 
 async def test_existing_file_is_updated_with_its_sha_and_same_content_makes_no_commit(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path,
-        whisper_fake: FakeWhisper, forgejo_fake: FakeForgejo) -> None:
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+) -> None:
     old = b"1\n00:00:00,000 --> 00:00:01,000\nold\n"
     forgejo_fake.commit("sidelinja", "transcripts", "main", SRT_PATH, old)
     config = service_config(media_root, whisper=whisper_fake, forgejo=forgejo_fake)
@@ -139,26 +172,38 @@ async def test_existing_file_is_updated_with_its_sha_and_same_content_makes_no_c
 
 
 async def test_a_conflict_is_read_again_and_retried(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path,
-        whisper_fake: FakeWhisper, forgejo_fake: FakeForgejo) -> None:
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+) -> None:
     forgejo_fake.commit("sidelinja", "transcripts", "main", SRT_PATH, b"")
     forgejo_fake.concurrent_edits = 1
     job_id = await enqueue(pool, workspace)
-    await drain(pool, db_url, config=service_config(media_root, whisper=whisper_fake,
-                                                       forgejo=forgejo_fake))
+    await drain(
+        pool, db_url, config=service_config(media_root, whisper=whisper_fake, forgejo=forgejo_fake)
+    )
     row = await job(pool, job_id)
     assert row["status"] == "completed" and row["result"]["forgejo"]["action"] == "updated"
     assert [c.status for c in forgejo_fake.calls if c.method == "PUT"] == [409, 200]
 
 
 async def test_endless_conflicts_become_a_transient_failure(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path,
-        whisper_fake: FakeWhisper, forgejo_fake: FakeForgejo) -> None:
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+) -> None:
     forgejo_fake.commit("sidelinja", "transcripts", "main", SRT_PATH, b"")
     forgejo_fake.concurrent_edits = 100
     job_id = await enqueue(pool, workspace)
-    await drain(pool, db_url, config=service_config(media_root, whisper=whisper_fake,
-                                                       forgejo=forgejo_fake))
+    await drain(
+        pool, db_url, config=service_config(media_root, whisper=whisper_fake, forgejo=forgejo_fake)
+    )
     row = await job(pool, job_id)
     assert row["status"] == "retry" and "kept changing" in row["error_msg"]
     assert not await pool.fetchval("SELECT count(*) FROM job_queue WHERE job_type = 'srt_parse'")
@@ -195,23 +240,36 @@ def _down(w: FakeWhisper, root: Path, body: dict[str, Any]) -> dict[str, str]:
     return {"WHISPER_URL": "http://127.0.0.1:9"}  # the discard port: nothing listens
 
 
-@pytest.mark.parametrize("setup, status, words", [
-    (_unknown_model, "error", "model 'Systran/faster-whisper-tiny' is not installed"),
-    (_undecodable, "error", "whisper answered 415: Unsupported audio file type"),
-    (_empty, "error", "whisper answered 400: Audio file is probably empty"),
-    (_wrong_key, "error", "whisper refused the API key (403)"),
-    (_busy, "retry", "whisper answered 503"),
-    (_down, "retry", "whisper unreachable"),
-])
+@pytest.mark.parametrize(
+    "setup, status, words",
+    [
+        (_unknown_model, "error", "model 'Systran/faster-whisper-tiny' is not installed"),
+        (_undecodable, "error", "whisper answered 415: Unsupported audio file type"),
+        (_empty, "error", "whisper answered 400: Audio file is probably empty"),
+        (_wrong_key, "error", "whisper refused the API key (403)"),
+        (_busy, "retry", "whisper answered 503"),
+        (_down, "retry", "whisper unreachable"),
+    ],
+)
 async def test_whisper_errors_are_classified(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path,
-        whisper_fake: FakeWhisper, forgejo_fake: FakeForgejo, setup: Any, status: str,
-        words: str) -> None:
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+    setup: Any,
+    status: str,
+    words: str,
+) -> None:
     body = payload()
     extra = setup(whisper_fake, media_root, body)
     job_id = await enqueue(pool, workspace, body)
-    await drain(pool, db_url, config=service_config(media_root, whisper=whisper_fake,
-                                                       forgejo=forgejo_fake, **extra))
+    await drain(
+        pool,
+        db_url,
+        config=service_config(media_root, whisper=whisper_fake, forgejo=forgejo_fake, **extra),
+    )
     row = await job(pool, job_id)
     assert (row["status"], row["attempts"]) == (status, 1)
     assert words in row["error_msg"]
@@ -222,20 +280,40 @@ async def test_whisper_errors_are_classified(
         assert 100 < wait_s <= 120
 
 
-@pytest.mark.parametrize("setup, status, words", [
-    (lambda f, c: c.update(FORGEJO_TOKEN="fj-wrong-token"), "error",
-     "Forgejo refused the token (401"),
-    (lambda f, c: c.update(FORGEJO_TOKEN=FORGEJO_READ_TOKEN), "error", "Forgejo answered 403"),
-    (lambda f, c: f.repos.clear(), "error", "Forgejo answered 404"),
-    (lambda f, c: setattr(f.repos[("sidelinja", "transcripts")], "archived", True), "error",
-     "Forgejo answered 423: repo is archived"),
-    (lambda f, c: setattr(f, "quota_bytes", 10), "error", "Forgejo answered 413: quota exceeded"),
-    (lambda f, c: f.fail_next.append((502, {})), "retry", "Forgejo answered 502"),
-])
+@pytest.mark.parametrize(
+    "setup, status, words",
+    [
+        (
+            lambda f, c: c.update(FORGEJO_TOKEN="fj-wrong-token"),
+            "error",
+            "Forgejo refused the token (401",
+        ),
+        (lambda f, c: c.update(FORGEJO_TOKEN=FORGEJO_READ_TOKEN), "error", "Forgejo answered 403"),
+        (lambda f, c: f.repos.clear(), "error", "Forgejo answered 404"),
+        (
+            lambda f, c: setattr(f.repos[("sidelinja", "transcripts")], "archived", True),
+            "error",
+            "Forgejo answered 423: repo is archived",
+        ),
+        (
+            lambda f, c: setattr(f, "quota_bytes", 10),
+            "error",
+            "Forgejo answered 413: quota exceeded",
+        ),
+        (lambda f, c: f.fail_next.append((502, {})), "retry", "Forgejo answered 502"),
+    ],
+)
 async def test_forgejo_errors_are_classified(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path,
-        whisper_fake: FakeWhisper, forgejo_fake: FakeForgejo, setup: Any, status: str,
-        words: str) -> None:
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+    setup: Any,
+    status: str,
+    words: str,
+) -> None:
     config = dict(service_config(media_root, whisper=whisper_fake, forgejo=forgejo_fake).values)
     setup(forgejo_fake, config)
     job_id = await enqueue(pool, workspace)
@@ -247,27 +325,51 @@ async def test_forgejo_errors_are_classified(
 
 
 async def test_a_token_echoed_by_forgejo_is_blanked(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path,
-        whisper_fake: FakeWhisper, forgejo_fake: FakeForgejo) -> None:
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+) -> None:
     forgejo_fake.echo_token = True
     job_id = await enqueue(pool, workspace)
-    await drain(pool, db_url, config=service_config(
-        media_root, whisper=whisper_fake, forgejo=forgejo_fake, FORGEJO_TOKEN=FORGEJO_READ_TOKEN))
+    await drain(
+        pool,
+        db_url,
+        config=service_config(
+            media_root, whisper=whisper_fake, forgejo=forgejo_fake, FORGEJO_TOKEN=FORGEJO_READ_TOKEN
+        ),
+    )
     row = await job(pool, job_id)
     assert row["status"] == "error" and "(got token ***)" in row["error_msg"]
     assert_no_secrets(row)
 
 
 async def test_a_live_room_routes_to_the_governed_whisper(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path,
-        whisper_fake: FakeWhisper, governed_whisper_fake: FakeWhisper,
-        forgejo_fake: FakeForgejo, livekit_fake: FakeLiveKit) -> None:
-    livekit_fake.rooms = [{"name": "morgensending", "num_participants": 3},
-                          {"name": "tomt-rom"}]
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    governed_whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+    livekit_fake: FakeLiveKit,
+) -> None:
+    livekit_fake.rooms = [{"name": "morgensending", "num_participants": 3}, {"name": "tomt-rom"}]
     ids = [await enqueue(pool, workspace, payload(transcript_ref=f"ep-{i}")) for i in range(2)]
-    await drain(pool, db_url, max_concurrent=1, config=service_config(
-        media_root, whisper=whisper_fake, governed=governed_whisper_fake, forgejo=forgejo_fake,
-        livekit_fake=livekit_fake))
+    await drain(
+        pool,
+        db_url,
+        max_concurrent=1,
+        config=service_config(
+            media_root,
+            whisper=whisper_fake,
+            governed=governed_whisper_fake,
+            forgejo=forgejo_fake,
+            livekit_fake=livekit_fake,
+        ),
+    )
     for job_id in ids:
         row = await job(pool, job_id)
         assert row["status"] == "completed", row["error_msg"]
@@ -280,12 +382,23 @@ async def test_a_live_room_routes_to_the_governed_whisper(
 
 
 async def test_a_live_room_without_governed_whisper_defers_the_job(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path,
-        whisper_fake: FakeWhisper, forgejo_fake: FakeForgejo, livekit_fake: FakeLiveKit) -> None:
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+    livekit_fake: FakeLiveKit,
+) -> None:
     livekit_fake.rooms = [{"name": "morgensending", "num_participants": 2}]
     job_id = await enqueue(pool, workspace)
-    await drain(pool, db_url, config=service_config(
-        media_root, whisper=whisper_fake, forgejo=forgejo_fake, livekit_fake=livekit_fake))
+    await drain(
+        pool,
+        db_url,
+        config=service_config(
+            media_root, whisper=whisper_fake, forgejo=forgejo_fake, livekit_fake=livekit_fake
+        ),
+    )
     row = await job(pool, job_id)
     assert (row["status"], row["attempts"]) == ("pending", 0)  # a deferral is not an attempt
     wait_s = (row["scheduled_for"] - datetime.now(UTC)).total_seconds()
@@ -295,27 +408,55 @@ async def test_a_live_room_without_governed_whisper_defers_the_job(
 
 
 async def test_rooms_without_participants_do_not_govern(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path,
-        whisper_fake: FakeWhisper, governed_whisper_fake: FakeWhisper,
-        forgejo_fake: FakeForgejo, livekit_fake: FakeLiveKit) -> None:
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    governed_whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+    livekit_fake: FakeLiveKit,
+) -> None:
     livekit_fake.rooms = [{"name": "venterom", "num_participants": 0}]
     job_id = await enqueue(pool, workspace)
-    await drain(pool, db_url, config=service_config(
-        media_root, whisper=whisper_fake, governed=governed_whisper_fake, forgejo=forgejo_fake,
-        livekit_fake=livekit_fake))
+    await drain(
+        pool,
+        db_url,
+        config=service_config(
+            media_root,
+            whisper=whisper_fake,
+            governed=governed_whisper_fake,
+            forgejo=forgejo_fake,
+            livekit_fake=livekit_fake,
+        ),
+    )
     governor = (await job(pool, job_id))["result"]["governor"]
-    assert governor == {"whisper": "default", "live_rooms": 0,
-                        "reason": "no LiveKit room has participants"}
+    assert governor == {
+        "whisper": "default",
+        "live_rooms": 0,
+        "reason": "no LiveKit room has participants",
+    }
     assert len(whisper_fake.uploads) == 1 and not governed_whisper_fake.uploads
 
 
 async def test_livekit_refusing_the_token_fails_without_the_secret(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path,
-        whisper_fake: FakeWhisper, forgejo_fake: FakeForgejo, livekit_fake: FakeLiveKit) -> None:
-    livekit_fake.api_secret = "a-different-secret"
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+    livekit_fake: FakeLiveKit,
+) -> None:
+    livekit_fake.api_secret = "a-different-secret-long-enough-for-hs256"
     job_id = await enqueue(pool, workspace)
-    await drain(pool, db_url, config=service_config(
-        media_root, whisper=whisper_fake, forgejo=forgejo_fake, livekit_fake=livekit_fake))
+    await drain(
+        pool,
+        db_url,
+        config=service_config(
+            media_root, whisper=whisper_fake, forgejo=forgejo_fake, livekit_fake=livekit_fake
+        ),
+    )
     row = await job(pool, job_id)
     assert row["status"] == "error"
     assert row["error_msg"].startswith("LiveKit answered 401: invalid token")
@@ -324,40 +465,70 @@ async def test_livekit_refusing_the_token_fails_without_the_secret(
 
 
 async def test_livekit_down_uses_the_governed_whisper_or_retries(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path,
-        whisper_fake: FakeWhisper, governed_whisper_fake: FakeWhisper,
-        forgejo_fake: FakeForgejo, livekit_fake: FakeLiveKit) -> None:
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    governed_whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+    livekit_fake: FakeLiveKit,
+) -> None:
     livekit_fake.fail_next = [503, 503]
     with_governed = await enqueue(pool, workspace)
-    await drain(pool, db_url, config=service_config(
-        media_root, whisper=whisper_fake, governed=governed_whisper_fake, forgejo=forgejo_fake,
-        livekit_fake=livekit_fake))
+    await drain(
+        pool,
+        db_url,
+        config=service_config(
+            media_root,
+            whisper=whisper_fake,
+            governed=governed_whisper_fake,
+            forgejo=forgejo_fake,
+            livekit_fake=livekit_fake,
+        ),
+    )
     without = await enqueue(pool, workspace)
-    await drain(pool, db_url, config=service_config(
-        media_root, whisper=whisper_fake, forgejo=forgejo_fake, livekit_fake=livekit_fake))
+    await drain(
+        pool,
+        db_url,
+        config=service_config(
+            media_root, whisper=whisper_fake, forgejo=forgejo_fake, livekit_fake=livekit_fake
+        ),
+    )
     row = await job(pool, with_governed)
     assert row["status"] == "completed" and row["result"]["governor"]["whisper"] == "governed"
     row = await job(pool, without)
     assert row["status"] == "retry" and row["error_msg"].startswith("LiveKit answered 503")
 
 
-@pytest.mark.parametrize("audio_path, words", [
-    ("../../etc/passwd", "is outside MEDIA_ROOT"),
-    ("/etc/passwd", "is outside MEDIA_ROOT"),
-    ("episodes/../../outside.wav", "is outside MEDIA_ROOT"),
-    ("episodes/link.wav", "is outside MEDIA_ROOT"),
-    ("episodes/missing.wav", "not found under MEDIA_ROOT"),
-    ("episodes", "not found under MEDIA_ROOT"),
-])
+@pytest.mark.parametrize(
+    "audio_path, words",
+    [
+        ("../../etc/passwd", "is outside MEDIA_ROOT"),
+        ("/etc/passwd", "is outside MEDIA_ROOT"),
+        ("episodes/../../outside.wav", "is outside MEDIA_ROOT"),
+        ("episodes/link.wav", "is outside MEDIA_ROOT"),
+        ("episodes/missing.wav", "not found under MEDIA_ROOT"),
+        ("episodes", "not found under MEDIA_ROOT"),
+    ],
+)
 async def test_audio_paths_are_confined_to_media_root(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path,
-        whisper_fake: FakeWhisper, forgejo_fake: FakeForgejo, audio_path: str, words: str) -> None:
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+    audio_path: str,
+    words: str,
+) -> None:
     outside = media_root.parent / "outside.wav"
     outside.write_bytes(b"RIFF secret")
     os.symlink(outside, media_root / "episodes" / "link.wav")
     job_id = await enqueue(pool, workspace, payload(audio_path=audio_path))
-    await drain(pool, db_url, config=service_config(media_root, whisper=whisper_fake,
-                                                       forgejo=forgejo_fake))
+    await drain(
+        pool, db_url, config=service_config(media_root, whisper=whisper_fake, forgejo=forgejo_fake)
+    )
     row = await job(pool, job_id)
     assert (row["status"], row["attempts"]) == ("error", 1)
     assert words in row["error_msg"]
@@ -365,33 +536,50 @@ async def test_audio_paths_are_confined_to_media_root(
 
 
 async def test_an_absolute_path_inside_media_root_is_fine(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path,
-        whisper_fake: FakeWhisper, forgejo_fake: FakeForgejo) -> None:
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+) -> None:
     inside = str(media_root / "episodes/ep1.wav")
     job_id = await enqueue(pool, workspace, payload(audio_path=inside))
-    await drain(pool, db_url, config=service_config(media_root, whisper=whisper_fake,
-                                                       forgejo=forgejo_fake))
+    await drain(
+        pool, db_url, config=service_config(media_root, whisper=whisper_fake, forgejo=forgejo_fake)
+    )
     assert (await job(pool, job_id))["status"] == "completed"
 
 
-@pytest.mark.parametrize("body, words", [
-    (payload(forgejo={"owner": "o", "repo": "r", "path": "../x.srt"}), "forgejo.path"),
-    (payload(language="norsk"), "language"),
-    ({"transcript_ref": "ep-1"}, "audio_path"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        (payload(forgejo={"owner": "o", "repo": "r", "path": "../x.srt"}), "forgejo.path"),
+        (payload(language="norsk"), "language"),
+        ({"transcript_ref": "ep-1"}, "audio_path"),
+    ],
+)
 async def test_bad_payloads_fail_naming_the_field(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path,
-        whisper_fake: FakeWhisper, forgejo_fake: FakeForgejo, body: dict[str, Any],
-        words: str) -> None:
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+    body: dict[str, Any],
+    words: str,
+) -> None:
     job_id = await enqueue(pool, workspace, body)
-    await drain(pool, db_url, config=service_config(media_root, whisper=whisper_fake,
-                                                       forgejo=forgejo_fake))
+    await drain(
+        pool, db_url, config=service_config(media_root, whisper=whisper_fake, forgejo=forgejo_fake)
+    )
     row = await job(pool, job_id)
     assert row["status"] == "error" and words in row["error_msg"]
 
 
-async def test_missing_settings_are_named(pool: asyncpg.Pool, db_url: str, workspace: UUID,
-                                          media_root: Path) -> None:
+async def test_missing_settings_are_named(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path
+) -> None:
     job_id = await enqueue(pool, workspace)
     await drain(pool, db_url, config=service_config(media_root))
     row = await job(pool, job_id)
@@ -400,17 +588,24 @@ async def test_missing_settings_are_named(pool: asyncpg.Pool, db_url: str, works
 
 
 async def test_the_chain_writes_only_into_the_jobs_workspace(
-        pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path,
-        whisper_fake: FakeWhisper, forgejo_fake: FakeForgejo) -> None:
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+) -> None:
     other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
     await enqueue(pool, workspace)
-    await drain(pool, db_url, config=service_config(media_root, whisper=whisper_fake,
-                                                       forgejo=forgejo_fake))
+    await drain(
+        pool, db_url, config=service_config(media_root, whisper=whisper_fake, forgejo=forgejo_fake)
+    )
     assert (await only_follow_up(pool))["workspace_id"] == workspace
     assert await transcripts_store.get_transcript(pool, workspace, "ep-1") is not None
     assert await transcripts_store.get_transcript(pool, other, "ep-1") is None
     assert not await pool.fetchval(
-        "SELECT count(*) FROM transcript_segments WHERE workspace_id = $1", other)
+        "SELECT count(*) FROM transcript_segments WHERE workspace_id = $1", other
+    )
 
 
 async def test_the_upload_is_streamed_in_chunks(tmp_path: Path) -> None:
@@ -426,4 +621,3 @@ async def test_the_upload_is_streamed_in_chunks(tmp_path: Path) -> None:
     assert max(len(c) for c in chunks) <= CHUNK_BYTES  # never the whole file in one piece
     assert sum(len(c) for c in chunks) == body.length
     assert seen[-1] == audio.stat().st_size and len(seen) == 4
-

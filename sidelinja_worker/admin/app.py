@@ -61,14 +61,23 @@ async def jobs_page(request: Request) -> Response:
     scope, token = await session(request)
     f = job_filter(request.query_params, scope)
     async with store.scoped(request.app.state.pool, scope) as conn:
-        rows = await store.list_jobs(conn, f, page_cursor(request.query_params, f),
-                                     store.PAGE_SIZE + 1)
+        rows = await store.list_jobs(
+            conn, f, page_cursor(request.query_params, f), store.PAGE_SIZE + 1
+        )
     more = len(rows) > store.PAGE_SIZE
-    rows = rows[:store.PAGE_SIZE]
+    rows = rows[: store.PAGE_SIZE]
     next_qs = query_string(f, rows[-1]) if more else None
-    return render(request, "jobs.html", token, scope, rows=rows, f=f, next_qs=next_qs,
-                  workspaces=await visible_workspaces(request, scope),
-                  bulk_qs=query_string(f, None))
+    return render(
+        request,
+        "jobs.html",
+        token,
+        scope,
+        rows=rows,
+        f=f,
+        next_qs=next_qs,
+        workspaces=await visible_workspaces(request, scope),
+        bulk_qs=query_string(f, None),
+    )
 
 
 async def visible_workspaces(request: Request, scope: Scope) -> list[asyncpg.Record]:
@@ -93,12 +102,24 @@ async def overview_page(request: Request) -> Response:
         per_minute = await store.throughput(conn)
     # Limits are queue-wide configuration, read with the privileged pool; a workspace token
     # sees every type and rate limit but no other workspace's cap.
-    limits = [r for r in await worker_store.list_limits(request.app.state.pool)
-              if r["kind"] != "workspace" or scope.workspace_id is None
-              or r["name"] == str(scope.workspace_id)]
-    return render(request, "overview.html", token, scope, counts=counts, oldest_due_s=oldest,
-                  per_minute=per_minute, finished=sum(r["n"] for r in per_minute),
-                  limits=limits)
+    limits = [
+        r
+        for r in await worker_store.list_limits(request.app.state.pool)
+        if r["kind"] != "workspace"
+        or scope.workspace_id is None
+        or r["name"] == str(scope.workspace_id)
+    ]
+    return render(
+        request,
+        "overview.html",
+        token,
+        scope,
+        counts=counts,
+        oldest_due_s=oldest,
+        per_minute=per_minute,
+        finished=sum(r["n"] for r in per_minute),
+        limits=limits,
+    )
 
 
 async def job_action(request: Request) -> Response:
@@ -111,8 +132,10 @@ async def job_action(request: Request) -> Response:
         done = job_id is not None and await run_action(conn, action, job_id)
         if done and job_id is not None:
             await store.audit(conn, scope, action, [job_id], {})
-    return RedirectResponse(f"/admin/jobs/{request.path_params['job_id']}?done={action if done else 'none'}",
-                            status_code=303)
+    return RedirectResponse(
+        f"/admin/jobs/{request.path_params['job_id']}?done={action if done else 'none'}",
+        status_code=303,
+    )
 
 
 async def run_action(conn: asyncpg.Connection, action: str, job_id: UUID) -> bool:
@@ -132,8 +155,9 @@ async def bulk_retry(request: Request) -> Response:
     async with store.scoped(request.app.state.pool, scope) as conn:
         ids = await store.bulk_retry(conn, f, BULK_LIMIT)
         await store.audit(conn, scope, "bulk_retry", ids, {"filter": query_string(f, None)})
-    return RedirectResponse(f"/admin/jobs?{query_string(f, None)}&retried={len(ids)}",
-                            status_code=303)
+    return RedirectResponse(
+        f"/admin/jobs?{query_string(f, None)}&retried={len(ids)}", status_code=303
+    )
 
 
 async def events(request: Request) -> Response:
@@ -143,8 +167,11 @@ async def events(request: Request) -> Response:
     async def still_valid() -> bool:
         return await auth.scope_of(pool, token) is not None
 
-    return StreamingResponse(request.app.state.hub.stream(scope, still_valid),
-                             media_type="text/event-stream", headers={"x-accel-buffering": "no"})
+    return StreamingResponse(
+        request.app.state.hub.stream(scope, still_valid),
+        media_type="text/event-stream",
+        headers={"x-accel-buffering": "no"},
+    )
 
 
 async def login_page(request: Request) -> Response:
@@ -155,11 +182,19 @@ async def login(request: Request) -> Response:
     form = await request.form()
     token = str(form.get("token") or "").strip()
     if await auth.scope_of(request.app.state.pool, token) is None:
-        return templates.TemplateResponse(request, "login.html", {"error": "unknown or revoked token"},
-                                          status_code=401)
+        return templates.TemplateResponse(
+            request, "login.html", {"error": "unknown or revoked token"}, status_code=401
+        )
     response = RedirectResponse("/admin/jobs", status_code=303)
-    response.set_cookie(auth.COOKIE, token, httponly=True, secure=True, samesite="strict",
-                        path="/", max_age=12 * 3600)
+    response.set_cookie(
+        auth.COOKIE,
+        token,
+        httponly=True,
+        secure=True,
+        samesite="strict",
+        path="/",
+        max_age=12 * 3600,
+    )
     return response
 
 
@@ -204,12 +239,15 @@ async def home(_request: Request) -> Response:
 
 ROUTES = [
     Route("/", home),
-    Route("/admin", overview_page), Route("/admin/jobs", jobs_page),
+    Route("/admin", overview_page),
+    Route("/admin/jobs", jobs_page),
     Route("/admin/jobs/bulk-retry", bulk_retry, methods=["POST"]),
     Route("/admin/jobs/{job_id}", job_page),
     Route("/admin/jobs/{job_id}/{action:str}", job_action, methods=["POST"]),
-    Route("/admin/events", events), Route("/metrics", metrics),
-    Route("/admin/login", login_page), Route("/admin/login", login, methods=["POST"]),
+    Route("/admin/events", events),
+    Route("/metrics", metrics),
+    Route("/admin/login", login_page),
+    Route("/admin/login", login, methods=["POST"]),
     Route("/admin/logout", logout, methods=["POST"]),
     Mount("/admin/static", StaticFiles(directory=str(HERE / "static")), name="static"),
 ]
@@ -219,10 +257,14 @@ def create_app(database_url: str, spacetime: SpacetimeTarget | None = None) -> S
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # Custom plans: the list query's optional filters need the planner to see the values.
-        settings = {**SERVER_SETTINGS, "application_name": "sidelinja-admin",
-                    "plan_cache_mode": "force_custom_plan"}
-        app.state.pool = await asyncpg.create_pool(database_url, min_size=1, max_size=8,
-                                                   init=init_connection, server_settings=settings)
+        settings = {
+            **SERVER_SETTINGS,
+            "application_name": "sidelinja-admin",
+            "plan_cache_mode": "force_custom_plan",
+        }
+        app.state.pool = await asyncpg.create_pool(
+            database_url, min_size=1, max_size=8, init=init_connection, server_settings=settings
+        )
         app.state.hub = EventHub(database_url)
         await app.state.hub.start()
         try:

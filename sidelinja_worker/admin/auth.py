@@ -20,9 +20,13 @@ TOKEN_PREFIX = "slj_"
 # Pages may not be framed (clickjacking), run only our own script, and leak no URLs.
 HEADERS = [
     (b"x-frame-options", b"DENY"),
-    (b"content-security-policy",
-     (b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-      b"frame-ancestors 'none'; form-action 'self'; base-uri 'none'")),
+    (
+        b"content-security-policy",
+        (
+            b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+            b"frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+        ),
+    ),
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"same-origin"),
     (b"cache-control", b"no-store"),

@@ -26,8 +26,10 @@ def explode(payload: str) -> list[dict[str, Any]]:
     if "ids" not in data:
         return [data]
     common = {k: v for k, v in data.items() if k not in ("ids", "attempts")}
-    return [{**common, "id": job_id, "attempts": n}
-            for job_id, n in zip(data["ids"], data["attempts"], strict=True)]
+    return [
+        {**common, "id": job_id, "attempts": n}
+        for job_id, n in zip(data["ids"], data["attempts"], strict=True)
+    ]
 
 
 class EventHub:
@@ -59,8 +61,9 @@ class EventHub:
                 if scope.allows(event.get("workspace_id", "")) and not queue.full():
                     queue.put_nowait(event)
 
-    async def stream(self, scope: Scope,
-                     still_valid: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[bytes]:
+    async def stream(
+        self, scope: Scope, still_valid: Callable[[], Awaitable[bool]] | None = None
+    ) -> AsyncIterator[bytes]:
         """SSE frames for one page until it goes away, or its token is revoked (checked at each
         keepalive); a comment now and then keeps proxies from closing an idle stream."""
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(QUEUE_MAX)

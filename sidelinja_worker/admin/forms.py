@@ -57,11 +57,17 @@ def page_cursor(params: Mapping[str, Any], f: JobFilter) -> Cursor | None:
 
 def query_string(f: JobFilter, last: Mapping[str, Any] | None) -> str:
     """The filter (and, given the last row shown, the next page's cursor) as a query string."""
-    fields = {"status": f.status or "all", "type": f.job_type or "",
-              "workspace": str(f.workspace_id or ""),
-              "from": f.time_from.isoformat() if f.time_from else "",
-              "to": f.time_to.isoformat() if f.time_to else ""}
+    fields = {
+        "status": f.status or "all",
+        "type": f.job_type or "",
+        "workspace": str(f.workspace_id or ""),
+        "from": f.time_from.isoformat() if f.time_from else "",
+        "to": f.time_to.isoformat() if f.time_to else "",
+    }
     if last is not None:
-        fields.update(after_status=last["status"], after_at=last["sort_at"].isoformat(),
-                      after_id=str(last["id"]))
+        fields.update(
+            after_status=last["status"],
+            after_at=last["sort_at"].isoformat(),
+            after_id=str(last["id"]),
+        )
     return urlencode({k: v for k, v in fields.items() if v})

@@ -19,14 +19,25 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 async def render(conn: asyncpg.Connection) -> bytes:
     """A registry per scrape: the values depend on who asks (RLS), so nothing is shared."""
     registry = CollectorRegistry()
-    jobs = Gauge("sidelinja_jobs", "Jobs in the queue by status and type",
-                 ["status", "job_type"], registry=registry)
+    jobs = Gauge(
+        "sidelinja_jobs",
+        "Jobs in the queue by status and type",
+        ["status", "job_type"],
+        registry=registry,
+    )
     for row in await worker_store.counts(conn):
         jobs.labels(row["status"], row["job_type"]).set(row["n"])
-    Gauge("sidelinja_oldest_due_job_age_seconds", "Age of the oldest job that is due and waiting",
-          registry=registry).set(await worker_store.oldest_due_s(conn))
-    finished = Gauge("sidelinja_jobs_finished_last_hour", "Jobs finished in the last hour",
-                     ["status"], registry=registry)
+    Gauge(
+        "sidelinja_oldest_due_job_age_seconds",
+        "Age of the oldest job that is due and waiting",
+        registry=registry,
+    ).set(await worker_store.oldest_due_s(conn))
+    finished = Gauge(
+        "sidelinja_jobs_finished_last_hour",
+        "Jobs finished in the last hour",
+        ["status"],
+        registry=registry,
+    )
     for row in await store.throughput(conn):
         finished.labels(row["status"]).inc(row["n"])
     return generate_latest(registry)

@@ -18,8 +18,8 @@ QUEUE_MAX = 10_000
 
 @dataclass(frozen=True)
 class SpacetimeTarget:
-    url: str                 # e.g. http://127.0.0.1:3000
-    database: str            # name or identity
+    url: str  # e.g. http://127.0.0.1:3000
+    database: str  # name or identity
     reducer: str = "job_event"
     token: Secret | None = None
 
@@ -54,11 +54,16 @@ class SpacetimeForwarder:
 
     async def _call(self, payload: str, headers: dict[str, str]) -> None:
         try:
-            response = await self._http.post(self._target.call_url, json=[payload],
-                                             headers=headers, timeout=5.0)
+            response = await self._http.post(
+                self._target.call_url, json=[payload], headers=headers, timeout=5.0
+            )
         except httpx.HTTPError as exc:
             log.warning("SpacetimeDB call failed (%s); event dropped", type(exc).__name__)
             return
         if response.status_code != 200:  # 530: the reducer returned an error
-            log.warning("SpacetimeDB %s answered %d: %s; event dropped", self._target.reducer,
-                        response.status_code, response.text[:200])
+            log.warning(
+                "SpacetimeDB %s answered %d: %s; event dropped",
+                self._target.reducer,
+                response.status_code,
+                response.text[:200],
+            )

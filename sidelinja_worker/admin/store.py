@@ -66,8 +66,12 @@ async def scoped(pool: asyncpg.Pool, scope: Scope) -> AsyncIterator[asyncpg.Conn
         yield conn
 
 
-async def create_token(conn: asyncpg.Connection | asyncpg.Pool, digest: bytes,
-                       workspace_id: UUID | None, label: str | None) -> UUID:
+async def create_token(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    digest: bytes,
+    workspace_id: UUID | None,
+    label: str | None,
+) -> UUID:
     return await conn.fetchval(Q["token_create"], digest, workspace_id, label)
 
 
@@ -84,21 +88,23 @@ async def list_tokens(conn: asyncpg.Pool) -> list[asyncpg.Record]:
     return await conn.fetch(Q["token_list"])
 
 
-async def list_jobs(conn: asyncpg.Connection, f: JobFilter, after: Cursor | None,
-                    limit: int = PAGE_SIZE) -> list[asyncpg.Record]:
+async def list_jobs(
+    conn: asyncpg.Connection, f: JobFilter, after: Cursor | None, limit: int = PAGE_SIZE
+) -> list[asyncpg.Record]:
     """A page of jobs after the cursor. Every status is its own keyset query over its own
     index; all statuses are read one after another in STATUS_ORDER until the page is full, so
     a page costs one or two index scans, never a sort of the whole table."""
     if f.status:
         statuses: tuple[str, ...] = (f.status,)
     else:
-        statuses = STATUS_ORDER[STATUS_ORDER.index(after.status) if after else 0:]
+        statuses = STATUS_ORDER[STATUS_ORDER.index(after.status) if after else 0 :]
     rows: list[asyncpg.Record] = []
     for status in statuses:
         at, job_id = (after.sort_at, after.id) if after and after.status == status else (None, None)
         query = Q["list_completed"] if status == "completed" else Q["list_jobs"]
-        rows += await conn.fetch(query, *replace(f, status=status).args(), at, job_id,
-                                limit - len(rows))
+        rows += await conn.fetch(
+            query, *replace(f, status=status).args(), at, job_id, limit - len(rows)
+        )
         if len(rows) >= limit:
             break
     return rows
@@ -116,8 +122,9 @@ async def bulk_retry(conn: asyncpg.Connection, f: JobFilter, limit: int) -> list
     return [r[0] for r in await conn.fetch(Q["bulk_retry"], *f.args(), limit)]
 
 
-async def audit(conn: asyncpg.Connection, scope: Scope, action: str, job_ids: list[UUID],
-                detail: dict[str, Any]) -> None:
+async def audit(
+    conn: asyncpg.Connection, scope: Scope, action: str, job_ids: list[UUID], detail: dict[str, Any]
+) -> None:
     """Recorded in the action's own transaction, as the privileged role (the app role cannot
     write the audit table, so a web app bug cannot forge entries)."""
     await conn.execute(Q["leave_app_role"])

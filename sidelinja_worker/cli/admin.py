@@ -26,47 +26,86 @@ SPACETIME_FLAGS = (
     ("SPACETIMEDB_REDUCER", "the reducer called with each event's JSON (job_event)"),
     ("SPACETIMEDB_TOKEN", "its bearer token (secret)"),
 )
-COLUMNS = ("id", "workspace_id", "job_type", "status", "attempts", "max_attempts",
-           "created_at", "error_msg")
+COLUMNS = (
+    "id",
+    "workspace_id",
+    "job_type",
+    "status",
+    "attempts",
+    "max_attempts",
+    "created_at",
+    "error_msg",
+)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("admin", help="serve the admin web view (/admin/jobs, /metrics)")
-    p.add_argument("--bind", default=os.environ.get("SIDELINJA_ADMIN_BIND", "127.0.0.1:8080"),
-                   help="HOST:PORT to listen on [env SIDELINJA_ADMIN_BIND] (127.0.0.1:8080)")
+    p.add_argument(
+        "--bind",
+        default=os.environ.get("SIDELINJA_ADMIN_BIND", "127.0.0.1:8080"),
+        help="HOST:PORT to listen on [env SIDELINJA_ADMIN_BIND] (127.0.0.1:8080)",
+    )
     for env, help_text in SPACETIME_FLAGS:
-        p.add_argument("--" + env.lower().replace("_", "-"), default=os.environ.get(env),
-                       help=f"{help_text} [env {env}]")
+        p.add_argument(
+            "--" + env.lower().replace("_", "-"),
+            default=os.environ.get(env),
+            help=f"{help_text} [env {env}]",
+        )
     p = sub.add_parser("admin-token", help="tokens for the admin view")
     tsub = p.add_subparsers(dest="token_command", required=True, metavar="ACTION")
     t = tsub.add_parser("create", help="create a token and print it (shown once)")
     which = t.add_mutually_exclusive_group(required=True)
-    which.add_argument("--workspace", default=os.environ.get("SIDELINJA_TOKEN_WORKSPACE"),
-                       help="the workspace it may see [env SIDELINJA_TOKEN_WORKSPACE]")
+    which.add_argument(
+        "--workspace",
+        default=os.environ.get("SIDELINJA_TOKEN_WORKSPACE"),
+        help="the workspace it may see [env SIDELINJA_TOKEN_WORKSPACE]",
+    )
     which.add_argument("--all", action="store_true", help="every workspace (platform admins)")
-    t.add_argument("--label", default=os.environ.get("SIDELINJA_TOKEN_LABEL"),
-                   help="a note on whose token it is [env SIDELINJA_TOKEN_LABEL]")
+    t.add_argument(
+        "--label",
+        default=os.environ.get("SIDELINJA_TOKEN_LABEL"),
+        help="a note on whose token it is [env SIDELINJA_TOKEN_LABEL]",
+    )
     t = tsub.add_parser("revoke", help="revoke a token by its id (see `list`)")
     t.add_argument("token_id", metavar="ID")
     tsub.add_parser("list", help="list tokens (ids, scopes; never the tokens)")
 
 
 def add_jobs_commands(jsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    j = jsub.add_parser("list", help="jobs, newest first (default: errors); with --status all, "
-                                     "errors first, then retry, running, pending, cancelled, "
-                                     "completed")
-    j.add_argument("--status", default=os.environ.get("SIDELINJA_JOBS_STATUS", "error"),
-                   help="error|retry|pending|running|completed|cancelled|all "
-                        "[env SIDELINJA_JOBS_STATUS] (error)")
-    j.add_argument("--type", default=os.environ.get("SIDELINJA_JOBS_TYPE"),
-                   help="only this job type [env SIDELINJA_JOBS_TYPE]")
-    j.add_argument("--workspace", default=os.environ.get("SIDELINJA_JOBS_WORKSPACE"),
-                   help="only this workspace [env SIDELINJA_JOBS_WORKSPACE]")
-    j.add_argument("--limit", type=int, default=int(os.environ.get("SIDELINJA_JOBS_LIMIT", "50")),
-                   help="at most this many [env SIDELINJA_JOBS_LIMIT] (50)")
-    j.add_argument("--json", action="store_true",
-                   default=(os.environ.get("SIDELINJA_JOBS_JSON") or "") in {"1", "true", "yes"},
-                   help="one JSON array, for scripts [env SIDELINJA_JOBS_JSON=1]")
+    j = jsub.add_parser(
+        "list",
+        help="jobs, newest first (default: errors); with --status all, "
+        "errors first, then retry, running, pending, cancelled, "
+        "completed",
+    )
+    j.add_argument(
+        "--status",
+        default=os.environ.get("SIDELINJA_JOBS_STATUS", "error"),
+        help="error|retry|pending|running|completed|cancelled|all "
+        "[env SIDELINJA_JOBS_STATUS] (error)",
+    )
+    j.add_argument(
+        "--type",
+        default=os.environ.get("SIDELINJA_JOBS_TYPE"),
+        help="only this job type [env SIDELINJA_JOBS_TYPE]",
+    )
+    j.add_argument(
+        "--workspace",
+        default=os.environ.get("SIDELINJA_JOBS_WORKSPACE"),
+        help="only this workspace [env SIDELINJA_JOBS_WORKSPACE]",
+    )
+    j.add_argument(
+        "--limit",
+        type=int,
+        default=int(os.environ.get("SIDELINJA_JOBS_LIMIT", "50")),
+        help="at most this many [env SIDELINJA_JOBS_LIMIT] (50)",
+    )
+    j.add_argument(
+        "--json",
+        action="store_true",
+        default=(os.environ.get("SIDELINJA_JOBS_JSON") or "") in {"1", "true", "yes"},
+        help="one JSON array, for scripts [env SIDELINJA_JOBS_JSON=1]",
+    )
     j = jsub.add_parser("retry", help="an error or retry job back to pending, due now")
     j.add_argument("job_id", metavar="ID")
 
@@ -81,8 +120,9 @@ async def dispatch(args: argparse.Namespace) -> int | None:
             return await token_command(args, pool)
     if args.command == "jobs" and args.jobs_command in ("list", "retry"):
         async with opened(args) as (_db, pool):
-            return await (jobs_list(args, pool) if args.jobs_command == "list"
-                          else jobs_retry(args, pool))
+            return await (
+                jobs_list(args, pool) if args.jobs_command == "list" else jobs_retry(args, pool)
+            )
     return None
 
 
@@ -95,8 +135,11 @@ async def token_command(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
         except asyncpg.ForeignKeyViolationError:
             raise UserError(f"no workspace {workspace}") from None
         print(token)
-        print(f"token id {token_id}: shown once; revoke with `sidelinja-worker admin-token "
-              f"revoke {token_id}`", file=sys.stderr)
+        print(
+            f"token id {token_id}: shown once; revoke with `sidelinja-worker admin-token "
+            f"revoke {token_id}`",
+            file=sys.stderr,
+        )
         return 0
     if args.token_command == "revoke":
         if not await store.revoke_token(pool, _uuid(args.token_id, "token id")):
@@ -111,9 +154,11 @@ async def token_command(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
 
 
 async def jobs_list(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
-    f = JobFilter(status=None if args.status == "all" else _status(args.status),
-                  job_type=args.type,
-                  workspace_id=_uuid(args.workspace, "--workspace") if args.workspace else None)
+    f = JobFilter(
+        status=None if args.status == "all" else _status(args.status),
+        job_type=args.type,
+        workspace_id=_uuid(args.workspace, "--workspace") if args.workspace else None,
+    )
     async with store.scoped(pool, ALL) as conn:
         rows = [dict(r) for r in await store.list_jobs(conn, f, None, max(args.limit, 1))]
     if args.json:
@@ -130,8 +175,10 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print(f"{'ID':<36}  {'TYPE':<22} {'STATUS':<9} {'TRIES':>5}  {'CREATED':<19}  LAST ERROR")
     for r in rows:
         error = (r["error_msg"] or "").replace("\n", " ")[:60]
-        print(f"{r['id']!s:<36}  {r['job_type']:<22.22} {r['status']:<9} "
-              f"{r['attempts']:>2}/{r['max_attempts']:<2}  {r['created_at']:%Y-%m-%d %H:%M:%S}  {error}")
+        print(
+            f"{r['id']!s:<36}  {r['job_type']:<22.22} {r['status']:<9} "
+            f"{r['attempts']:>2}/{r['max_attempts']:<2}  {r['created_at']:%Y-%m-%d %H:%M:%S}  {error}"
+        )
 
 
 async def jobs_retry(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
@@ -142,8 +189,11 @@ async def jobs_retry(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
             await store.audit(conn, ALL, "retry", [job_id], {"via": "cli"})
         status = None if done else (await store.get_job(conn, job_id) or {}).get("status")
     if not done:
-        raise UserError(f"job {job_id} is {status}; only error or retry jobs can be retried"
-                        if status else f"no job {job_id}")
+        raise UserError(
+            f"job {job_id} is {status}; only error or retry jobs can be retried"
+            if status
+            else f"no job {job_id}"
+        )
     print("pending: due now")
     return 0
 
@@ -157,9 +207,13 @@ async def serve(args: argparse.Namespace) -> int:
     if not host or not port.isdigit():
         raise UserError(f"--bind {args.bind!r} is not HOST:PORT")
     async with opened(args) as (db, _pool):
-        config = uvicorn.Config(create_app(db.url, spacetime_target(args)),
-                                host=host.strip("[]"), port=int(port),
-                                log_level="warning", timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            create_app(db.url, spacetime_target(args)),
+            host=host.strip("[]"),
+            port=int(port),
+            log_level="warning",
+            timeout_graceful_shutdown=2,
+        )
         print(f"sidelinja-worker admin: http://{args.bind}/admin/jobs", file=sys.stderr, flush=True)
         await uvicorn.Server(config).serve()
     return 0
@@ -171,8 +225,12 @@ def spacetime_target(args: argparse.Namespace) -> SpacetimeTarget | None:
     if not args.spacetimedb_database:
         raise UserError("SPACETIMEDB_URL is set but SPACETIMEDB_DATABASE is not")
     token = Secret(args.spacetimedb_token) if args.spacetimedb_token else None
-    return SpacetimeTarget(args.spacetimedb_url, args.spacetimedb_database,
-                           args.spacetimedb_reducer or "job_event", token)
+    return SpacetimeTarget(
+        args.spacetimedb_url,
+        args.spacetimedb_database,
+        args.spacetimedb_reducer or "job_event",
+        token,
+    )
 
 
 def _uuid(text: str | None, what: str) -> UUID:
@@ -188,4 +246,3 @@ def _status(text: str) -> str:
     if text not in STATUSES:
         raise UserError(f"--status {text!r}: one of {', '.join(STATUSES)} or all")
     return text
-

@@ -35,8 +35,13 @@ async def dispatch(args: argparse.Namespace) -> int:
     if (code := await admin_cli.dispatch(args)) is not None:
         return code
     handlers = {
-        "migrate": cmd_migrate, "enqueue": cmd_enqueue, "run": cmd_run, "demo": cmd_demo,
-        "workspace": cmd_workspace, "jobs": cmd_jobs, "limits": cmd_limits,
+        "migrate": cmd_migrate,
+        "enqueue": cmd_enqueue,
+        "run": cmd_run,
+        "demo": cmd_demo,
+        "workspace": cmd_workspace,
+        "jobs": cmd_jobs,
+        "limits": cmd_limits,
     }
     return await handlers[args.command](args)
 
@@ -76,8 +81,10 @@ async def cmd_enqueue(args: argparse.Namespace) -> int:
     job = parse_new_job(args)
     async with opened(args) as (_db, pool):
         if not await store.workspace_exists(pool, UUID(str(job.workspace_id))):
-            raise UserError(f"no workspace {job.workspace_id}: create it with "
-                            f"`sidelinja-worker workspace create NAME --id {job.workspace_id}`")
+            raise UserError(
+                f"no workspace {job.workspace_id}: create it with "
+                f"`sidelinja-worker workspace create NAME --id {job.workspace_id}`"
+            )
         job_id = await client.enqueue_many(pool, [job])
     print(job_id[0])
     return 0
@@ -98,10 +105,17 @@ def parse_new_job(args: argparse.Namespace) -> client.NewJob:
     delay_s = parse_duration_s(args.delay) if args.delay else None
     timeout_s = max(1, round(parse_duration_s(args.timeout))) if args.timeout else None
     try:
-        return client.NewJob(workspace, args.job_type, payload, priority=args.priority,
-                             scheduled_for=scheduled_for, delay_s=delay_s,
-                             max_attempts=args.max_attempts, unique_key=args.unique_key,
-                             timeout_s=timeout_s).checked()
+        return client.NewJob(
+            workspace,
+            args.job_type,
+            payload,
+            priority=args.priority,
+            scheduled_for=scheduled_for,
+            delay_s=delay_s,
+            max_attempts=args.max_attempts,
+            unique_key=args.unique_key,
+            timeout_s=timeout_s,
+        ).checked()
     except ValueError as exc:
         raise UserError(str(exc)) from None
 
@@ -110,7 +124,9 @@ def parse_timestamp(text: str) -> datetime:
     try:
         value = datetime.fromisoformat(text)
     except ValueError:
-        raise UserError(f"--at {text!r} is not an ISO 8601 timestamp, e.g. 2026-12-24T18:00") from None
+        raise UserError(
+            f"--at {text!r} is not an ISO 8601 timestamp, e.g. 2026-12-24T18:00"
+        ) from None
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
@@ -124,16 +140,21 @@ def worker_settings(args: argparse.Namespace) -> WorkerSettings:
     types = tuple(t.strip() for t in args.types.split(",") if t.strip())
     unknown = [t for t in types if t not in REGISTRY]
     if unknown:
-        raise UserError(f"unknown job types in --types: {', '.join(unknown)}; "
-                        f"known: {', '.join(sorted(REGISTRY))}")
+        raise UserError(
+            f"unknown job types in --types: {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(REGISTRY))}"
+        )
     lease_s = parse_duration_s(args.lease)
     if lease_s < 1:
         raise UserError("--lease must be at least 1s")
     return WorkerSettings(
         max_concurrent=max_concurrent,
         poll_interval_s=max(parse_duration_s(args.poll_interval), 0.01),
-        job_types=types, burst=args.burst, lease_s=lease_s,
-        grace_s=parse_duration_s(args.grace), listen=not args.no_listen,
+        job_types=types,
+        burst=args.burst,
+        lease_s=lease_s,
+        grace_s=parse_duration_s(args.grace),
+        listen=not args.no_listen,
         max_timeout_s=max(parse_duration_s(args.max_timeout), 0.001),
         keep_completed_s=parse_duration_s(args.keep_completed),
         keep_errors_s=parse_duration_s(args.keep_errors),
@@ -196,8 +217,11 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
         raise UserError(f"no job {job_id}")
     if after is None:
         raise UserError(f"job {job_id} is already {before}; nothing to cancel")
-    print("cancel requested: the running handler is being stopped" if before == "running"
-          else "cancelled")
+    print(
+        "cancel requested: the running handler is being stopped"
+        if before == "running"
+        else "cancelled"
+    )
     return 0
 
 

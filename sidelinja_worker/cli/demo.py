@@ -28,34 +28,50 @@ SAMPLES: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
     ("urgent", "noop", {"message": "priority 10 runs first"}, {"priority": 10}),
     ("flaky", "noop", {"fail": "the service answered 503"}, {"max_attempts": 1}),
     ("bad input", "noop", {"sleep_ms": "soon"}, {}),
-    ("transcript", "srt_parse",
-     {"transcript_ref": "demo-episode", "srt_path": "episode_no.srt", "language": "no"}, {}),
+    (
+        "transcript",
+        "srt_parse",
+        {"transcript_ref": "demo-episode", "srt_path": "episode_no.srt", "language": "no"},
+        {},
+    ),
     ("downloads", "stats_parse", {"logs": "access.log", "schedule": False}, {}),
 ]
 
 
 async def run_demo(db: Database, pool: asyncpg.Pool, config: ServiceConfig) -> int:
     await store.ensure_workspace(pool, DEMO_WORKSPACE, "Demo")
-    jobs = [NewJob(DEMO_WORKSPACE, job_type, payload, **opts)
-            for _, job_type, payload, opts in SAMPLES]
+    jobs = [
+        NewJob(DEMO_WORKSPACE, job_type, payload, **opts) for _, job_type, payload, opts in SAMPLES
+    ]
     ids = await client.enqueue_many(pool, jobs)
-    print(f"enqueued {len(ids)} sample jobs in workspace {DEMO_WORKSPACE}; running them:\n",
-          flush=True)
+    print(
+        f"enqueued {len(ids)} sample jobs in workspace {DEMO_WORKSPACE}; running them:\n",
+        flush=True,
+    )
     media_root = str(resources.files("sidelinja_worker.cli").joinpath("demo_data"))
     config = ServiceConfig({**config.values, "MEDIA_ROOT": media_root})
-    worker = Worker(pool, db.url, REGISTRY,
-                    WorkerSettings(max_concurrent=3, burst=True, poll_interval_s=0.2), config)
+    worker = Worker(
+        pool,
+        db.url,
+        REGISTRY,
+        WorkerSettings(max_concurrent=3, burst=True, poll_interval_s=0.2),
+        config,
+    )
     await worker.run()
     print(f"\n{'SAMPLE':<11} {'TYPE':<12} {'STATUS':<10} {'TRIES':>5}  RESULT OR ERROR")
     for (label, job_type, _payload, _opts), job_id in zip(SAMPLES, ids, strict=True):
         row = await store.get_job(pool, job_id)
         assert row is not None
-        outcome = (_short(row["result"]) if row["status"] == "completed" else row["error_msg"])
-        print(f"{label:<11} {job_type:<12} {row['status']:<10} "
-              f"{row['attempts']:>2}/{row['max_attempts']}  {outcome}")
+        outcome = _short(row["result"]) if row["status"] == "completed" else row["error_msg"]
+        print(
+            f"{label:<11} {job_type:<12} {row['status']:<10} "
+            f"{row['attempts']:>2}/{row['max_attempts']}  {outcome}"
+        )
     _print_unconfigured(config)
-    print("\nNext: `sidelinja-worker types` lists every job type; "
-          "`sidelinja-worker jobs show ID` shows one job whole.")
+    print(
+        "\nNext: `sidelinja-worker types` lists every job type; "
+        "`sidelinja-worker jobs show ID` shows one job whole."
+    )
     return 0
 
 

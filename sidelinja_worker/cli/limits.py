@@ -22,8 +22,12 @@ USAGE = """examples:
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("limits", help="show or change cluster-wide limits",
-                       epilog=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "limits",
+        help="show or change cluster-wide limits",
+        epilog=USAGE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("kind", nargs="?", choices=["type", "workspace", "rate", "fair"])
     p.add_argument("name", nargs="?", help="job type, workspace id, rate key, or on/off")
     p.add_argument("value", nargs="?", help="N, N/DURATION for a rate, or none")
@@ -41,8 +45,9 @@ async def run(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
     elif args.kind == "type":
         await store.set_type_limit(pool, args.name, _count(args.value))
     elif args.kind == "workspace":
-
-        await store.set_workspace_limit(pool, parse_uuid(args.name, "workspace"), _count(args.value))
+        await store.set_workspace_limit(
+            pool, parse_uuid(args.name, "workspace"), _count(args.value)
+        )
     else:
         rate = _rate(args.value)
         await store.set_rate_limit(pool, args.name, *(rate or (None, None)))

@@ -35,23 +35,37 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sidelinja-worker",
         description="Sidelinja's PostgreSQL job queue and worker. With no DATABASE_URL, every "
-                    "command uses an embedded PostgreSQL in SIDELINJA_DATA_DIR.",
+        "command uses an embedded PostgreSQL in SIDELINJA_DATA_DIR.",
     )
-    parser.add_argument("--database-url", default=_env("DATABASE_URL"),
-                        help="PostgreSQL URL [env DATABASE_URL]; unset: the embedded database")
-    parser.add_argument("--data-dir", default=_env("SIDELINJA_DATA_DIR"),
-                        help="data folder of the embedded database [env SIDELINJA_DATA_DIR]")
-    parser.add_argument("--debug", action="store_true", default=_env_flag("SIDELINJA_DEBUG"),
-                        help="show tracebacks and debug logs [env SIDELINJA_DEBUG=1]")
-    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS,
-                        default=(_env("SIDELINJA_LOG_LEVEL") or "").upper() or None,
-                        help="debug, info (default; a line per job), warning or error "
-                             "[env SIDELINJA_LOG_LEVEL]")
+    parser.add_argument(
+        "--database-url",
+        default=_env("DATABASE_URL"),
+        help="PostgreSQL URL [env DATABASE_URL]; unset: the embedded database",
+    )
+    parser.add_argument(
+        "--data-dir",
+        default=_env("SIDELINJA_DATA_DIR"),
+        help="data folder of the embedded database [env SIDELINJA_DATA_DIR]",
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=_env_flag("SIDELINJA_DEBUG"),
+        help="show tracebacks and debug logs [env SIDELINJA_DEBUG=1]",
+    )
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=(_env("SIDELINJA_LOG_LEVEL") or "").upper() or None,
+        help="debug, info (default; a line per job), warning or error [env SIDELINJA_LOG_LEVEL]",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("migrate", help="apply the schema migrations")
-    p.add_argument("--check", action="store_true",
-                   help="apply nothing; exit 1 while any migration is pending")
+    p.add_argument(
+        "--check", action="store_true", help="apply nothing; exit 1 while any migration is pending"
+    )
 
     p = sub.add_parser("enqueue", help="enqueue one job and print its id")
     p.add_argument("job_type", metavar="JOB_TYPE")
@@ -66,34 +80,70 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", metavar="DURATION", help="override the job type's timeout")
 
     p = sub.add_parser("run", help="run jobs")
-    p.add_argument("--metrics-port", type=int, default=_env("SIDELINJA_METRICS_PORT"),
-                   help="serve Prometheus /metrics on this port [env SIDELINJA_METRICS_PORT] (off)")
-    p.add_argument("--max-concurrent",
-                   default=_env("SIDELINJA_MAX_CONCURRENT", "3"),
-                   help="handlers at once in this process [env SIDELINJA_MAX_CONCURRENT] (3)")
-    p.add_argument("--poll-interval", default=_env("SIDELINJA_POLL_INTERVAL", "1s"),
-                   help="poll this often besides LISTEN [env SIDELINJA_POLL_INTERVAL] (1s)")
-    p.add_argument("--types", default=_env("SIDELINJA_TYPES", ""),
-                   help="comma-separated job types to run [env SIDELINJA_TYPES] (all)")
-    p.add_argument("--burst", action="store_true", default=_env_flag("SIDELINJA_BURST"),
-                   help="exit 0 once no due job is left [env SIDELINJA_BURST=1]")
-    p.add_argument("--lease", default=_env("SIDELINJA_LEASE", "60s"),
-                   help="a dead worker's jobs return after this [env SIDELINJA_LEASE] (60s)")
-    p.add_argument("--grace", default=_env("SIDELINJA_GRACE", "30s"),
-                   help="on SIGTERM, wait this long for running jobs [env SIDELINJA_GRACE] (30s)")
-    p.add_argument("--no-listen", action="store_true", default=_env_flag("SIDELINJA_NO_LISTEN"),
-                   help="poll only, for transaction-mode poolers [env SIDELINJA_NO_LISTEN=1]")
-    p.add_argument("--max-timeout", default=_env("SIDELINJA_MAX_TIMEOUT", "6h"),
-                   help="cap on any job's timeout override [env SIDELINJA_MAX_TIMEOUT] (6h)")
-    p.add_argument("--keep-completed", default=_env("SIDELINJA_KEEP_COMPLETED", "14d"),
-                   help="prune completed jobs older than this [env SIDELINJA_KEEP_COMPLETED] (14d)")
-    p.add_argument("--keep-errors", default=_env("SIDELINJA_KEEP_ERRORS", "90d"),
-                   help="prune errored jobs older than this [env SIDELINJA_KEEP_ERRORS] (90d)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=_env("SIDELINJA_METRICS_PORT"),
+        help="serve Prometheus /metrics on this port [env SIDELINJA_METRICS_PORT] (off)",
+    )
+    p.add_argument(
+        "--max-concurrent",
+        default=_env("SIDELINJA_MAX_CONCURRENT", "3"),
+        help="handlers at once in this process [env SIDELINJA_MAX_CONCURRENT] (3)",
+    )
+    p.add_argument(
+        "--poll-interval",
+        default=_env("SIDELINJA_POLL_INTERVAL", "1s"),
+        help="poll this often besides LISTEN [env SIDELINJA_POLL_INTERVAL] (1s)",
+    )
+    p.add_argument(
+        "--types",
+        default=_env("SIDELINJA_TYPES", ""),
+        help="comma-separated job types to run [env SIDELINJA_TYPES] (all)",
+    )
+    p.add_argument(
+        "--burst",
+        action="store_true",
+        default=_env_flag("SIDELINJA_BURST"),
+        help="exit 0 once no due job is left [env SIDELINJA_BURST=1]",
+    )
+    p.add_argument(
+        "--lease",
+        default=_env("SIDELINJA_LEASE", "60s"),
+        help="a dead worker's jobs return after this [env SIDELINJA_LEASE] (60s)",
+    )
+    p.add_argument(
+        "--grace",
+        default=_env("SIDELINJA_GRACE", "30s"),
+        help="on SIGTERM, wait this long for running jobs [env SIDELINJA_GRACE] (30s)",
+    )
+    p.add_argument(
+        "--no-listen",
+        action="store_true",
+        default=_env_flag("SIDELINJA_NO_LISTEN"),
+        help="poll only, for transaction-mode poolers [env SIDELINJA_NO_LISTEN=1]",
+    )
+    p.add_argument(
+        "--max-timeout",
+        default=_env("SIDELINJA_MAX_TIMEOUT", "6h"),
+        help="cap on any job's timeout override [env SIDELINJA_MAX_TIMEOUT] (6h)",
+    )
+    p.add_argument(
+        "--keep-completed",
+        default=_env("SIDELINJA_KEEP_COMPLETED", "14d"),
+        help="prune completed jobs older than this [env SIDELINJA_KEEP_COMPLETED] (14d)",
+    )
+    p.add_argument(
+        "--keep-errors",
+        default=_env("SIDELINJA_KEEP_ERRORS", "90d"),
+        help="prune errored jobs older than this [env SIDELINJA_KEEP_ERRORS] (90d)",
+    )
     add_service_flags(p)
 
     sub.add_parser("types", help="list the job types, their default priority and settings")
-    add_service_flags(sub.add_parser("demo", help="enqueue sample jobs, run them live, "
-                                                  "print a summary"))
+    add_service_flags(
+        sub.add_parser("demo", help="enqueue sample jobs, run them live, print a summary")
+    )
 
     p = sub.add_parser("workspace", help="workspaces (jobs belong to one)")
     wsub = p.add_subparsers(dest="workspace_command", required=True, metavar="ACTION")
@@ -121,19 +171,29 @@ def add_service_flags(p: argparse.ArgumentParser) -> None:
     A flag left unset keeps the env value; secrets are never echoed in help or errors."""
     group = p.add_argument_group("outside services")
     for setting in SETTINGS:
-        group.add_argument(setting.flag, dest=f"service_{setting.env}", metavar="VALUE",
-                           default=None, help=f"{setting.help} [env {setting.env}]")
+        group.add_argument(
+            setting.flag,
+            dest=f"service_{setting.env}",
+            metavar="VALUE",
+            default=None,
+            help=f"{setting.help} [env {setting.env}]",
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.log_level is not None and args.log_level not in LOG_LEVELS:  # from the env var
-        print(f"sidelinja-worker: error: SIDELINJA_LOG_LEVEL must be one of "
-              f"{', '.join(LOG_LEVELS).lower()}, not {args.log_level.lower()!r}", file=sys.stderr)
+        print(
+            f"sidelinja-worker: error: SIDELINJA_LOG_LEVEL must be one of "
+            f"{', '.join(LOG_LEVELS).lower()}, not {args.log_level.lower()!r}",
+            file=sys.stderr,
+        )
         return 2
     logging.basicConfig(
-        level=args.log_level or ("DEBUG" if args.debug else "INFO"), stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
+        level=args.log_level or ("DEBUG" if args.debug else "INFO"),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
     )
     logs.setup()
     try:

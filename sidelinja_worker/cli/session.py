@@ -24,10 +24,10 @@ from sidelinja_worker.queue.errors import UserError
 START_ATTEMPTS = 4  # a connection lost while starting is tried again, ~0.7 s in all
 
 
-
 @asynccontextmanager
-async def opened(args: argparse.Namespace, *, pool_size: int = 2,
-                 must_be_migrated: bool = True) -> AsyncIterator[tuple[Database, asyncpg.Pool]]:
+async def opened(
+    args: argparse.Namespace, *, pool_size: int = 2, must_be_migrated: bool = True
+) -> AsyncIterator[tuple[Database, asyncpg.Pool]]:
     """The database named by the arguments, announced in one line, migrated if embedded."""
     db = resolve_database(args.database_url, args.data_dir)
     say(f"sidelinja-worker: {db.describe()}")
@@ -42,7 +42,7 @@ async def opened(args: argparse.Namespace, *, pool_size: int = 2,
         except DB_ERRORS:  # the connection was lost during the check: connect again
             if attempt == START_ATTEMPTS - 1:
                 raise
-            await asyncio.sleep(0.1 * 2 ** attempt)
+            await asyncio.sleep(0.1 * 2**attempt)
         finally:
             try:
                 await conn.close()
@@ -53,7 +53,6 @@ async def opened(args: argparse.Namespace, *, pool_size: int = 2,
         yield db, pool
     finally:
         await pool.close()
-
 
 
 def parse_uuid(text: str, what: str) -> UUID:

@@ -7,9 +7,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError, RetryJob
+from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.registry import JobType
 
 

@@ -9,9 +9,9 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.ids import uuid7s
+from sidelinja_worker.queue.priorities import default_priority
 
 SMALLINT_MAX = 32767
 
@@ -35,7 +35,9 @@ class NewJob:
     def checked(self) -> NewJob:
         """Self, or a ValueError saying what is wrong; nothing reaches the database half-valid."""
         if not isinstance(self.payload, Mapping):
-            raise ValueError(f"payload must be a JSON object (a mapping), got {type(self.payload).__name__}")
+            raise ValueError(
+                f"payload must be a JSON object (a mapping), got {type(self.payload).__name__}"
+            )
         if not self.job_type or not isinstance(self.job_type, str):
             raise ValueError("job_type must be a non-empty string")
         if self.scheduled_for is not None and self.delay_s is not None:
@@ -63,8 +65,9 @@ async def enqueue_many(conn: store.Conn, jobs: Sequence[NewJob]) -> list[UUID]:
         workspace_ids=[_uuid(j.workspace_id) for j in checked],
         job_types=[j.job_type for j in checked],
         payloads=[j.payload if type(j.payload) is dict else dict(j.payload) for j in checked],
-        priorities=[default_priority(j.job_type) if j.priority is None else j.priority
-                    for j in checked],
+        priorities=[
+            default_priority(j.job_type) if j.priority is None else j.priority for j in checked
+        ],
         scheduled_for=[j.scheduled_for for j in checked],
         delays_s=[j.delay_s for j in checked],
         max_attempts=[j.max_attempts for j in checked],
@@ -89,19 +92,27 @@ def _copyable(jobs: Sequence[NewJob]) -> bool:
     if len(jobs) < COPY_MIN_JOBS:
         return False
     scheduled = jobs[0].scheduled_for is not None
-    return all(j.unique_key is None and j.delay_s is None
-               and (j.scheduled_for is not None) == scheduled for j in jobs)
+    return all(
+        j.unique_key is None and j.delay_s is None and (j.scheduled_for is not None) == scheduled
+        for j in jobs
+    )
 
 
-async def enqueue(conn: store.Conn, workspace_id: UUID | str, job_type: str,
-                  payload: Mapping[str, Any] | None = None, **options: Any) -> UUID:
+async def enqueue(
+    conn: store.Conn,
+    workspace_id: UUID | str,
+    job_type: str,
+    payload: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> UUID:
     """Enqueues one job; `options` are NewJob's optional fields."""
     job = NewJob(workspace_id=workspace_id, job_type=job_type, payload=payload or {}, **options)
     return (await enqueue_many(conn, [job]))[0]
 
 
-async def _resolve_duplicates(conn: store.Conn, jobs: Sequence[NewJob], ids: list[UUID],
-                              inserted: set[UUID]) -> list[UUID]:
+async def _resolve_duplicates(
+    conn: store.Conn, jobs: Sequence[NewJob], ids: list[UUID], inserted: set[UUID]
+) -> list[UUID]:
     """Maps each job that was not inserted to the job holding its unique key. If the holder
     finished between our insert and this look-up, the job is enqueued again."""
     result = list(ids)
@@ -115,7 +126,9 @@ async def _resolve_duplicates(conn: store.Conn, jobs: Sequence[NewJob], ids: lis
         else:
             result[i] = holder
     if again:
-        for i, job_id in zip(again, await enqueue_many(conn, [jobs[i] for i in again]), strict=True):
+        for i, job_id in zip(
+            again, await enqueue_many(conn, [jobs[i] for i in again]), strict=True
+        ):
             result[i] = job_id
     return result
 

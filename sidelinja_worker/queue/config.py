@@ -40,12 +40,16 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("WHISPER_URL", "faster-whisper-server / speaches base URL"),
-    Setting("WHISPER_GOVERNED_URL", "low-thread whisper instance used while a LiveKit room is live"),
+    Setting(
+        "WHISPER_GOVERNED_URL", "low-thread whisper instance used while a LiveKit room is live"
+    ),
     Setting("WHISPER_MODEL", "whisper model id (default Systran/faster-whisper-large-v3)"),
     Setting("MEDIA_ROOT", "folder that audio and log paths in payloads are confined to"),
     Setting("FORGEJO_URL", "Forgejo base URL (transcripts are committed there)"),
     Setting("FORGEJO_TOKEN", "Forgejo access token (write:repository)", secret=True),
-    Setting("AI_GATEWAY_URL", "OpenAI-compatible gateway base URL, e.g. https://openrouter.ai/api/v1"),
+    Setting(
+        "AI_GATEWAY_URL", "OpenAI-compatible gateway base URL, e.g. https://openrouter.ai/api/v1"
+    ),
     Setting("AI_GATEWAY_KEY", "AI gateway API key", secret=True),
     Setting("LIVEKIT_URL", "LiveKit server URL (resource governor)"),
     Setting("LIVEKIT_API_KEY", "LiveKit API key"),
@@ -75,8 +79,10 @@ class ServiceConfig:
         """The value, or a PermanentError naming the variable: the job fails at once."""
         value = self.values.get(env)
         if not value:
-            raise PermanentError(f"{env} is not set: configure it (env var or --"
-                                 f"{env.lower().replace('_', '-')}) to run this job type")
+            raise PermanentError(
+                f"{env} is not set: configure it (env var or --"
+                f"{env.lower().replace('_', '-')}) to run this job type"
+            )
         return value
 
     def secret(self, env: str) -> Secret:

@@ -25,8 +25,13 @@ class Services:
     `http` client; each service client sets its own timeouts per request. The client is made
     on first use: a worker that only runs local jobs never pays for TLS set-up."""
 
-    def __init__(self, pool: asyncpg.Pool, http: httpx.AsyncClient | None, config: ServiceConfig,
-                 limiter: RateLimiter) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        http: httpx.AsyncClient | None,
+        config: ServiceConfig,
+        limiter: RateLimiter,
+    ) -> None:
         self.pool = pool
         self.config = config
         self.limiter = limiter
@@ -78,7 +83,8 @@ class JobContext:
             self._progress_lock = asyncio.Lock()
         async with self._progress_lock:  # FIFO: waiters acquire in the order they came
             try:
-                await store.report_progress(self.services.pool, self.job_id, self.worker_id,
-                                            message, percent)
+                await store.report_progress(
+                    self.services.pool, self.job_id, self.worker_id, message, percent
+                )
             except DB_ERRORS as exc:
                 log.warning("job %s: progress not recorded (%s)", self.job_id, exc)

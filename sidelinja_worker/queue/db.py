@@ -23,9 +23,14 @@ Conn: TypeAlias = asyncpg.Connection | asyncpg.Pool
 # error (a bug) is not in here and stops the program loudly. InternalClientError shows up when a
 # connection is cut in the middle of a protocol exchange.
 DB_ERRORS: tuple[type[BaseException], ...] = (
-    OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.InternalClientError,
-    asyncpg.exceptions.PostgresConnectionError, asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.exceptions.InsufficientResourcesError, asyncpg.exceptions.TransactionRollbackError,
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError,
+    asyncpg.exceptions.TransactionRollbackError,
 )
 
 # jit off: the claim's cost estimate on a big table can cross jit_above_cost, and compiling
@@ -65,8 +70,11 @@ def resolve_database(url: str | None, data_dir: str | None) -> Database:
 async def init_connection(conn: asyncpg.Connection) -> None:
     """JSON through orjson, in jsonb's binary format (a version byte, then the text)."""
     await conn.set_type_codec(
-        "jsonb", schema="pg_catalog", format="binary",
-        encoder=_encode_jsonb, decoder=_decode_jsonb,
+        "jsonb",
+        schema="pg_catalog",
+        format="binary",
+        encoder=_encode_jsonb,
+        decoder=_decode_jsonb,
     )
 
 
@@ -89,7 +97,9 @@ async def connect(url: str, **kwargs: Any) -> asyncpg.Connection:
     try:
         conn = await asyncpg.connect(url, server_settings=SERVER_SETTINGS, **kwargs)
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise UserError(f"cannot connect to the database at {redact(url)}: {_one_line(exc)}") from None
+        raise UserError(
+            f"cannot connect to the database at {redact(url)}: {_one_line(exc)}"
+        ) from None
     await init_connection(conn)
     return conn
 
@@ -101,11 +111,17 @@ async def connect(url: str, **kwargs: Any) -> asyncpg.Connection:
 GENERIC_PLANS = {"plan_cache_mode": "force_generic_plan"}
 
 
-async def create_pool(url: str, *, min_size: int = 1, max_size: int = 4, generic_plans: bool = False,
-                      prepare: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
-                      ) -> asyncpg.Pool:
+async def create_pool(
+    url: str,
+    *,
+    min_size: int = 1,
+    max_size: int = 4,
+    generic_plans: bool = False,
+    prepare: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
+) -> asyncpg.Pool:
     """A pool whose connections speak JSON through orjson; `prepare` runs on each new one
     after that. Connections above `min_size` close after asyncpg's 300 s of idleness."""
+
     async def init(conn: asyncpg.Connection) -> None:
         await init_connection(conn)
         if prepare is not None:
@@ -113,12 +129,19 @@ async def create_pool(url: str, *, min_size: int = 1, max_size: int = 4, generic
 
     try:
         pool = await asyncpg.create_pool(
-            url, min_size=min_size, max_size=max_size, init=init,
-            server_settings={**SERVER_SETTINGS, **GENERIC_PLANS} if generic_plans else SERVER_SETTINGS,
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            init=init,
+            server_settings={**SERVER_SETTINGS, **GENERIC_PLANS}
+            if generic_plans
+            else SERVER_SETTINGS,
             reset=_reset_on_release,
         )
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise UserError(f"cannot connect to the database at {redact(url)}: {_one_line(exc)}") from None
+        raise UserError(
+            f"cannot connect to the database at {redact(url)}: {_one_line(exc)}"
+        ) from None
     assert pool is not None
     return pool
 

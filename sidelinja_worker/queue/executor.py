@@ -12,8 +12,7 @@ from uuid import UUID
 
 import orjson
 
-from sidelinja_worker.queue import logs
-from sidelinja_worker.queue import metrics
+from sidelinja_worker.queue import logs, metrics
 from sidelinja_worker.queue.backoff import backoff_s
 from sidelinja_worker.queue.context import JobContext, Services
 from sidelinja_worker.queue.db import RawJson
@@ -43,32 +42,47 @@ def timeout_for_type(jt: JobType | None, max_timeout_s: float) -> float:
     return min(float(jt.timeout_s), max_timeout_s) if jt is not None else max_timeout_s
 
 
-async def execute(job: ClaimedJob, jt: JobType | None, writer: OutcomeWriter,
-                  services: Services, worker_id: UUID, timeout_s: float,
-                  cancel_reasons: Mapping[UUID, str]) -> None:
+async def execute(
+    job: ClaimedJob,
+    jt: JobType | None,
+    writer: OutcomeWriter,
+    services: Services,
+    worker_id: UUID,
+    timeout_s: float,
+    cancel_reasons: Mapping[UUID, str],
+) -> None:
     """Runs `job` to one recorded outcome. The worker enforces `timeout_s` by cancelling the
     task with the reason TIMED_OUT in `cancel_reasons` (one watchdog for all jobs is far
     cheaper than a timer per job); the reason decides what a cancellation means."""
     logs.bind_job(job)  # every line this task logs carries the job's id, type, workspace
     if jt is None:  # only when a worker was started with a type it then lost; be explicit
-        _fail(writer, job, "unknown_type", f"no handler for job type {job.job_type!r}",
-              permanent=True)
+        _fail(
+            writer, job, "unknown_type", f"no handler for job type {job.job_type!r}", permanent=True
+        )
         return
-    ctx = JobContext(job.id, job.workspace_id, job.job_type, job.attempt, job.max_attempts,
-                     services, worker_id)
+    ctx = JobContext(
+        job.id, job.workspace_id, job.job_type, job.attempt, job.max_attempts, services, worker_id
+    )
     try:
         missing = jt.needs_settings and services.config.missing(jt.needs_settings)
         if missing:
-            raise PermanentError(f"{', '.join(missing)} not set: configure it (env var or flag) "
-                                 f"to run {job.job_type} jobs")
+            raise PermanentError(
+                f"{', '.join(missing)} not set: configure it (env var or flag) "
+                f"to run {job.job_type} jobs"
+            )
         payload = jt.parse_payload(job.payload)
         started_s = time.perf_counter()
         result = await jt.handler(ctx, payload)
         writer.completed(job.id, _encode_result(result), ctx.follow_ups)
         metrics.completed(job.job_type, time.perf_counter() - started_s)
         if log.isEnabledFor(logging.INFO):
-            log.info("job %s %s completed (attempt %d/%d)", job.id, job.job_type,
-                     job.attempt, job.max_attempts)
+            log.info(
+                "job %s %s completed (attempt %d/%d)",
+                job.id,
+                job.job_type,
+                job.attempt,
+                job.max_attempts,
+            )
     except RawResultError as exc:
         _fail(writer, job, "bad_result", str(exc), permanent=True)
     except TimeoutError:  # the handler's own (an HTTP read, say); ours is a cancellation
@@ -91,7 +105,9 @@ async def execute(job: ClaimedJob, jt: JobType | None, writer: OutcomeWriter,
         else:  # shutdown past the grace period: back to the queue, not a failed attempt
             writer.released(Release(job.id, None))
     except Exception as exc:  # a handler bug or an unclassified fault: transient, retried
-        log.warning("job %s (%s) raised %s", job.id, job.job_type, type(exc).__name__, exc_info=True)
+        log.warning(
+            "job %s (%s) raised %s", job.id, job.job_type, type(exc).__name__, exc_info=True
+        )
         _fail(writer, job, "transient", f"{type(exc).__name__}: {exc}")
 
 
@@ -106,14 +122,36 @@ def _encode_result(result: object) -> RawJson:
         raise RawResultError(f"handler returned a result that is not JSON: {exc}") from None
 
 
-def _fail(writer: OutcomeWriter, job: ClaimedJob, kind: str, message: str, *,
-          permanent: bool = False, after_s: float | None = None) -> None:
+def _fail(
+    writer: OutcomeWriter,
+    job: ClaimedJob,
+    kind: str,
+    message: str,
+    *,
+    permanent: bool = False,
+    after_s: float | None = None,
+) -> None:
     metrics.failed(job.job_type)
     delay_s = after_s if after_s is not None else backoff_s(job.attempt)
     writer.failed(Failure(job.id, kind, message or kind, permanent, delay_s))
     if permanent or job.attempt >= job.max_attempts:
-        log.warning("job %s %s failed for good (attempt %d/%d, %s): %s", job.id, job.job_type,
-                    job.attempt, job.max_attempts, kind, message)
+        log.warning(
+            "job %s %s failed for good (attempt %d/%d, %s): %s",
+            job.id,
+            job.job_type,
+            job.attempt,
+            job.max_attempts,
+            kind,
+            message,
+        )
     else:
-        log.warning("job %s %s failed (attempt %d/%d, %s), retry in %gs: %s", job.id,
-                    job.job_type, job.attempt, job.max_attempts, kind, delay_s, message)
+        log.warning(
+            "job %s %s failed (attempt %d/%d, %s), retry in %gs: %s",
+            job.id,
+            job.job_type,
+            job.attempt,
+            job.max_attempts,
+            kind,
+            delay_s,
+            message,
+        )

@@ -28,6 +28,6 @@ def uuid7s(n: int) -> list[UUID]:
     from_bytes = int.from_bytes
     ids = []
     for i in range(0, 10 * n, 10):
-        r = from_bytes(noise[i:i + 10])
+        r = from_bytes(noise[i : i + 10])
         ids.append(UUID(int=head | ((r >> 62) & _RAND_A) << 64 | (r & _RAND_B)))
     return ids

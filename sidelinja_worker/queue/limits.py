@@ -61,8 +61,14 @@ class RateLimiter:
     worker slot. `margin_s` widens the window, for calls that reach the service sooner after
     their grant than others did: 20 per minute becomes 20 per 60.5 s."""
 
-    def __init__(self, pool: asyncpg.Pool, cache: LimitsCache, *, margin_s: float = 0.5,
-                 max_wait_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        cache: LimitsCache,
+        *,
+        margin_s: float = 0.5,
+        max_wait_s: float = 10.0,
+    ) -> None:
         self._pool = pool
         self._cache = cache
         self._margin_s = margin_s

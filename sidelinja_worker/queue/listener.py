@@ -30,8 +30,14 @@ RECONNECT_MAX_S = 10.0
 
 
 class Listener:
-    def __init__(self, url: str, on_due: Callable[[], None], on_cancel: Callable[[UUID], None],
-                 on_limits: Callable[[], None], health_interval_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        on_due: Callable[[], None],
+        on_cancel: Callable[[UUID], None],
+        on_limits: Callable[[], None],
+        health_interval_s: float = 10.0,
+    ) -> None:
         self._url = url
         self._on_due = on_due
         self._on_cancel = on_cancel
@@ -47,8 +53,11 @@ class Listener:
                 await self._listen_once()
                 delay = 0.1
             except DB_ERRORS as exc:
-                log.warning("LISTEN connection to %s lost (%s); polling until it is back",
-                            redact(self._url), exc)
+                log.warning(
+                    "LISTEN connection to %s lost (%s); polling until it is back",
+                    redact(self._url),
+                    exc,
+                )
             self.connected.clear()
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_MAX_S)

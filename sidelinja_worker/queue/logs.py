@@ -29,16 +29,23 @@ def job_fields() -> dict[str, Any]:
     job = _JOB.get()
     if job is None:
         return {}
-    return {"job_id": str(job.id), "job_type": job.job_type, "workspace_id": str(job.workspace_id),
-            "attempt": job.attempt, "max_attempts": job.max_attempts}
+    return {
+        "job_id": str(job.id),
+        "job_type": job.job_type,
+        "workspace_id": str(job.workspace_id),
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+    }
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(), "logger": record.name,
-            "msg": record.getMessage(), **job_fields(),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+            **job_fields(),
         }
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)

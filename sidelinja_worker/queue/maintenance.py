@@ -23,8 +23,11 @@ async def rescue_loop(pool: asyncpg.Pool, settings: WorkerSettings) -> None:
         try:
             rescued = await store.rescue(pool, settings.lease_s)
             if rescued:
-                log.warning("rescued %d jobs from dead workers: %s", len(rescued),
-                            ", ".join(str(i) for i in rescued[:10]))
+                log.warning(
+                    "rescued %d jobs from dead workers: %s",
+                    len(rescued),
+                    ", ".join(str(i) for i in rescued[:10]),
+                )
         except DB_ERRORS as exc:
             log.debug("rescue skipped: %s", exc)
         await asyncio.sleep(settings.poll_interval_s)
@@ -34,8 +37,12 @@ async def prune_loop(pool: asyncpg.Pool, settings: WorkerSettings) -> None:
     """Deletes finished jobs past retention in small batches, so the table stays small."""
     while True:
         try:
-            while await store.prune(pool, settings.keep_completed_s, settings.keep_errors_s,
-                                    PRUNE_BATCH) == PRUNE_BATCH:
+            while (
+                await store.prune(
+                    pool, settings.keep_completed_s, settings.keep_errors_s, PRUNE_BATCH
+                )
+                == PRUNE_BATCH
+            ):
                 await asyncio.sleep(0)  # let claims through between batches
         except DB_ERRORS as exc:
             log.debug("prune skipped: %s", exc)

@@ -71,23 +71,28 @@ def picked_up(job_type: str, waited_s: float) -> None:
 def _buckets(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:
     cumulative = list(accumulate(counts))
     return [(str(b), float(c)) for b, c in zip(bounds, cumulative, strict=False)] + [
-        ("+Inf", float(cumulative[-1]))]
+        ("+Inf", float(cumulative[-1]))
+    ]
 
 
 class _WorkerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
-        processed = CounterMetricFamily("sidelinja_jobs_processed", "Attempts finished here",
-                                        labels=["job_type", "outcome"])
-        run = HistogramMetricFamily("sidelinja_job_run_seconds", "Handler run time",
-                                    labels=["job_type"])
-        pickup = HistogramMetricFamily("sidelinja_job_pickup_latency_seconds",
-                                       "From due (scheduled_for) to claimed", labels=["job_type"])
+        processed = CounterMetricFamily(
+            "sidelinja_jobs_processed", "Attempts finished here", labels=["job_type", "outcome"]
+        )
+        run = HistogramMetricFamily(
+            "sidelinja_job_run_seconds", "Handler run time", labels=["job_type"]
+        )
+        pickup = HistogramMetricFamily(
+            "sidelinja_job_pickup_latency_seconds",
+            "From due (scheduled_for) to claimed",
+            labels=["job_type"],
+        )
         for job_type, s in sorted(_STATS.items()):
             processed.add_metric([job_type, "completed"], s.completed)
             processed.add_metric([job_type, "failed"], s.failed)
             run.add_metric([job_type], _buckets(RUN_BOUNDS_S, s.run_counts), s.run_sum)
-            pickup.add_metric([job_type], _buckets(PICKUP_BOUNDS_S, s.pickup_counts),
-                              s.pickup_sum)
+            pickup.add_metric([job_type], _buckets(PICKUP_BOUNDS_S, s.pickup_counts), s.pickup_sum)
         yield from (processed, run, pickup)
 
 
@@ -116,8 +121,10 @@ async def serve(pool: asyncpg.Pool, port: int, host: str = "0.0.0.0") -> asyncio
             except (*DB_ERRORS, asyncpg.PostgresError) as exc:  # stale gauges beat none
                 log.warning("metrics: queue gauges not refreshed (%s)", exc)
             body = generate_latest(REGISTRY)
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                         b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
+            )
             await writer.drain()
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass

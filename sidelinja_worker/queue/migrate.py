@@ -63,8 +63,11 @@ async def apply_all(conn: asyncpg.Connection) -> list[Migration]:
         for migration in await pending(conn):
             async with conn.transaction():
                 await conn.execute(migration.sql)
-                await conn.execute(f"INSERT INTO {_TABLE} (version, name) VALUES ($1, $2)",
-                                   migration.version, migration.name)
+                await conn.execute(
+                    f"INSERT INTO {_TABLE} (version, name) VALUES ($1, $2)",
+                    migration.version,
+                    migration.name,
+                )
             applied.append(migration)
         return applied
     finally:

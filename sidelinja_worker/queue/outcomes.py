@@ -41,7 +41,9 @@ class OutcomeWriter:
     def use_pool(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    def completed(self, job_id: UUID, result: RawJson, follow_ups: list[NewJob] | None = None) -> None:
+    def completed(
+        self, job_id: UUID, result: RawJson, follow_ups: list[NewJob] | None = None
+    ) -> None:
         done = self._done
         done.append((job_id, result))
         if follow_ups:
@@ -104,8 +106,12 @@ class OutcomeWriter:
                 await self._flush()
                 delay = RETRY_FIRST_S
             except DB_ERRORS as exc:
-                log.warning("writing %d job outcomes failed (%s); retrying in %.2fs",
-                            self.pending(), exc, delay)
+                log.warning(
+                    "writing %d job outcomes failed (%s); retrying in %.2fs",
+                    self.pending(),
+                    exc,
+                    delay,
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
                 self._arrived.set()
@@ -124,8 +130,12 @@ class OutcomeWriter:
         failed, self._failed = self._failed, []
         released, self._released = self._released, []
         cancelled, self._cancelled = self._cancelled, []
-        self._inflight = ({d[0] for d in done} | {f.job_id for f in failed}
-                          | {r.job_id for r in released} | set(cancelled))
+        self._inflight = (
+            {d[0] for d in done}
+            | {f.job_id for f in failed}
+            | {r.job_id for r in released}
+            | set(cancelled)
+        )
         try:
             async with self._pool.acquire() as conn:
                 if done:

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 class WorkerSettings:
     max_concurrent: int = 3
     poll_interval_s: float = 1.0
-    job_types: tuple[str, ...] = ()          # empty: every registered type
+    job_types: tuple[str, ...] = ()  # empty: every registered type
     burst: bool = False
     lease_s: float = 60.0
     grace_s: float = 30.0
     listen: bool = True
-    max_timeout_s: float = 6 * 3600.0        # the cap on any job's timeout override
-    keep_completed_s: float = 14 * 86400.0   # retention of completed and cancelled jobs
-    keep_errors_s: float = 90 * 86400.0      # retention of jobs that ended in error
+    max_timeout_s: float = 6 * 3600.0  # the cap on any job's timeout override
+    keep_completed_s: float = 14 * 86400.0  # retention of completed and cancelled jobs
+    keep_errors_s: float = 90 * 86400.0  # retention of jobs that ended in error
     prune_interval_s: float = 60.0
 
     @property

@@ -19,10 +19,10 @@ from sidelinja_worker.queue.queries import QUERIES as Q
 @dataclass(frozen=True, slots=True)
 class Failure:
     job_id: UUID
-    kind: str          # "transient" | "permanent" | "timeout" | "invalid_payload" | ...
+    kind: str  # "transient" | "permanent" | "timeout" | "invalid_payload" | ...
     message: str
     permanent: bool
-    delay_s: float     # before the retry; ignored when the job ends in error
+    delay_s: float  # before the retry; ignored when the job ends in error
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,14 +48,21 @@ class EnqueueRows:
     timeouts_s: list[int | None]
 
 
-async def claim(conn: Conn, worker_id: UUID, limit: int,
-                job_types: Sequence[str] | None) -> list[ClaimedJob]:
+async def claim(
+    conn: Conn, worker_id: UUID, limit: int, job_types: Sequence[str] | None
+) -> list[ClaimedJob]:
     rows = await conn.fetch(Q["claim"], worker_id, limit, job_types)
     return [ClaimedJob(*r) for r in rows]
 
 
-async def claim_with_limits(conn: asyncpg.Connection, worker_id: UUID, limit: int,
-                            job_types: Sequence[str], fair: bool, capped: bool) -> list[ClaimedJob]:
+async def claim_with_limits(
+    conn: asyncpg.Connection,
+    worker_id: UUID,
+    limit: int,
+    job_types: Sequence[str],
+    fair: bool,
+    capped: bool,
+) -> list[ClaimedJob]:
     """The fair and/or capped claim; with `capped`, under the cluster-wide claim lock."""
     if capped:
         async with conn.transaction():
@@ -97,15 +104,24 @@ async def complete_quietly(conn: Conn, worker_id: UUID, done: Sequence[tuple[UUI
 
 async def fail(conn: Conn, worker_id: UUID, failures: Sequence[Failure]) -> None:
     await conn.execute(
-        Q["fail"], [f.job_id for f in failures], [f.kind for f in failures],
-        [f.message for f in failures], [f.permanent for f in failures],
-        [f.delay_s for f in failures], worker_id,
+        Q["fail"],
+        [f.job_id for f in failures],
+        [f.kind for f in failures],
+        [f.message for f in failures],
+        [f.permanent for f in failures],
+        [f.delay_s for f in failures],
+        worker_id,
     )
 
 
 async def release(conn: Conn, worker_id: UUID, releases: Sequence[Release]) -> None:
-    await conn.execute(Q["release"], [r.job_id for r in releases],
-                       [r.run_at for r in releases], [r.reason for r in releases], worker_id)
+    await conn.execute(
+        Q["release"],
+        [r.job_id for r in releases],
+        [r.run_at for r in releases],
+        [r.reason for r in releases],
+        worker_id,
+    )
 
 
 async def mark_cancelled(conn: Conn, worker_id: UUID, job_ids: Sequence[UUID]) -> None:
@@ -115,9 +131,17 @@ async def mark_cancelled(conn: Conn, worker_id: UUID, job_ids: Sequence[UUID]) -
 async def enqueue(conn: Conn, rows: EnqueueRows) -> set[UUID]:
     """Inserts the rows; returns the ids actually inserted (a duplicate unique key is not)."""
     inserted = await conn.fetch(
-        Q["enqueue"], rows.ids, rows.workspace_ids, rows.job_types, rows.payloads,
-        rows.priorities, rows.scheduled_for, rows.delays_s, rows.max_attempts,
-        rows.unique_keys, rows.timeouts_s,
+        Q["enqueue"],
+        rows.ids,
+        rows.workspace_ids,
+        rows.job_types,
+        rows.payloads,
+        rows.priorities,
+        rows.scheduled_for,
+        rows.delays_s,
+        rows.max_attempts,
+        rows.unique_keys,
+        rows.timeouts_s,
     )
     return {r[0] for r in inserted}
 
@@ -126,10 +150,17 @@ async def copy_jobs(conn: Conn, rows: EnqueueRows, with_schedule: bool) -> None:
     """Binary COPY of jobs without unique keys or delays: the fastest bulk path. Defaults (and
     `scheduled_for` unless `with_schedule`) come from the table; the insert trigger still wakes
     the workers once for the whole COPY."""
-    columns = ["id", "workspace_id", "job_type", "payload", "priority", "max_attempts",
-               "timeout_s"]
-    records: Any = zip(rows.ids, rows.workspace_ids, rows.job_types, rows.payloads,
-                       rows.priorities, rows.max_attempts, rows.timeouts_s, strict=True)
+    columns = ["id", "workspace_id", "job_type", "payload", "priority", "max_attempts", "timeout_s"]
+    records: Any = zip(
+        rows.ids,
+        rows.workspace_ids,
+        rows.job_types,
+        rows.payloads,
+        rows.priorities,
+        rows.max_attempts,
+        rows.timeouts_s,
+        strict=True,
+    )
     if with_schedule:
         columns.append("scheduled_for")
         records = ((*r, at) for r, at in zip(records, rows.scheduled_for, strict=True))
@@ -141,10 +172,22 @@ async def find_by_unique_keys(conn: Conn, keys: Sequence[str]) -> dict[str, UUID
     return {r[0]: r[1] for r in rows}
 
 
-async def register_worker(conn: Conn, worker_id: UUID, hostname: str, pid: int,
-                          job_types: Sequence[str] | None, lease_s: float) -> None:
-    await conn.execute(Q["register_worker"], worker_id, hostname, pid,
-                       list(job_types) if job_types else None, lease_s)
+async def register_worker(
+    conn: Conn,
+    worker_id: UUID,
+    hostname: str,
+    pid: int,
+    job_types: Sequence[str] | None,
+    lease_s: float,
+) -> None:
+    await conn.execute(
+        Q["register_worker"],
+        worker_id,
+        hostname,
+        pid,
+        list(job_types) if job_types else None,
+        lease_s,
+    )
 
 
 async def heartbeat(conn: Conn, worker_id: UUID, lease_s: float) -> bool:
@@ -202,7 +245,7 @@ async def workspace_exists(conn: Conn, workspace_id: UUID) -> bool:
 @dataclass(frozen=True, slots=True)
 class Limits:
     type_caps: dict[str, int]
-    workspace_caps: int          # how many workspaces have a cap
+    workspace_caps: int  # how many workspaces have a cap
     fair: bool
     rates: dict[str, dict[str, Any]]
 
@@ -237,8 +280,9 @@ async def set_workspace_limit(conn: Conn, workspace_id: UUID, max_running: int |
         await conn.execute(Q["set_workspace_limit"], workspace_id, max_running)
 
 
-async def set_rate_limit(conn: Conn, key: str, max_requests: int | None,
-                         per_s: float | None) -> None:
+async def set_rate_limit(
+    conn: Conn, key: str, max_requests: int | None, per_s: float | None
+) -> None:
     if max_requests is None:
         await conn.execute(Q["clear_rate_limit"], key)
     else:
@@ -253,8 +297,9 @@ async def list_limits(conn: Conn) -> list[asyncpg.Record]:
     return await conn.fetch(Q["list_limits"])
 
 
-async def report_progress(conn: Conn, job_id: UUID, worker_id: UUID, message: str,
-                          percent: float | None) -> None:
+async def report_progress(
+    conn: Conn, job_id: UUID, worker_id: UUID, message: str, percent: float | None
+) -> None:
     await conn.execute(Q["report_progress"], job_id, worker_id, message, percent)
 
 

@@ -10,8 +10,10 @@ def explain(facts: Mapping[str, Any]) -> list[str]:
     """Reasons, most decisive first. Pure: the facts come from store.why_facts."""
     status = facts["status"]
     if status == "running":
-        return [f"it is running (since {facts['started_at']:%Y-%m-%d %H:%M:%S %Z}, "
-                f"worker {facts['worker_id']})"]
+        return [
+            f"it is running (since {facts['started_at']:%Y-%m-%d %H:%M:%S %Z}, "
+            f"worker {facts['worker_id']})"
+        ]
     if status not in ("pending", "retry"):
         ended = f": {facts['error_msg']}" if facts["error_msg"] else ""
         return [f"it is {status}{ended}; it will not run again unless retried"]
@@ -19,14 +21,18 @@ def explain(facts: Mapping[str, Any]) -> list[str]:
     if facts["not_due"]:
         reasons.append(f"not due until {facts['scheduled_for']:%Y-%m-%d %H:%M:%S %Z}")
     if facts["live_workers"] == 0:
-        reasons.append(f"no live worker handles {facts['job_type']} jobs "
-                       f"(start one with `sidelinja-worker run --types {facts['job_type']}`)")
+        reasons.append(
+            f"no live worker handles {facts['job_type']} jobs "
+            f"(start one with `sidelinja-worker run --types {facts['job_type']}`)"
+        )
     reasons += _caps(facts)
     for service, until in (facts["paused_services"] or {}).items():
         reasons.append(f"service {service} is rate-limited (paused) until {until}")
     if facts["ahead"]:
-        reasons.append(f"waiting behind {facts['ahead']} due jobs of higher priority or "
-                       f"older in the same priority")
+        reasons.append(
+            f"waiting behind {facts['ahead']} due jobs of higher priority or "
+            f"older in the same priority"
+        )
     return reasons or ["nothing holds it back: a worker should take it at its next claim"]
 
 
@@ -42,10 +48,14 @@ def _caps(facts: Mapping[str, Any]) -> list[str]:
     running = list(facts["type_running"] or [])
     if facts["type_cap"] is not None and len(running) >= facts["type_cap"]:
         held = ", ".join(str(i) for i in running[:5]) + (" …" if len(running) > 5 else "")
-        reasons.append(f"the cluster limit for {facts['job_type']} ({facts['type_cap']} at "
-                       f"once) is full, held by jobs {held}")
+        reasons.append(
+            f"the cluster limit for {facts['job_type']} ({facts['type_cap']} at "
+            f"once) is full, held by jobs {held}"
+        )
     cap = facts["workspace_cap"]
     if cap is not None and facts["workspace_running"] >= cap:
-        reasons.append(f"workspace {facts['workspace_id']} already runs "
-                       f"{facts['workspace_running']} jobs, its cap is {cap}")
+        reasons.append(
+            f"workspace {facts['workspace_id']} already runs "
+            f"{facts['workspace_running']} jobs, its cap is {cap}"
+        )
     return reasons

@@ -46,7 +46,7 @@ PREFETCH_MIN = 64  # even a worker of concurrency 1 claims short jobs in batches
 # start rate instead of PREFETCH_MAX ramped up too slowly for a 20,000-job drain: 5 % slower.)
 PREFETCH_WORK_S = 0.05
 PREFETCH_MAX = 2000
-CLAIM_MIN = 32     # the least a claim asks for when prefetching
+CLAIM_MIN = 32  # the least a claim asks for when prefetching
 CLAIM_MAX = 1000
 TIMEOUT_TICK_S = 0.05  # how late a timeout may fire
 DRAIN_AT_EXIT_S = 10.0
@@ -58,16 +58,27 @@ async def open_claim_pool(url: str, job_types: Sequence[str]) -> asyncpg.Pool:
     the claims and the completion prepared on each, and stay open (a pool's floor is never
     closed for idleness): the first job after start-up or a quiet spell pays no connect, parse
     or planning in its pickup."""
-    return await create_pool(url, min_size=2, max_size=2, generic_plans=True,
-                             prepare=lambda conn: store.prepare_hot_path(conn, job_types))
+    return await create_pool(
+        url,
+        min_size=2,
+        max_size=2,
+        generic_plans=True,
+        prepare=lambda conn: store.prepare_hot_path(conn, job_types),
+    )
 
 
 class Worker:
     """Runs jobs of `settings.job_types` (default: all of `registry`) until stopped, or, in
     burst mode, until no due job is left."""
 
-    def __init__(self, pool: asyncpg.Pool, database_url: str, registry: Registry,
-                 settings: WorkerSettings, config: ServiceConfig | None = None) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        database_url: str,
+        registry: Registry,
+        settings: WorkerSettings,
+        config: ServiceConfig | None = None,
+    ) -> None:
         unknown = sorted(set(settings.job_types) - set(registry))
         if unknown:
             raise ValueError(f"unknown job types {unknown}; known: {sorted(registry)}")
@@ -81,7 +92,8 @@ class Worker:
         # as Registry.get (a Mapping's) and executor.timeout_for are Python calls per job.
         self._types: dict[str, tuple[JobType, float]] = {
             name: (jt, executor.timeout_for_type(jt, settings.max_timeout_s))
-            for name, jt in registry.items()}
+            for name, jt in registry.items()
+        }
         self._running: dict[UUID, asyncio.Task[None]] = {}
         self._ready: deque[ClaimedJob] = deque()  # claimed, not started (prefetch)
         self._deadlines: dict[UUID, float] = {}  # job id -> monotonic time its timeout ends
@@ -110,8 +122,11 @@ class Worker:
     def request_stop(self) -> None:
         """Stop claiming; running jobs get the grace period (SIGTERM/SIGINT)."""
         if not self._stop.is_set():
-            log.info("stopping: no new jobs; waiting up to %gs for %d running",
-                     self.settings.grace_s, len(self._running))
+            log.info(
+                "stopping: no new jobs; waiting up to %gs for %d running",
+                self.settings.grace_s,
+                len(self._running),
+            )
         self._stop.set()
         self._wake.set()
         self._job_ready.set()
@@ -134,8 +149,9 @@ class Worker:
             log.warning("limits not read yet (%s)", exc)
         # One HTTP client for every handler (made on first use): shared connection pools.
         # Service clients set their own per-request timeouts.
-        self._services = Services(self._pool, None, self._config,
-                                  RateLimiter(self._pool, self._limits))
+        self._services = Services(
+            self._pool, None, self._config, RateLimiter(self._pool, self._limits)
+        )
         try:
             self._queue_pool = await open_claim_pool(self._url, self.job_types)
         except UserError as exc:  # the shared pool works: go on with it, plans left to choose
@@ -159,11 +175,12 @@ class Worker:
             asyncio.create_task(prune_loop(self._pool, self.settings), name="prune"),
         ]
         if self.settings.listen:
-            listener = Listener(self._url, self.wake, self._on_cancel_notice,
-                                self._limits.changed)
+            listener = Listener(self._url, self.wake, self._on_cancel_notice, self._limits.changed)
             loop_tasks.append(asyncio.create_task(listener.run(), name="listen"))
-        slots = [asyncio.create_task(self._slot(), name=f"slot-{i}")
-                 for i in range(self.settings.max_concurrent)]
+        slots = [
+            asyncio.create_task(self._slot(), name=f"slot-{i}")
+            for i in range(self.settings.max_concurrent)
+        ]
         try:
             await self._claim_loop()
         finally:
@@ -175,8 +192,12 @@ class Worker:
         retry_s = 0.05
         loop = asyncio.get_running_loop()
         while not self._stop.is_set():
-            want = (self.settings.max_concurrent - len(self._running) - len(self._ready)
-                    + self._prefetch())
+            want = (
+                self.settings.max_concurrent
+                - len(self._running)
+                - len(self._ready)
+                + self._prefetch()
+            )
             if want <= 0:
                 self._slot_freed.clear()
                 await self._wait_for(self._slot_freed)
@@ -256,8 +277,9 @@ class Worker:
                 jobs = await store.claim(self._queue_pool, self.id, want, self.job_types)
             else:
                 async with self._queue_pool.acquire() as conn:
-                    jobs = await store.claim_with_limits(conn, self.id, want, self.job_types,
-                                                         self._limits.current.fair, capped)
+                    jobs = await store.claim_with_limits(
+                        conn, self.id, want, self.job_types, self._limits.current.fair, capped
+                    )
             self._ready.extend(sorted(jobs, key=lambda j: -j.priority))
             self.claimed_total += len(jobs)
         if jobs:
@@ -304,8 +326,9 @@ class Worker:
         self._running[job.id] = slot_task  # cancelling it cancels this job (see executor)
         try:
             assert self._services is not None
-            await executor.execute(job, jt, self._writer, self._services, self.id,
-                                   timeout_s, self._cancel_reasons)
+            await executor.execute(
+                job, jt, self._writer, self._services, self.id, timeout_s, self._cancel_reasons
+            )
         finally:
             self._job_time_s += (time.monotonic() - started - self._job_time_s) * 0.1
             del self._running[job.id]
@@ -326,8 +349,12 @@ class Worker:
                 break
         return not self._running
 
-    async def _wait_for(self, event: asyncio.Event, timeout_s: float | None = None,
-                        also: asyncio.Event | None = None) -> None:
+    async def _wait_for(
+        self,
+        event: asyncio.Event,
+        timeout_s: float | None = None,
+        also: asyncio.Event | None = None,
+    ) -> None:
         """Until `event` (or `also`, or a stop) is set, or `timeout_s` passes."""
         waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stop.wait())]
         if also is not None:
@@ -347,17 +374,28 @@ class Worker:
         while True:
             sent = loop.time()
             try:
-                await store.register_worker(self._pool, self.id, socket.gethostname(),
-                                            os.getpid(), self.job_types, self.settings.lease_s)
+                await store.register_worker(
+                    self._pool,
+                    self.id,
+                    socket.gethostname(),
+                    os.getpid(),
+                    self.job_types,
+                    self.settings.lease_s,
+                )
                 break
             except DB_ERRORS as exc:
-                log.warning("cannot register with the database (%s); retrying in %.2fs",
-                            exc, retry_s)
+                log.warning(
+                    "cannot register with the database (%s); retrying in %.2fs", exc, retry_s
+                )
                 await asyncio.sleep(retry_s)
                 retry_s = min(retry_s * 2, CLAIM_RETRY_MAX_S)
         self._lease_deadline = sent + self.settings.lease_s
-        log.info("worker %s started: types %s, max %d at once",
-                 self.id, ",".join(self.job_types), self.settings.max_concurrent)
+        log.info(
+            "worker %s started: types %s, max %d at once",
+            self.id,
+            ",".join(self.job_types),
+            self.settings.max_concurrent,
+        )
 
     async def _heartbeat_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -372,8 +410,11 @@ class Worker:
                 self._job_ready.set()  # held jobs may start again if the lease had lapsed
                 await self._reconcile()
             except DB_ERRORS as exc:
-                log.warning("heartbeat failed (%s); lease runs out in %.1fs",
-                            exc, self._lease_deadline - loop.time())
+                log.warning(
+                    "heartbeat failed (%s); lease runs out in %.1fs",
+                    exc,
+                    self._lease_deadline - loop.time(),
+                )
 
     async def _timeout_watchdog(self) -> None:
         """Cancels handlers past their deadline, checking every TIMEOUT_TICK_S: one loop for
@@ -404,16 +445,20 @@ class Worker:
             known = self._running.keys() | {j.id for j in self._ready} | self._writer.owned_ids()
             lost = [job_id for job_id in held if job_id not in known]
             if lost:
-                log.warning("giving back %d jobs claimed for this worker that never reached it",
-                            len(lost))
+                log.warning(
+                    "giving back %d jobs claimed for this worker that never reached it", len(lost)
+                )
                 await store.release(self._pool, self.id, [Release(j, None) for j in lost])
         return len(lost), {job_id: c for job_id, c in held.items() if job_id not in lost}
 
     async def _declared_dead(self) -> None:
         """Another worker saw our lease expire and rescued our jobs: they may run elsewhere now,
         so ours are abandoned, and we come back as a new worker."""
-        log.error("worker %s was declared dead (lease expired); abandoning %d running jobs",
-                  self.id, len(self._running))
+        log.error(
+            "worker %s was declared dead (lease expired); abandoning %d running jobs",
+            self.id,
+            len(self._running),
+        )
         for job_id, task in list(self._running.items()):
             self._cancel_reasons[job_id] = LOST_LEASE
             task.cancel()
@@ -438,15 +483,17 @@ class Worker:
 
     # -- stopping --------------------------------------------------------------------------
 
-    async def _shutdown(self, slots: list[asyncio.Task[None]],
-                        loop_tasks: list[asyncio.Task[None]]) -> None:
+    async def _shutdown(
+        self, slots: list[asyncio.Task[None]], loop_tasks: list[asyncio.Task[None]]
+    ) -> None:
         self._stop.set()
         self._job_ready.set()  # idle slots see the stop and end
         while self._ready:  # claimed ahead, never started: straight back to the queue
             self._writer.released(Release(self._ready.popleft().id, None))
         if not await self._jobs_done(self.settings.grace_s):
-            log.warning("grace period over: giving %d unfinished jobs back to the queue",
-                        len(self._running))
+            log.warning(
+                "grace period over: giving %d unfinished jobs back to the queue", len(self._running)
+            )
             for job_id, task in list(self._running.items()):
                 self._cancel_reasons.setdefault(job_id, executor.SHUTDOWN)
                 task.cancel()
@@ -456,14 +503,18 @@ class Worker:
             task.cancel()
         await asyncio.gather(*loop_tasks, return_exceptions=True)
         if not drained:
-            log.error("could not write %d job outcomes before exit; those jobs will be "
-                      "rescued and run again when the lease expires", self._writer.pending())
+            log.error(
+                "could not write %d job outcomes before exit; those jobs will be "
+                "rescued and run again when the lease expires",
+                self._writer.pending(),
+            )
             return
         try:
             lost = await store.release_held(self._pool, self.id)
             if lost:
-                log.warning("gave back %d jobs claimed for this worker that never reached it",
-                            len(lost))
+                log.warning(
+                    "gave back %d jobs claimed for this worker that never reached it", len(lost)
+                )
             await store.unregister_worker(self._pool, self.id)
         except DB_ERRORS as exc:
             log.warning("could not unregister (%s); the lease will expire on its own", exc)

@@ -45,14 +45,18 @@ class Usage:
     calls: int = 0
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(self.prompt_tokens + other.prompt_tokens,
-                     self.completion_tokens + other.completion_tokens, self.calls + other.calls)
+        return Usage(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.calls + other.calls,
+        )
 
     @classmethod
     def of(cls, data: Mapping[str, Any]) -> Usage:
         usage = data.get("usage") or {}
-        return cls(int(usage.get("prompt_tokens") or 0),
-                   int(usage.get("completion_tokens") or 0), 1)
+        return cls(
+            int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), 1
+        )
 
 
 @dataclass(frozen=True)
@@ -73,8 +77,9 @@ class AnswerMismatch(Exception):
 
 
 class AiGateway:
-    def __init__(self, http: httpx.AsyncClient, base_url: str, key: Secret,
-                 limiter: RateLimiter) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient, base_url: str, key: Secret, limiter: RateLimiter
+    ) -> None:
         self._http = http
         self._url = base_url.rstrip("/")
         self._key = key
@@ -82,11 +87,16 @@ class AiGateway:
 
     @classmethod
     def from_services(cls, services: Services) -> AiGateway:
-        return cls(services.http, services.config.require("AI_GATEWAY_URL"),
-                   services.config.secret("AI_GATEWAY_KEY"), services.limiter)
+        return cls(
+            services.http,
+            services.config.require("AI_GATEWAY_URL"),
+            services.config.secret("AI_GATEWAY_KEY"),
+            services.limiter,
+        )
 
-    async def structured(self, model: str, messages: list[dict[str, str]],
-                         answer: type[M]) -> Structured[M]:
+    async def structured(
+        self, model: str, messages: list[dict[str, str]], answer: type[M]
+    ) -> Structured[M]:
         """A chat completion whose answer must validate as `answer`. A mismatch is asked again
         once, with the validation error fed back; a second mismatch fails the job."""
         body = chat_body(model, messages, answer)
@@ -95,16 +105,22 @@ class AiGateway:
             return Structured(parse_answer(answer, content), usage)
         except AnswerMismatch as exc:
             problem = str(exc)
-        log.info("%s answer did not match %s (%s); asking once more", model, answer.__name__,
-                 problem)
-        body["messages"] = [*messages, {"role": "assistant", "content": content or ""},
-                            {"role": "user", "content": retry_instruction(problem)}]
+        log.info(
+            "%s answer did not match %s (%s); asking once more", model, answer.__name__, problem
+        )
+        body["messages"] = [
+            *messages,
+            {"role": "assistant", "content": content or ""},
+            {"role": "user", "content": retry_instruction(problem)},
+        ]
         content, more = await self.chat(body)
         try:
             return Structured(parse_answer(answer, content), usage + more)
         except AnswerMismatch as exc:
-            raise PermanentError(f"the model's answer did not match the {answer.__name__} "
-                                 f"schema twice: {self._redact(str(exc))}") from None
+            raise PermanentError(
+                f"the model's answer did not match the {answer.__name__} "
+                f"schema twice: {self._redact(str(exc))}"
+            ) from None
 
     async def chat(self, body: Mapping[str, Any]) -> tuple[str | None, Usage]:
         """One chat completion: the answer's content and the tokens it cost. Errors that arrive
@@ -123,8 +139,9 @@ class AiGateway:
         content = message.get("content") if isinstance(message, Mapping) else None
         return (content if isinstance(content, str) else None), Usage.of(data)
 
-    async def embeddings(self, model: str, inputs: Sequence[str], *,
-                         dimensions: int | None = None) -> Embeddings:
+    async def embeddings(
+        self, model: str, inputs: Sequence[str], *, dimensions: int | None = None
+    ) -> Embeddings:
         """`POST /embeddings` (OpenAI shape): one vector per input, in input order."""
         body: dict[str, Any] = {"model": model, "input": list(inputs), "encoding_format": "float"}
         if dimensions is not None:
@@ -135,15 +152,21 @@ class AiGateway:
         items = sorted(data.get("data") or [], key=lambda item: item.get("index", 0))
         if len(items) != len(inputs):
             raise RetryJob(f"AI gateway returned {len(items)} embeddings for {len(inputs)} inputs")
-        return Embeddings([list(map(float, item["embedding"])) for item in items],
-                          str(data.get("model") or model), Usage.of(data))
+        return Embeddings(
+            [list(map(float, item["embedding"])) for item in items],
+            str(data.get("model") or model),
+            Usage.of(data),
+        )
 
     async def _post(self, path: str, body: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
         await self._limiter.acquire(RATE_KEY)
         try:
             resp = await self._http.post(
-                self._url + path, json=body, headers=self._headers(),
-                timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S))
+                self._url + path,
+                json=body,
+                headers=self._headers(),
+                timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S),
+            )
         except httpx.TimeoutException:
             raise RetryJob(f"AI gateway did not answer within {timeout_s:g} s") from None
         except httpx.TransportError as exc:
@@ -165,8 +188,9 @@ class AiGateway:
             await self._limiter.pause(RATE_KEY, retry_after_s)
         raise self._classify(resp.status_code, error_object(resp), retry_after_s)
 
-    def _classify(self, status: int, error: Mapping[str, Any],
-                  retry_after_s: float | None) -> Exception:
+    def _classify(
+        self, status: int, error: Mapping[str, Any], retry_after_s: float | None
+    ) -> Exception:
         code = error.get("code") if isinstance(error.get("code"), int) else status
         text = self._redact(describe_error(code, error))
         if code in PERMANENT_STATUSES and not (code == 402 and retry_after_s is not None):
@@ -182,20 +206,30 @@ class AiGateway:
         return text.replace(key, "***") if key else text
 
 
-def chat_body(model: str, messages: list[dict[str, str]], answer: type[BaseModel]) -> dict[str, Any]:
+def chat_body(
+    model: str, messages: list[dict[str, str]], answer: type[BaseModel]
+) -> dict[str, Any]:
     """A strict json_schema request, routed only to providers that honour every parameter."""
     return {
         "model": model,
         "messages": list(messages),
-        "response_format": {"type": "json_schema", "json_schema": {
-            "name": answer.__name__, "strict": True, "schema": strict_schema(answer)}},
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {
+                "name": answer.__name__,
+                "strict": True,
+                "schema": strict_schema(answer),
+            },
+        },
         "provider": {"require_parameters": True},
     }
 
 
 def retry_instruction(problem: str) -> str:
-    return (f"Your answer did not match the required JSON schema: {problem}. "
-            "Answer again with only a JSON object that matches the schema.")
+    return (
+        f"Your answer did not match the required JSON schema: {problem}. "
+        "Answer again with only a JSON object that matches the schema."
+    )
 
 
 def parse_answer(answer: type[M], content: str | None) -> M:
@@ -212,7 +246,7 @@ def _strip_fences(content: str) -> str:
     text = content.strip()
     if text.startswith("```") and text.endswith("```"):
         text = text[3:-3]
-        text = text[text.index("\n") + 1:] if "\n" in text else text
+        text = text[text.index("\n") + 1 :] if "\n" in text else text
     return text.strip()
 
 
@@ -231,8 +265,11 @@ def _strict(node: Any, defs: Mapping[str, Any]) -> Any:
         return node
     if "$ref" in node:
         return _strict(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
-    out = {k: _strict(v, defs) for k, v in node.items()
-           if k not in _DROPPED_KEYWORDS and k != "properties"}  # property names kept as-is below
+    out = {
+        k: _strict(v, defs)
+        for k, v in node.items()
+        if k not in _DROPPED_KEYWORDS and k != "properties"
+    }  # property names kept as-is below
     if "properties" in node:
         out["properties"] = {name: _strict(sub, defs) for name, sub in node["properties"].items()}
     if out.get("type") == "object":
@@ -262,9 +299,11 @@ def describe_error(code: Any, error: Mapping[str, Any]) -> str:
     message = str(error.get("message") or "no message")
     found = error.get("metadata")
     meta: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-    details = [f"{k}: {_short(meta[k])}" for k in
-               ("limit_source", "reasons", "provider_name", "provider_code", "model_slug")
-               if meta.get(k) not in (None, "", [])]
+    details = [
+        f"{k}: {_short(meta[k])}"
+        for k in ("limit_source", "reasons", "provider_name", "provider_code", "model_slug")
+        if meta.get(k) not in (None, "", [])
+    ]
     suffix = f" ({'; '.join(details)})" if details else ""
     return f"AI gateway {code}: {message}{suffix}"[:MAX_MESSAGE_CHARS]
 

@@ -49,8 +49,9 @@ def scrub(text: str, secrets: Iterable[str]) -> str:
 
 
 def transient_status(service: str, response: httpx.Response, message: str) -> RetryJob:
-    return RetryJob(f"{service} answered {response.status_code}: {message}",
-                    after_s=retry_after_s(response))
+    return RetryJob(
+        f"{service} answered {response.status_code}: {message}", after_s=retry_after_s(response)
+    )
 
 
 def permanent_status(service: str, response: httpx.Response, message: str) -> PermanentError:

@@ -38,14 +38,14 @@ class RepoFile:
 
 @dataclass(frozen=True)
 class FileState:
-    sha: str                      # the blob sha, needed to update the file
+    sha: str  # the blob sha, needed to update the file
     content: bytes
     last_commit_sha: str | None
 
 
 @dataclass(frozen=True)
 class Commit:
-    action: str                   # "created" | "updated" | "unchanged"
+    action: str  # "created" | "updated" | "unchanged"
     blob_sha: str
     commit_sha: str | None
 
@@ -79,17 +79,21 @@ class Forgejo:
             if current is not None and current.content == content:
                 return Commit("unchanged", current.sha, current.last_commit_sha)
             body = self._body(file, content, message, current)
-            response = await self._call("POST" if current is None else "PUT",
-                                        self._contents_url(file), json=body)
+            response = await self._call(
+                "POST" if current is None else "PUT", self._contents_url(file), json=body
+            )
             if response.status_code in (200, 201):
                 return _commit(response.json(), "created" if current is None else "updated")
             if not self._lost_race(response, created=current is None):
                 self._check(response)
-        raise RetryJob(f"{SERVICE}: {file.path} kept changing while we wrote it "
-                       f"({MAX_CONFLICT_ROUNDS} conflicts in a row)")
+        raise RetryJob(
+            f"{SERVICE}: {file.path} kept changing while we wrote it "
+            f"({MAX_CONFLICT_ROUNDS} conflicts in a row)"
+        )
 
-    def _body(self, file: RepoFile, content: bytes, message: str,
-              current: FileState | None) -> dict[str, Any]:
+    def _body(
+        self, file: RepoFile, content: bytes, message: str, current: FileState | None
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {"content": base64.b64encode(content).decode(), "message": message}
         if file.ref:
             body["branch"] = file.ref
@@ -101,8 +105,11 @@ class Forgejo:
         """409: stale sha. 422 on a create: someone created the file since our read."""
         if response.status_code == 409:
             return True
-        return (created and response.status_code == 422
-                and "exist" in detail(response, ("message",)).lower())
+        return (
+            created
+            and response.status_code == 422
+            and "exist" in detail(response, ("message",)).lower()
+        )
 
     def _contents_url(self, file: RepoFile) -> str:
         owner, repo = quote(file.owner, safe=""), quote(file.repo, safe="")
@@ -124,8 +131,9 @@ class Forgejo:
         if is_transient(status):
             raise transient_status(SERVICE, response, message)
         if status == 401:
-            raise PermanentError(f"{SERVICE} refused the token (401: {message}): "
-                                 "check FORGEJO_TOKEN")
+            raise PermanentError(
+                f"{SERVICE} refused the token (401: {message}): check FORGEJO_TOKEN"
+            )
         raise permanent_status(SERVICE, response, message)  # 403 404 409 413 422 423 ...
 
 

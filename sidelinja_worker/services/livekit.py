@@ -42,7 +42,7 @@ class LiveKitServer:
         url = self.url.rstrip("/")
         for ws, http in (("wss://", "https://"), ("ws://", "http://")):
             if url.startswith(ws):
-                return http + url[len(ws):]
+                return http + url[len(ws) :]
         return url
 
 
@@ -57,8 +57,13 @@ def clear_cache() -> None:
 def room_list_token(server: LiveKitServer, now_s: float | None = None) -> str:
     """An HS256 JWT with the `roomList` grant, signed with the API secret as the SDK does."""
     now = int(now_s if now_s is not None else time.time())
-    claims = {"iss": server.api_key, "sub": "sidelinja-worker", "nbf": now,
-              "exp": now + TOKEN_TTL_S, "video": {"roomList": True}}
+    claims = {
+        "iss": server.api_key,
+        "sub": "sidelinja-worker",
+        "nbf": now,
+        "exp": now + TOKEN_TTL_S,
+        "video": {"roomList": True},
+    }
     return jwt.encode(claims, server.api_secret.reveal(), algorithm="HS256")
 
 

@@ -44,20 +44,28 @@ class TranscribeRequest:
     language: str
 
 
-async def transcribe_srt(http: httpx.AsyncClient, server: WhisperServer, req: TranscribeRequest,
-                         on_upload: UploadProgress | None = None) -> str:
+async def transcribe_srt(
+    http: httpx.AsyncClient,
+    server: WhisperServer,
+    req: TranscribeRequest,
+    on_upload: UploadProgress | None = None,
+) -> str:
     """POST /v1/audio/transcriptions with response_format=srt; the SRT text on success. The file
     is streamed in chunks, never read whole into memory."""
-    body = _Multipart({"model": req.model, "language": req.language, "response_format": "srt"},
-                      req.audio)
-    headers = {"Content-Type": f"multipart/form-data; boundary={body.boundary}",
-               "Content-Length": str(body.length)}
+    body = _Multipart(
+        {"model": req.model, "language": req.language, "response_format": "srt"}, req.audio
+    )
+    headers = {
+        "Content-Type": f"multipart/form-data; boundary={body.boundary}",
+        "Content-Length": str(body.length),
+    }
     if server.api_key is not None:
         headers["Authorization"] = f"Bearer {server.api_key.reveal()}"
     url = server.base_url.rstrip("/") + "/v1/audio/transcriptions"
     try:
-        response = await http.post(url, content=body.stream(on_upload), headers=headers,
-                                   timeout=TIMEOUT)
+        response = await http.post(
+            url, content=body.stream(on_upload), headers=headers, timeout=TIMEOUT
+        )
     except httpx.TransportError as exc:
         raise transport_failure(SERVICE, exc) from None
     return _answer(response, req.model, server.api_key)
@@ -68,13 +76,16 @@ def _answer(response: httpx.Response, model: str, api_key: Secret | None) -> str
     status = response.status_code
     if status == 200:
         return response.text
-    message = detail(response, ("detail", "message", "error"),
-                     [api_key.reveal()] if api_key else [])
+    message = detail(
+        response, ("detail", "message", "error"), [api_key.reveal()] if api_key else []
+    )
     if status == 408 or is_transient(status):
         raise transient_status(SERVICE, response, message)
     if status == 404:
-        raise PermanentError(f"whisper model {model!r} is not installed on the server "
-                             f"(404: {message}); install it with POST /v1/models/{{model_id}}")
+        raise PermanentError(
+            f"whisper model {model!r} is not installed on the server "
+            f"(404: {message}); install it with POST /v1/models/{{model_id}}"
+        )
     if status in (401, 403):
         raise PermanentError(f"whisper refused the API key ({status}): check WHISPER_API_KEY")
     raise permanent_status(SERVICE, response, message)  # 400 empty, 415 undecodable, 422 ...
@@ -90,15 +101,20 @@ class _Multipart:
         parts = [self._part(f'name="{name}"', value.encode()) for name, value in fields.items()]
         content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
         filename = "".join("_" if c in '"\r\n\\' else c for c in path.name)
-        head = (f'--{self.boundary}\r\nContent-Disposition: form-data; name="file"; '
-                f'filename="{filename}"\r\nContent-Type: {content_type}\r\n\r\n')
+        head = (
+            f'--{self.boundary}\r\nContent-Disposition: form-data; name="file"; '
+            f'filename="{filename}"\r\nContent-Type: {content_type}\r\n\r\n'
+        )
         self._head = b"".join(parts) + head.encode()
         self._tail = f"\r\n--{self.boundary}--\r\n".encode()
         self.length = len(self._head) + self._size + len(self._tail)
 
     def _part(self, disposition: str, value: bytes) -> bytes:
-        return (f"--{self.boundary}\r\nContent-Disposition: form-data; {disposition}\r\n\r\n"
-                .encode() + value + b"\r\n")
+        return (
+            f"--{self.boundary}\r\nContent-Disposition: form-data; {disposition}\r\n\r\n".encode()
+            + value
+            + b"\r\n"
+        )
 
     async def stream(self, on_upload: UploadProgress | None) -> AsyncIterator[bytes]:
         yield self._head

@@ -28,9 +28,9 @@ PREFIX = "/api/v1"
 @dataclass(frozen=True)
 class Reply:
     status: int = 200
-    body: Any = None                 # a dict (sent as JSON) or str (sent as is)
+    body: Any = None  # a dict (sent as JSON) or str (sent as is)
     headers: dict[str, str] = field(default_factory=dict)
-    delay_s: float = 0.0             # hold the answer back (timeouts)
+    delay_s: float = 0.0  # hold the answer back (timeouts)
 
 
 @dataclass(frozen=True)
@@ -49,29 +49,48 @@ class Recorded:
         return "\n".join(m.get("content") or "" for m in self.body.get("messages", []))
 
     def message(self, role: str) -> str:
-        return "\n".join(m.get("content") or "" for m in self.body.get("messages", [])
-                         if m.get("role") == role)
+        return "\n".join(
+            m.get("content") or "" for m in self.body.get("messages", []) if m.get("role") == role
+        )
 
 
 Script = Reply | Callable[[Recorded], Reply]
 _ids = itertools.count(1)
 
 
-def completion(content: Any, *, model: str = "openai/gpt-4o-mini",
-               finish_reason: str = "stop") -> Reply:
+def completion(
+    content: Any, *, model: str = "openai/gpt-4o-mini", finish_reason: str = "stop"
+) -> Reply:
     """A chat.completion; `content` that is not a str is sent as its JSON (structured output)."""
     text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
-    return Reply(200, {
-        "id": f"gen-{next(_ids)}", "object": "chat.completion", "created": int(time.time()),
-        "model": model, "system_fingerprint": None,
-        "choices": [{"index": 0, "finish_reason": finish_reason, "native_finish_reason": finish_reason,
-                     "message": {"role": "assistant", "content": text}}],
-        "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120},
-    })
+    return Reply(
+        200,
+        {
+            "id": f"gen-{next(_ids)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "system_fingerprint": None,
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": finish_reason,
+                    "native_finish_reason": finish_reason,
+                    "message": {"role": "assistant", "content": text},
+                }
+            ],
+            "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120},
+        },
+    )
 
 
-def error(status: int, message: str, metadata: dict[str, Any] | None = None, *,
-          retry_after: str | None = None) -> Reply:
+def error(
+    status: int,
+    message: str,
+    metadata: dict[str, Any] | None = None,
+    *,
+    retry_after: str | None = None,
+) -> Reply:
     body: dict[str, Any] = {"code": status, "message": message}
     if metadata is not None:
         body["metadata"] = metadata
@@ -80,31 +99,51 @@ def error(status: int, message: str, metadata: dict[str, Any] | None = None, *,
 
 def error_in_choice(code: int, message: str) -> Reply:
     """An error after generation started: HTTP 200, `finish_reason: "error"`."""
-    return Reply(200, {
-        "id": f"gen-{next(_ids)}", "object": "chat.completion", "created": int(time.time()),
-        "model": "openai/gpt-4o-mini",
-        "choices": [{"index": 0, "finish_reason": "error", "native_finish_reason": "error",
-                     "message": {"role": "assistant", "content": ""},
-                     "error": {"code": code, "message": message}}],
-    })
+    return Reply(
+        200,
+        {
+            "id": f"gen-{next(_ids)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": "openai/gpt-4o-mini",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "error",
+                    "native_finish_reason": "error",
+                    "message": {"role": "assistant", "content": ""},
+                    "error": {"code": code, "message": message},
+                }
+            ],
+        },
+    )
 
 
 ANSWERS: dict[str, Callable[[Recorded], Any]] = {
     "Analysis": lambda r: {
         "title_suggestions": ["Byvalget i Tromsø", "Kampen om kommunen"],
-        "summary": "Episoden handler om byvalget.", "topics": ["lokalvalg"],
+        "summary": "Episoden handler om byvalget.",
+        "topics": ["lokalvalg"],
         "chapters": [{"start": "0:00:00", "title": "Innledning", "summary": "Vi starter."}],
-        "people": [{"name": "Kari Nordmann", "role": "ordfører"}]},
+        "people": [{"name": "Kari Nordmann", "role": "ordfører"}],
+    },
     "Clip": lambda r: {
-        "title": "Havvind", "summary": "Regjeringen lyser ut nye felt.",
-        "key_points": ["Nye felt i Nordsjøen"], "entities": [{"name": "Equinor", "kind": "organisation"}],
-        "quotes": [{"text": "Dette er et stort steg.", "speaker": "Terje Aasland"}]},
+        "title": "Havvind",
+        "summary": "Regjeringen lyser ut nye felt.",
+        "key_points": ["Nye felt i Nordsjøen"],
+        "entities": [{"name": "Equinor", "kind": "organisation"}],
+        "quotes": [{"text": "Dette er et stort steg.", "speaker": "Terje Aasland"}],
+    },
     "Note": lambda r: {
-        "title": "Notat", "body": "Ring Kari om opptaket.",
-        "tasks": [{"what": "Ring Kari", "due": "fredag"}]},
+        "title": "Notat",
+        "body": "Ring Kari om opptaket.",
+        "tasks": [{"what": "Ring Kari", "due": "fredag"}],
+    },
     "Minutes": lambda r: {
-        "summary": "Redaksjonsmøte om høstens program.", "decisions": ["Ny episode hver tirsdag"],
-        "action_points": [{"who": "Ola", "what": "Booke studio", "due": "2025-03-07"}]},
+        "summary": "Redaksjonsmøte om høstens program.",
+        "decisions": ["Ny episode hver tirsdag"],
+        "action_points": [{"who": "Ola", "what": "Booke studio", "due": "2025-03-07"}],
+    },
 }
 
 
@@ -167,7 +206,9 @@ class FakeAiGateway:
     def _default_chat(self, recorded: Recorded) -> Reply:
         if recorded.body.get("response_format", {}).get("type") != "json_schema":
             if self.plain_answer is not None:
-                return completion(self.plain_answer(recorded), model=recorded.body.get("model", "unknown"))
+                return completion(
+                    self.plain_answer(recorded), model=recorded.body.get("model", "unknown")
+                )
             return completion("plain text answer")
         make = self.answers.get(recorded.schema_name or "")
         if make is None:
@@ -178,17 +219,27 @@ class FakeAiGateway:
         self._stopping.wait(delay_s)
 
 
-def _embeddings(body: dict[str, Any],
-                vector: Callable[[str, int], list[float]] | None = None) -> Reply:
+def _embeddings(
+    body: dict[str, Any], vector: Callable[[str, int], list[float]] | None = None
+) -> Reply:
     vector = vector or _vector
     inputs = body.get("input")
     inputs = [inputs] if isinstance(inputs, str) else list(inputs or [])
     dims = int(body.get("dimensions") or 8)
-    data = [{"object": "embedding", "index": i, "embedding": vector(text, dims)}
-            for i, text in enumerate(inputs)]
+    data = [
+        {"object": "embedding", "index": i, "embedding": vector(text, dims)}
+        for i, text in enumerate(inputs)
+    ]
     # Out of order on purpose: clients must sort by `index`.
-    return Reply(200, {"object": "list", "data": data[::-1], "model": body.get("model"),
-                       "usage": {"prompt_tokens": 3 * len(inputs), "total_tokens": 3 * len(inputs)}})
+    return Reply(
+        200,
+        {
+            "object": "list",
+            "data": data[::-1],
+            "model": body.get("model"),
+            "usage": {"prompt_tokens": 3 * len(inputs), "total_tokens": 3 * len(inputs)},
+        },
+    )
 
 
 def _vector(text: str, dims: int) -> list[float]:

@@ -21,7 +21,7 @@ EPISODE_SRT = (DATA / "episode.srt").read_text("utf-8")
 FORGEJO_TOKEN = "fj-write-7c1d0e-SECRET"
 FORGEJO_READ_TOKEN = "fj-read-99aa11-SECRET"
 LIVEKIT_KEY = "APIlkKey123"
-LIVEKIT_SECRET = "lk-secret-5f2b9a-SECRET"
+LIVEKIT_SECRET = "lk-secret-5f2b9a-long-enough-for-hs256-SECRET"
 WHISPER_KEY = "whisper-key-0b3c-SECRET"
 SECRETS = (FORGEJO_TOKEN, FORGEJO_READ_TOKEN, LIVEKIT_SECRET, WHISPER_KEY)
 
@@ -54,8 +54,10 @@ async def governed_whisper_fake_fixture() -> AsyncIterator[FakeWhisper]:
 
 @pytest.fixture(name="forgejo_fake")
 async def forgejo_fake_fixture() -> AsyncIterator[FakeForgejo]:
-    fake = FakeForgejo(tokens={FORGEJO_TOKEN: "write", FORGEJO_READ_TOKEN: "read"},
-                       repos={("sidelinja", "transcripts"): Repo()})
+    fake = FakeForgejo(
+        tokens={FORGEJO_TOKEN: "write", FORGEJO_READ_TOKEN: "read"},
+        repos={("sidelinja", "transcripts"): Repo()},
+    )
     async with serve(fake.app()) as url:
         fake.url = url
         yield fake
@@ -71,9 +73,15 @@ async def livekit_fake_fixture() -> AsyncIterator[FakeLiveKit]:
     livekit.clear_cache()
 
 
-def service_config(media_root: Path | None = None, *, whisper: FakeWhisper | None = None,
-                   forgejo: FakeForgejo | None = None, livekit_fake: FakeLiveKit | None = None,
-                   governed: FakeWhisper | None = None, **extra: str) -> ServiceConfig:
+def service_config(
+    media_root: Path | None = None,
+    *,
+    whisper: FakeWhisper | None = None,
+    forgejo: FakeForgejo | None = None,
+    livekit_fake: FakeLiveKit | None = None,
+    governed: FakeWhisper | None = None,
+    **extra: str,
+) -> ServiceConfig:
     """The settings pointing at the running fakes, plus `extra` overrides."""
     values: dict[str, str] = {}
     if media_root is not None:
@@ -85,7 +93,10 @@ def service_config(media_root: Path | None = None, *, whisper: FakeWhisper | Non
     if forgejo is not None:
         values.update(FORGEJO_URL=forgejo.url, FORGEJO_TOKEN=FORGEJO_TOKEN)
     if livekit_fake is not None:
-        values.update(LIVEKIT_URL=livekit_fake.url.replace("http://", "ws://"),
-                      LIVEKIT_API_KEY=LIVEKIT_KEY, LIVEKIT_API_SECRET=LIVEKIT_SECRET)
+        values.update(
+            LIVEKIT_URL=livekit_fake.url.replace("http://", "ws://"),
+            LIVEKIT_API_KEY=LIVEKIT_KEY,
+            LIVEKIT_API_SECRET=LIVEKIT_SECRET,
+        )
     values.update(extra)
     return ServiceConfig({k: v for k, v in values.items() if v})

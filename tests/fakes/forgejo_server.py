@@ -69,8 +69,15 @@ class FakeForgejo:
     async def _record(self, request: web.Request, handler: Any) -> web.StreamResponse:
         body = await request.json() if request.can_read_body else None
         response = await self._checked(request, handler)
-        self.calls.append(Call(request.method, request.match_info.get("path", ""),
-                               dict(request.query), body, response.status))
+        self.calls.append(
+            Call(
+                request.method,
+                request.match_info.get("path", ""),
+                dict(request.query),
+                body,
+                response.status,
+            )
+        )
         return response
 
     async def _checked(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -81,8 +88,9 @@ class FakeForgejo:
             status, headers = self.fail_next.pop(0)
             return _error(status, "internal server error", request, headers)
         if request.method != "GET" and scope != "write":
-            text = ("token does not have at least one of required scope(s): [write:repository]"
-                    + (f" (got {request.headers.get('Authorization')})" if self.echo_token else ""))
+            text = "token does not have at least one of required scope(s): [write:repository]" + (
+                f" (got {request.headers.get('Authorization')})" if self.echo_token else ""
+            )
             return _error(403, text, request)
         response: web.StreamResponse = await handler(request)
         return response
@@ -107,8 +115,10 @@ class FakeForgejo:
             return _error(404, f"no such ref: {ref}", request)
         if path not in files:
             return _error(404, f"object does not exist [id: , rel_path: {path}]", request)
-        last = next((sha for sha, snap in reversed(repo.commits.items())
-                     if snap.get(path) == files[path]), None)
+        last = next(
+            (sha for sha, snap in reversed(repo.commits.items()) if snap.get(path) == files[path]),
+            None,
+        )
         return web.json_response(_contents(path, files[path], last))
 
     async def create(self, request: web.Request) -> web.Response:
@@ -136,12 +146,21 @@ class FakeForgejo:
             return problem
         owner, name = request.match_info["owner"], request.match_info["repo"]
         sha = self.commit(owner, name, branch, path, content)
-        response = {"content": _contents(path, content, sha),
-                    "commit": {"sha": sha, "message": body.get("message")}}
+        response = {
+            "content": _contents(path, content, sha),
+            "commit": {"sha": sha, "message": body.get("message")},
+        }
         return web.json_response(response, status=201 if creating else 200)
 
-    def _conflict(self, files: dict[str, bytes], path: str, body: dict[str, Any], creating: bool,
-                  content: bytes, request: web.Request) -> web.Response | None:
+    def _conflict(
+        self,
+        files: dict[str, bytes],
+        path: str,
+        body: dict[str, Any],
+        creating: bool,
+        content: bytes,
+        request: web.Request,
+    ) -> web.Response | None:
         if creating and path in files:
             return _error(422, f"repository file already exists [path: {path}]", request)
         if not creating:
@@ -153,20 +172,32 @@ class FakeForgejo:
                 self.concurrent_edits -= 1
                 files[path] = files[path] + b"\n(edited meanwhile)\n"
             if body["sha"] != blob_sha(files[path]):
-                return _error(409, f"sha does not match [given: {body['sha']}, expected: "
-                                   f"{blob_sha(files[path])}]", request)
+                return _error(
+                    409,
+                    f"sha does not match [given: {body['sha']}, expected: {blob_sha(files[path])}]",
+                    request,
+                )
         if self.quota_bytes is not None and len(content) > self.quota_bytes:
             return _error(413, "quota exceeded", request)
         return None
 
 
 def _contents(path: str, content: bytes, last_commit_sha: str | None) -> dict[str, Any]:
-    return {"name": path.rsplit("/", 1)[-1], "path": path, "sha": blob_sha(content),
-            "last_commit_sha": last_commit_sha, "type": "file", "size": len(content),
-            "encoding": "base64", "content": base64.b64encode(content).decode()}
+    return {
+        "name": path.rsplit("/", 1)[-1],
+        "path": path,
+        "sha": blob_sha(content),
+        "last_commit_sha": last_commit_sha,
+        "type": "file",
+        "size": len(content),
+        "encoding": "base64",
+        "content": base64.b64encode(content).decode(),
+    }
 
 
-def _error(status: int, message: str, request: web.Request,
-           headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"message": message, "url": str(request.url)}, status=status,
-                             headers=headers)
+def _error(
+    status: int, message: str, request: web.Request, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.json_response(
+        {"message": message, "url": str(request.url)}, status=status, headers=headers
+    )

@@ -50,8 +50,12 @@ class FakeLiveKit:
         if prefix != "Bearer" or not token:
             return _twirp(401, "unauthenticated", "no authorization header")
         try:
-            claims = jwt.decode(token, self.api_secret, algorithms=["HS256"],
-                                options={"require": ["iss", "exp", "nbf"]})
+            claims = jwt.decode(
+                token,
+                self.api_secret,
+                algorithms=["HS256"],
+                options={"require": ["iss", "exp", "nbf"]},
+            )
         except jwt.PyJWTError as exc:
             return _twirp(401, "unauthenticated", f"invalid token: {type(exc).__name__}")
         if claims["iss"] != self.api_key:
@@ -61,9 +65,14 @@ class FakeLiveKit:
 
 def _room(room: dict[str, Any]) -> dict[str, Any]:
     """As Twirp's protojson writes a Room: proto field names, zero values left out."""
-    full = {"sid": f"RM_{room['name']}", "name": room["name"], "empty_timeout": 300,
-            "num_participants": room.get("num_participants", 0),
-            "num_publishers": room.get("num_publishers", 0), "creation_time": "1767225600"}
+    full = {
+        "sid": f"RM_{room['name']}",
+        "name": room["name"],
+        "empty_timeout": 300,
+        "num_participants": room.get("num_participants", 0),
+        "num_publishers": room.get("num_publishers", 0),
+        "creation_time": "1767225600",
+    }
     return {k: v for k, v in full.items() if v}
 
 

@@ -50,8 +50,9 @@ class FakeWhisper:
         self.uploads.append(upload)
         if self.fail_next:
             status, headers = self.fail_next.pop(0)
-            return web.json_response({"detail": "Service Unavailable"}, status=status,
-                                     headers=headers)
+            return web.json_response(
+                {"detail": "Service Unavailable"}, status=status, headers=headers
+            )
         problem = self._validate(upload)
         if problem is not None:
             return problem
@@ -71,19 +72,38 @@ class FakeWhisper:
                     size += len(chunk)
             else:
                 fields[str(part.name)] = await part.text()
-        return Upload(fields, filename, ctype, size, digest.hexdigest(), head,
-                      request.headers.get("Authorization"))
+        return Upload(
+            fields,
+            filename,
+            ctype,
+            size,
+            digest.hexdigest(),
+            head,
+            request.headers.get("Authorization"),
+        )
 
     def _validate(self, upload: Upload) -> web.Response | None:
         fmt = upload.fields.get("response_format", "json")
         if "model" not in upload.fields or fmt not in FORMATS or upload.filename is None:
             loc = "model" if "model" not in upload.fields else "response_format"
-            return web.json_response({"detail": [{"type": "value_error", "loc": ["body", loc],
-                                                  "msg": "Field required or invalid"}]}, status=422)
+            return web.json_response(
+                {
+                    "detail": [
+                        {
+                            "type": "value_error",
+                            "loc": ["body", loc],
+                            "msg": "Field required or invalid",
+                        }
+                    ]
+                },
+                status=422,
+            )
         model = upload.fields["model"]
         if model not in self.models:
-            text = (f"Model '{model}' is not installed locally. You can download the model "
-                    f"using `POST /v1/models/{model}`")
+            text = (
+                f"Model '{model}' is not installed locally. You can download the model "
+                f"using `POST /v1/models/{model}`"
+            )
             return web.json_response({"detail": text}, status=404)
         if upload.size == 0:
             return web.json_response({"detail": "Audio file is probably empty"}, status=400)
@@ -94,8 +114,9 @@ class FakeWhisper:
         if not upload.head.startswith(AUDIO_MAGIC):
             return web.json_response({"detail": "Unsupported audio file type"}, status=415)
         fmt = upload.fields.get("response_format", "json")
-        text = " ".join(ln for ln in self.srt.splitlines()
-                        if ln and "-->" not in ln and not ln.isdigit())
+        text = " ".join(
+            ln for ln in self.srt.splitlines() if ln and "-->" not in ln and not ln.isdigit()
+        )
         if fmt == "srt":
             return web.Response(text=self.srt, content_type="text/plain")
         if fmt == "text":
@@ -106,10 +127,18 @@ class FakeWhisper:
 def fake_audio(seconds: int = 1) -> bytes:
     """A valid 16 kHz mono 16-bit WAV of silence: enough for a server that sniffs."""
     data = b"\x00\x00" * 16000 * seconds
-    header = (b"RIFF" + (36 + len(data)).to_bytes(4, "little") + b"WAVEfmt "
-              + (16).to_bytes(4, "little") + (1).to_bytes(2, "little") + (1).to_bytes(2, "little")
-              + (16000).to_bytes(4, "little") + (32000).to_bytes(4, "little")
-              + (2).to_bytes(2, "little") + (16).to_bytes(2, "little")
-              + b"data" + len(data).to_bytes(4, "little"))
+    header = (
+        b"RIFF"
+        + (36 + len(data)).to_bytes(4, "little")
+        + b"WAVEfmt "
+        + (16).to_bytes(4, "little")
+        + (1).to_bytes(2, "little")
+        + (1).to_bytes(2, "little")
+        + (16000).to_bytes(4, "little")
+        + (32000).to_bytes(4, "little")
+        + (2).to_bytes(2, "little")
+        + (16).to_bytes(2, "little")
+        + b"data"
+        + len(data).to_bytes(4, "little")
+    )
     return header + data
-

@@ -43,8 +43,11 @@ class TranscriptSource(BaseModel):
 
     transcript_ref: str | None = Field(default=None, min_length=1)
     text: str | None = Field(default=None, min_length=1)
-    ref: str | None = Field(default=None, min_length=1,
-                            description="the platform's id for the result (default: transcript_ref)")
+    ref: str | None = Field(
+        default=None,
+        min_length=1,
+        description="the platform's id for the result (default: transcript_ref)",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> TranscriptSource:
@@ -116,15 +119,20 @@ def _validated(model: type[S], raw: Any, where: str) -> S:
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        raise PermanentError(f"workspace settings {where}: {describe_validation_error(exc)}") from None
+        raise PermanentError(
+            f"workspace settings {where}: {describe_validation_error(exc)}"
+        ) from None
 
 
 def system_message(prompt: str, names: Sequence[str]) -> dict[str, str]:
     if not names:
         return {"role": "system", "content": prompt}
     listed = "\n".join(f"- {name}" for name in names)
-    return {"role": "system", "content": f"{prompt}\n\nNames in this workspace. When one of them "
-            f"occurs (even misheard or misspelled), spell it exactly like this:\n{listed}"}
+    return {
+        "role": "system",
+        "content": f"{prompt}\n\nNames in this workspace. When one of them "
+        f"occurs (even misheard or misspelled), spell it exactly like this:\n{listed}",
+    }
 
 
 def user_message(text: str, note: str, part: int, parts: int) -> dict[str, str]:
@@ -145,8 +153,9 @@ async def run_ai_task(ctx: JobContext, task: AiTask[M], text: str, note: str = "
     usage = Usage()
     for i, part in enumerate(parts, 1):
         await ctx.progress(f"{task.label} ({i}/{len(parts)})…", 10 + 80 * (i - 1) / len(parts))
-        got = await gateway.structured(settings.model, [system, user_message(part, note, i, len(parts))],
-                                       task.answer)
+        got = await gateway.structured(
+            settings.model, [system, user_message(part, note, i, len(parts))], task.answer
+        )
         answers.append(got.value)
         usage += got.usage
     if len(answers) > 1:
@@ -155,8 +164,9 @@ async def run_ai_task(ctx: JobContext, task: AiTask[M], text: str, note: str = "
     return AiRun(value, settings.model, len(parts), usage + more)
 
 
-async def _combine(gateway: AiGateway, task: AiTask[M], settings: AiSettings,
-                   answers: list[M], note: str) -> tuple[M, Usage]:
+async def _combine(
+    gateway: AiGateway, task: AiTask[M], settings: AiSettings, answers: list[M], note: str
+) -> tuple[M, Usage]:
     """One answer from the parts' answers: locally with `task.merge`, else by asking the model in
     rounds of groups that fit the budget (a combined answer can itself be over the budget)."""
     if len(answers) > 1 and task.merge is not None:
@@ -164,14 +174,16 @@ async def _combine(gateway: AiGateway, task: AiTask[M], settings: AiSettings,
     usage = Usage()
     system = system_message(settings.combine_prompt, settings.names)
     while len(answers) > 1:
-        groups = group_for_combine([a.model_dump_json() for a in answers],
-                                   budget_chars(settings.context_tokens))
+        groups = group_for_combine(
+            [a.model_dump_json() for a in answers], budget_chars(settings.context_tokens)
+        )
         answers = []
         for group in groups:
             listed = "\n\n".join(f"Part {i}:\n{item}" for i, item in enumerate(group, 1))
             text = f"Partial answers for consecutive parts of one text, in order:\n\n{listed}"
-            got = await gateway.structured(settings.model, [system, user_message(text, note, 1, 1)],
-                                           task.answer)
+            got = await gateway.structured(
+                settings.model, [system, user_message(text, note, 1, 1)], task.answer
+            )
             answers.append(got.value)
             usage += got.usage
     return answers[0], usage
@@ -182,7 +194,9 @@ async def source_text(ctx: JobContext, source: TranscriptSource) -> str:
     if source.text is not None:
         return source.text
     assert source.transcript_ref is not None
-    text = await ai_store.transcript_text(ctx.services.pool, ctx.workspace_id, source.transcript_ref)
+    text = await ai_store.transcript_text(
+        ctx.services.pool, ctx.workspace_id, source.transcript_ref
+    )
     if text is None:
         raise PermanentError(f"transcript {source.transcript_ref!r} not found in this workspace")
     if not text.strip():
@@ -190,12 +204,18 @@ async def source_text(ctx: JobContext, source: TranscriptSource) -> str:
     return text
 
 
-async def store_result(ctx: JobContext, task: AiTask[M], run: AiRun[M],
-                       source_ref: str | None) -> dict[str, Any]:
+async def store_result(
+    ctx: JobContext, task: AiTask[M], run: AiRun[M], source_ref: str | None
+) -> dict[str, Any]:
     """Saves the answer in `ai_results` of the job's workspace and returns the job's result."""
-    result = {task.result_key: run.value.model_dump(mode="json"), "model": run.model,
-              "parts": run.parts, "usage": asdict(run.usage)}
+    result = {
+        task.result_key: run.value.model_dump(mode="json"),
+        "model": run.model,
+        "parts": run.parts,
+        "usage": asdict(run.usage),
+    }
     ref = source_ref or f"job:{ctx.job_id}"
-    row_id = await ai_store.save_result(ctx.services.pool, ctx.workspace_id, task.job_type, ref,
-                                        ctx.job_id, run.model, result)
+    row_id = await ai_store.save_result(
+        ctx.services.pool, ctx.workspace_id, task.job_type, ref, ctx.job_id, run.model, result
+    )
     return {**result, "source_ref": ref, "ai_result_id": str(row_id)}

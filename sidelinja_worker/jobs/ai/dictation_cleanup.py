@@ -14,8 +14,8 @@ from sidelinja_worker.jobs.ai.common import (
     source_text,
     store_result,
 )
-from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.registry import JobType
 
 

@@ -15,8 +15,8 @@ from sidelinja_worker.jobs.ai.common import (
     source_text,
     store_result,
 )
-from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.registry import JobType
 
 
@@ -28,8 +28,10 @@ class MeetingPayload(TranscriptSource):
 class ActionPoint(BaseModel):
     who: str | None = Field(default=None, description="who is responsible; null if not said")
     what: str = Field(min_length=1)
-    due: str | None = Field(default=None, description="YYYY-MM-DD when it can be worked out, "
-                            "else as said; null if not said")
+    due: str | None = Field(
+        default=None,
+        description="YYYY-MM-DD when it can be worked out, else as said; null if not said",
+    )
 
 
 class Minutes(BaseModel):
@@ -56,8 +58,10 @@ TASK = AiTask("meeting_summarize", Minutes, PROMPT, COMBINE_PROMPT, "Skriver ref
 def context_note(payload: MeetingPayload) -> str:
     lines = []
     if payload.meeting_date:
-        lines.append(f"Meeting date: {payload.meeting_date.isoformat()} "
-                     f"({payload.meeting_date.strftime('%A')}).")
+        lines.append(
+            f"Meeting date: {payload.meeting_date.isoformat()} "
+            f"({payload.meeting_date.strftime('%A')})."
+        )
     if payload.participants:
         lines.append("Participants: " + ", ".join(payload.participants) + ".")
     return "\n".join(lines)
@@ -76,6 +80,6 @@ JOB_TYPE = JobType(
     default_priority=default_priority("meeting_summarize"),
     timeout_s=1800,
     description="meeting transcript -> summary, decisions, action points "
-                "{transcript_ref | text, ref?, meeting_date?, participants?}",
+    "{transcript_ref | text, ref?, meeting_date?, participants?}",
     needs_settings=("AI_GATEWAY_URL", "AI_GATEWAY_KEY"),
 )

@@ -14,8 +14,8 @@ from sidelinja_worker.jobs.ai.common import (
     source_text,
     store_result,
 )
-from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.registry import JobType
 
 
@@ -24,8 +24,10 @@ class AnalyzePayload(TranscriptSource):
 
 
 class Chapter(BaseModel):
-    start: str = Field(pattern=r"^\d{1,2}:\d{2}:\d{2}$",
-                       description="start time H:MM:SS, taken from the transcript's timestamps")
+    start: str = Field(
+        pattern=r"^\d{1,2}:\d{2}:\d{2}$",
+        description="start time H:MM:SS, taken from the transcript's timestamps",
+    )
     title: str = Field(min_length=1)
     summary: str
 
@@ -76,6 +78,6 @@ JOB_TYPE = JobType(
     default_priority=default_priority("openrouter_analyze"),
     timeout_s=1800,
     description="transcript -> title suggestions, summary, chapters, topics, people "
-                "{transcript_ref | text, ref?, title?}",
+    "{transcript_ref | text, ref?, title?}",
     needs_settings=("AI_GATEWAY_URL", "AI_GATEWAY_KEY"),
 )

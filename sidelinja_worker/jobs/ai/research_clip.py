@@ -8,8 +8,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
 from sidelinja_worker.jobs.ai.common import AiTask, run_ai_task, store_result
-from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.registry import JobType
 
 
@@ -69,6 +69,6 @@ JOB_TYPE = JobType(
     default_priority=default_priority("research_clip"),
     timeout_s=600,
     description="pasted text -> title, summary, key points, quotes, entities "
-                "{text, source_url?, ref?}",
+    "{text, source_url?, ref?}",
     needs_settings=("AI_GATEWAY_URL", "AI_GATEWAY_KEY"),
 )

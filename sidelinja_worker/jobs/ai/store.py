@@ -13,11 +13,19 @@ from sidelinja_worker.queue.queries import load
 Q = load("sidelinja_worker.jobs.ai")
 
 
-async def save_result(conn: Conn, workspace_id: UUID, kind: str, source_ref: str,
-                      job_id: UUID, model: str, result: dict[str, Any]) -> UUID:
+async def save_result(
+    conn: Conn,
+    workspace_id: UUID,
+    kind: str,
+    source_ref: str,
+    job_id: UUID,
+    model: str,
+    result: dict[str, Any],
+) -> UUID:
     """Stores (or replaces) the answer for this workspace, job type and source."""
-    return await conn.fetchval(Q["save_ai_result"], workspace_id, kind, source_ref, job_id,
-                               model, result)
+    return await conn.fetchval(
+        Q["save_ai_result"], workspace_id, kind, source_ref, job_id, model, result
+    )
 
 
 async def transcript_text(conn: Conn, workspace_id: UUID, transcript_ref: str) -> str | None:

@@ -48,7 +48,8 @@ def embedding_settings(settings: Mapping[str, Any]) -> EmbeddingSettings:
         return EmbeddingSettings.model_validate(raw)
     except ValidationError as exc:
         raise PermanentError(
-            f"workspace settings ai.embeddings: {describe_validation_error(exc)}") from None
+            f"workspace settings ai.embeddings: {describe_validation_error(exc)}"
+        ) from None
 
 
 def content_hash(text: str) -> bytes:
@@ -56,11 +57,12 @@ def content_hash(text: str) -> bytes:
 
 
 def batches(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-async def embed_batch(gateway: AiGateway, model: str, texts: Sequence[str],
-                      dimensions: int | None) -> Embedded:
+async def embed_batch(
+    gateway: AiGateway, model: str, texts: Sequence[str], dimensions: int | None
+) -> Embedded:
     """One embeddings request; vectors that disagree in size with each other or with
     `dimensions` fail the job (the model ignores the setting: a retry would not help)."""
     got = await gateway.embeddings(model, texts, dimensions=dimensions)
@@ -68,13 +70,20 @@ async def embed_batch(gateway: AiGateway, model: str, texts: Sequence[str],
     if len(sizes) > 1 or 0 in sizes:
         raise PermanentError(f"embedding model {model} returned vectors of sizes {sorted(sizes)}")
     if dimensions is not None and sizes != {dimensions}:
-        raise PermanentError(f"embedding model {model} returned {sizes.pop()} dimensions, "
-                             f"not the {dimensions} asked for")
+        raise PermanentError(
+            f"embedding model {model} returned {sizes.pop()} dimensions, "
+            f"not the {dimensions} asked for"
+        )
     return Embedded(got.vectors, got.usage)
 
 
-async def embed_all(ctx: JobContext, gateway: AiGateway, settings: EmbeddingSettings,
-                    texts: Sequence[str], label: str) -> Embedded:
+async def embed_all(
+    ctx: JobContext,
+    gateway: AiGateway,
+    settings: EmbeddingSettings,
+    texts: Sequence[str],
+    label: str,
+) -> Embedded:
     """Every text's vector, in order, `settings.batch_size` per request, reporting progress."""
     vectors: list[list[float]] = []
     usage = Usage()

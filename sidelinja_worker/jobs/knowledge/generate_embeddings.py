@@ -20,16 +20,18 @@ from sidelinja_worker.jobs.knowledge.common import (
     embedding_settings,
 )
 from sidelinja_worker.jobs.knowledge.store import NewEmbedding, Similar
-from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError
+from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.registry import JobType
 from sidelinja_worker.services.ai_gateway import AiGateway, Usage
 
 MAX_ITEMS = 10_000
-NO_PGVECTOR = ("generate_embeddings needs the pgvector extension, which this database server "
-               "does not have (knowledge_embeddings was not created by migration 0010); use a "
-               "PostgreSQL with pgvector, e.g. the embedded one")
+NO_PGVECTOR = (
+    "generate_embeddings needs the pgvector extension, which this database server "
+    "does not have (knowledge_embeddings was not created by migration 0010); use a "
+    "PostgreSQL with pgvector, e.g. the embedded one"
+)
 
 
 class TextItem(BaseModel):
@@ -61,8 +63,12 @@ class EmbeddingsPayload(BaseModel):
 
 def job_settings(payload: EmbeddingsPayload, raw: dict[str, Any]) -> EmbeddingSettings:
     ws = embedding_settings(raw)
-    return ws.model_copy(update={"model": payload.model or ws.model,
-                                 "dimensions": payload.dimensions or ws.dimensions})
+    return ws.model_copy(
+        update={
+            "model": payload.model or ws.model,
+            "dimensions": payload.dimensions or ws.dimensions,
+        }
+    )
 
 
 async def texts_of(ctx: JobContext, payload: EmbeddingsPayload) -> dict[str, str]:
@@ -78,10 +84,14 @@ async def texts_of(ctx: JobContext, payload: EmbeddingsPayload) -> dict[str, str
     return {n: found[n] for n in payload.node_ids}
 
 
-def unchanged(stored: knowledge_store.StoredHash | None, digest: bytes,
-              dimensions: int | None) -> bool:
-    return (stored is not None and stored.content_sha256 == digest
-            and (dimensions is None or stored.dims == dimensions))
+def unchanged(
+    stored: knowledge_store.StoredHash | None, digest: bytes, dimensions: int | None
+) -> bool:
+    return (
+        stored is not None
+        and stored.content_sha256 == digest
+        and (dimensions is None or stored.dims == dimensions)
+    )
 
 
 async def run(ctx: JobContext, payload: EmbeddingsPayload) -> dict[str, Any]:
@@ -92,23 +102,51 @@ async def run(ctx: JobContext, payload: EmbeddingsPayload) -> dict[str, Any]:
     texts = await texts_of(ctx, payload)
     empty = [ref for ref, text in texts.items() if not text.strip()]
     digests = {ref: content_hash(text) for ref, text in texts.items() if ref not in empty}
-    state = await knowledge_store.embedding_state(pool, ctx.workspace_id, settings.model, list(digests))
-    todo = [ref for ref, d in digests.items() if not unchanged(state.get(ref), d, settings.dimensions)]
+    state = await knowledge_store.embedding_state(
+        pool, ctx.workspace_id, settings.model, list(digests)
+    )
+    todo = [
+        ref for ref, d in digests.items() if not unchanged(state.get(ref), d, settings.dimensions)
+    ]
     gateway = AiGateway.from_services(ctx.services)
     usage = Usage()
     chunks = batches(todo, settings.batch_size)
     for i, chunk in enumerate(chunks, 1):
         await ctx.progress(f"Lager embeddings ({i}/{len(chunks)})…", 5 + 90 * (i - 1) / len(chunks))
-        got = await embed_batch(gateway, settings.model, [texts[r] for r in chunk], settings.dimensions)
-        await knowledge_store.save_embeddings(pool, ctx.workspace_id, settings.model, ctx.job_id, [
-            NewEmbedding(ref, digests[ref], vec) for ref, vec in zip(chunk, got.vectors, strict=True)])
+        got = await embed_batch(
+            gateway, settings.model, [texts[r] for r in chunk], settings.dimensions
+        )
+        await knowledge_store.save_embeddings(
+            pool,
+            ctx.workspace_id,
+            settings.model,
+            ctx.job_id,
+            [
+                NewEmbedding(ref, digests[ref], vec)
+                for ref, vec in zip(chunk, got.vectors, strict=True)
+            ],
+        )
         usage += got.usage
-    return {"model": settings.model, "embedded": len(todo), "unchanged": len(digests) - len(todo),
-            "empty": empty, "requests": len(chunks), "usage": asdict(usage)}
+    return {
+        "model": settings.model,
+        "embedded": len(todo),
+        "unchanged": len(digests) - len(todo),
+        "empty": empty,
+        "requests": len(chunks),
+        "usage": asdict(usage),
+    }
 
 
-async def search(pool: asyncpg.Pool, gateway: AiGateway, workspace_id: UUID, query: str, *,
-                 model: str, dimensions: int | None = None, limit: int = 10) -> list[Similar]:
+async def search(
+    pool: asyncpg.Pool,
+    gateway: AiGateway,
+    workspace_id: UUID,
+    query: str,
+    *,
+    model: str,
+    dimensions: int | None = None,
+    limit: int = 10,
+) -> list[Similar]:
     """The workspace's stored texts closest in meaning to `query` (embedded with the same model
     the texts were), best first."""
     if not await knowledge_store.pgvector_ready(pool):
@@ -124,6 +162,6 @@ JOB_TYPE = JobType(
     default_priority=default_priority("generate_embeddings"),
     timeout_s=1800,
     description="knowledge-graph nodes or texts -> pgvector embeddings "
-                "{node_ids | items: [{ref, text}], model?, dimensions?}",
+    "{node_ids | items: [{ref, text}], model?, dimensions?}",
     needs_settings=("AI_GATEWAY_URL", "AI_GATEWAY_KEY"),
 )

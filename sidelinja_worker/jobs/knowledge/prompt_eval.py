@@ -25,9 +25,9 @@ from sidelinja_worker.jobs.knowledge.prompt_eval_scoring import (
     score,
 )
 from sidelinja_worker.jobs.knowledge.store import EvalRow
-from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError
+from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.registry import JobType
 from sidelinja_worker.services.ai_gateway import AiGateway, Usage
 
@@ -121,8 +121,9 @@ class Lab:
             outcome = await self._run_case(case, model)
         self.done += 1
         if self.done % self.report_every == 0 or self.done == self.total:
-            await self.ctx.progress(f"Prompt-lab: {self.done}/{self.total} svar",
-                                    5 + 90 * self.done / self.total)
+            await self.ctx.progress(
+                f"Prompt-lab: {self.done}/{self.total} svar", 5 + 90 * self.done / self.total
+            )
         return outcome
 
     async def _run_case(self, case: Case, model: str) -> Outcome:
@@ -140,9 +141,17 @@ class Lab:
             scores.append(verdict)
             judge_usage += used
         passed = bool(content) and all(s.passed for s in scores)
-        row = EvalRow(model, case.id, passed, output[:MAX_OUTPUT_CHARS], None,
-                      [s.as_json() for s in scores], latency_ms, usage.prompt_tokens,
-                      usage.completion_tokens)
+        row = EvalRow(
+            model,
+            case.id,
+            passed,
+            output[:MAX_OUTPUT_CHARS],
+            None,
+            [s.as_json() for s in scores],
+            latency_ms,
+            usage.prompt_tokens,
+            usage.completion_tokens,
+        )
         return Outcome(row, judge_usage)
 
     async def judge(self, case: Case, output: str, check: JudgeCheck) -> tuple[Score, Usage]:
@@ -150,8 +159,11 @@ class Lab:
         asked = render(self.payload.prompt, case.inputs)
         text = f"Criteria:\n{check.criteria}\n\nQuestion:\n{asked}\n\nAnswer to grade:\n{output}"
         try:
-            got = await self.gateway.structured(self.judge_model, [
-                {"role": "system", "content": JUDGE_PROMPT}, {"role": "user", "content": text}], Verdict)
+            got = await self.gateway.structured(
+                self.judge_model,
+                [{"role": "system", "content": JUDGE_PROMPT}, {"role": "user", "content": text}],
+                Verdict,
+            )
         except PermanentError as exc:
             return Score("judge", False, f"judge failed: {exc}"), Usage()
         return Score("judge", got.value.passed, got.value.reason), got.usage
@@ -162,8 +174,7 @@ async def gather_bounded(tasks: Sequence[Awaitable[T]]) -> list[T]:
     outage retries the job, rather than surfacing as an ExceptionGroup)."""
     try:
         async with asyncio.TaskGroup() as group:
-            running: list[asyncio.Task[T]] = [
-                group.create_task(t) for t in tasks]  # type: ignore[arg-type]
+            running: list[asyncio.Task[T]] = [group.create_task(t) for t in tasks]  # type: ignore[arg-type]
     except BaseExceptionGroup as exc:
         raise exc.exceptions[0] from None
     return [t.result() for t in running]
@@ -176,7 +187,9 @@ def summarize(models: Sequence[str], outcomes: Sequence[Outcome]) -> dict[str, A
         latencies = sorted(r.latency_ms for r in rows if r.latency_ms is not None)
         passed = sum(r.passed for r in rows)
         summary[model] = {
-            "cases": len(rows), "passed": passed, "failed": len(rows) - passed,
+            "cases": len(rows),
+            "passed": passed,
+            "failed": len(rows) - passed,
             "errors": sum(r.error is not None for r in rows),
             "pass_rate": round(passed / len(rows), 4) if rows else 0.0,
             "latency_ms_mean": round(sum(latencies) / len(latencies)) if latencies else None,
@@ -191,18 +204,25 @@ def summarize(models: Sequence[str], outcomes: Sequence[Outcome]) -> dict[str, A
 async def resolve_judge(ctx: JobContext, payload: EvalPayload) -> str | None:
     settings = (await ctx.workspace_settings()).get("ai") or {}
     configured = (settings.get("prompt_eval") or {}).get("judge_model")
-    judge = payload.judge_model or (configured if isinstance(configured, str) and configured else None)
-    if judge is None and any(isinstance(c, JudgeCheck) for case in payload.cases for c in case.expect):
-        raise PermanentError("a case has a judge check but no judge model is configured "
-                             "(payload judge_model or workspace setting ai.prompt_eval.judge_model)")
+    judge = payload.judge_model or (
+        configured if isinstance(configured, str) and configured else None
+    )
+    if judge is None and any(
+        isinstance(c, JudgeCheck) for case in payload.cases for c in case.expect
+    ):
+        raise PermanentError(
+            "a case has a judge check but no judge model is configured "
+            "(payload judge_model or workspace setting ai.prompt_eval.judge_model)"
+        )
     return judge
 
 
 async def run(ctx: JobContext, payload: EvalPayload) -> dict[str, Any]:
     lab = Lab(ctx, payload, await resolve_judge(ctx, payload))
     await ctx.progress(f"Prompt-lab: {lab.total} svar å hente…", 2)
-    outcomes = await gather_bounded([lab.run_case(case, model) for model in payload.models
-                                     for case in payload.cases])
+    outcomes = await gather_bounded(
+        [lab.run_case(case, model) for model in payload.models for case in payload.cases]
+    )
     errors = [o.row.error for o in outcomes if o.row.error]
     if len(errors) == len(outcomes):  # nothing answered: a bad key or no credits, not a test result
         raise PermanentError(f"every case failed: {errors[0]}")
@@ -210,12 +230,26 @@ async def run(ctx: JobContext, payload: EvalPayload) -> dict[str, Any]:
     judge_usage = sum((o.judge_usage for o in outcomes), Usage())
     ref = payload.ref or f"job:{ctx.job_id}"
     run_id = await knowledge_store.save_eval_run(
-        ctx.services.pool, ctx.workspace_id, ref, ctx.job_id, payload.prompt, payload.models,
-        {"models": summary, "judge_model": lab.judge_model}, [o.row for o in outcomes])
-    return {"run_id": str(run_id), "ref": ref, "summary": summary, "judge_model": lab.judge_model,
-            "judge_usage": {"prompt_tokens": judge_usage.prompt_tokens,
-                            "completion_tokens": judge_usage.completion_tokens,
-                            "calls": judge_usage.calls}}
+        ctx.services.pool,
+        ctx.workspace_id,
+        ref,
+        ctx.job_id,
+        payload.prompt,
+        payload.models,
+        {"models": summary, "judge_model": lab.judge_model},
+        [o.row for o in outcomes],
+    )
+    return {
+        "run_id": str(run_id),
+        "ref": ref,
+        "summary": summary,
+        "judge_model": lab.judge_model,
+        "judge_usage": {
+            "prompt_tokens": judge_usage.prompt_tokens,
+            "completion_tokens": judge_usage.completion_tokens,
+            "calls": judge_usage.calls,
+        },
+    }
 
 
 JOB_TYPE = JobType(
@@ -225,6 +259,6 @@ JOB_TYPE = JobType(
     default_priority=default_priority("prompt_eval"),
     timeout_s=3600,
     description="prompt + test set x models -> scored answers, latency and tokens per model "
-                "{prompt, cases: [{id, inputs, expect}], models, max_concurrency?, judge_model?, ref?}",
+    "{prompt, cases: [{id, inputs, expect}], models, max_concurrency?, judge_model?, ref?}",
     needs_settings=("AI_GATEWAY_URL", "AI_GATEWAY_KEY"),
 )

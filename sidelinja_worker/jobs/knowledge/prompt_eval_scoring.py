@@ -18,8 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 NUMBER = re.compile(r"-?\d+(?:[.,]\d+)?")
 _TYPES: dict[str, tuple[type, ...]] = {
-    "object": (dict,), "array": (list,), "string": (str,), "boolean": (bool,),
-    "integer": (int,), "number": (int, float), "null": (type(None),)}
+    "object": (dict,),
+    "array": (list,),
+    "string": (str,),
+    "boolean": (bool,),
+    "integer": (int,),
+    "number": (int, float),
+    "null": (type(None),),
+}
 
 
 class _Check(BaseModel):
@@ -68,8 +74,10 @@ class JudgeCheck(_Check):
     criteria: str = Field(min_length=1)
 
 
-Check = Annotated[ExactCheck | ContainsCheck | RegexCheck | JsonSchemaCheck | NumericCheck | JudgeCheck,
-                  Field(discriminator="kind")]
+Check = Annotated[
+    ExactCheck | ContainsCheck | RegexCheck | JsonSchemaCheck | NumericCheck | JudgeCheck,
+    Field(discriminator="kind"),
+]
 
 
 @dataclass(frozen=True)
@@ -86,10 +94,16 @@ def score(check: Check, output: str) -> Score:
     """One non-judge check of `output`."""
     text = output.strip()
     if isinstance(check, ExactCheck):
-        a, b = (text.casefold(), check.value.strip().casefold()) if check.ignore_case else (text, check.value.strip())
+        a, b = (
+            (text.casefold(), check.value.strip().casefold())
+            if check.ignore_case
+            else (text, check.value.strip())
+        )
         return Score("exact", a == b)
     if isinstance(check, ContainsCheck):
-        a, b = (text.casefold(), check.value.casefold()) if check.ignore_case else (text, check.value)
+        a, b = (
+            (text.casefold(), check.value.casefold()) if check.ignore_case else (text, check.value)
+        )
         return Score("contains", b in a)
     if isinstance(check, RegexCheck):
         return Score("regex", re.search(check.pattern, output) is not None)
@@ -121,9 +135,8 @@ def _numeric_score(check: NumericCheck, text: str) -> Score:
 
 def schema_errors(schema: dict[str, Any], value: Any, where: str = "$") -> list[str]:
     """What in `value` breaks `schema` (the subset named in the module docstring)."""
-    if "anyOf" in schema:
-        if all(schema_errors(sub, value, where) for sub in schema["anyOf"]):
-            return [f"{where}: matches none of anyOf"]
+    if "anyOf" in schema and all(schema_errors(sub, value, where) for sub in schema["anyOf"]):
+        return [f"{where}: matches none of anyOf"]
     if "enum" in schema and value not in schema["enum"]:
         return [f"{where}: {value!r} not in enum"]
     if "const" in schema and value != schema["const"]:
@@ -146,7 +159,9 @@ def _is_type(value: Any, kind: str | list[str]) -> bool:
 
 
 def _object_errors(schema: dict[str, Any], value: dict[str, Any], where: str) -> list[str]:
-    errors = [f"{where}: missing {name!r}" for name in schema.get("required", []) if name not in value]
+    errors = [
+        f"{where}: missing {name!r}" for name in schema.get("required", []) if name not in value
+    ]
     props = schema.get("properties", {})
     for name, sub in value.items():
         if name in props:

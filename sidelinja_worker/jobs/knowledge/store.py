@@ -73,23 +73,36 @@ async def node_texts(conn: Conn, workspace_id: UUID, node_ids: Sequence[str]) ->
     return {r["node_id"]: r["content"] for r in rows}
 
 
-async def embedding_state(conn: Conn, workspace_id: UUID, model: str,
-                          refs: Sequence[str]) -> dict[str, StoredHash]:
+async def embedding_state(
+    conn: Conn, workspace_id: UUID, model: str, refs: Sequence[str]
+) -> dict[str, StoredHash]:
     rows = await conn.fetch(Q["embedding_state"], workspace_id, model, list(refs))
     return {r["ref"]: StoredHash(bytes(r["content_sha256"]), r["dims"]) for r in rows}
 
 
-async def save_embeddings(pool: asyncpg.Pool, workspace_id: UUID, model: str, job_id: UUID,
-                          items: Sequence[NewEmbedding]) -> None:
+async def save_embeddings(
+    pool: asyncpg.Pool, workspace_id: UUID, model: str, job_id: UUID, items: Sequence[NewEmbedding]
+) -> None:
     """Upserts one batch in one transaction: a retry after a crash skips the saved batches."""
-    args = [(workspace_id, e.ref, model, len(e.vector), e.content_sha256,
-             vector_literal(e.vector), job_id) for e in items]
+    args = [
+        (
+            workspace_id,
+            e.ref,
+            model,
+            len(e.vector),
+            e.content_sha256,
+            vector_literal(e.vector),
+            job_id,
+        )
+        for e in items
+    ]
     async with pool.acquire() as conn, conn.transaction():
         await conn.executemany(Q["save_embedding"], args)
 
 
-async def similar(pool: asyncpg.Pool, workspace_id: UUID, model: str, vector: Sequence[float],
-                  limit: int = 10) -> list[Similar]:
+async def similar(
+    pool: asyncpg.Pool, workspace_id: UUID, model: str, vector: Sequence[float], limit: int = 10
+) -> list[Similar]:
     """The `limit` stored embeddings of this workspace and model closest to `vector` by cosine
     similarity, best first. 1536 dimensions go through the HNSW index, with an iterative scan so
     the workspace/model filter cannot leave the answer short; others are searched exactly."""
@@ -99,56 +112,117 @@ async def similar(pool: asyncpg.Pool, workspace_id: UUID, model: str, vector: Se
             await conn.execute(Q["exact_hnsw_scan"])
             rows = await conn.fetch(Q["similar_1536"], workspace_id, model, literal, limit)
         else:
-            rows = await conn.fetch(Q["similar_any"], workspace_id, model, literal, limit,
-                                    len(vector))
+            rows = await conn.fetch(
+                Q["similar_any"], workspace_id, model, literal, limit, len(vector)
+            )
     return [Similar(r["ref"], float(r["similarity"])) for r in rows]
 
 
-async def save_profile(conn: Conn, workspace_id: UUID, quiz_id: str, party: str, job_id: UUID,
-                       model: str, profile: dict[str, Any]) -> UUID:
-    return await conn.fetchval(Q["save_profile"], workspace_id, quiz_id, party, job_id, model,
-                               profile)
+async def save_profile(
+    conn: Conn,
+    workspace_id: UUID,
+    quiz_id: str,
+    party: str,
+    job_id: UUID,
+    model: str,
+    profile: dict[str, Any],
+) -> UUID:
+    return await conn.fetchval(
+        Q["save_profile"], workspace_id, quiz_id, party, job_id, model, profile
+    )
 
 
 async def quiz_questions(conn: Conn, workspace_id: UUID, quiz_id: str) -> list[QuizQuestion]:
     rows = await conn.fetch(Q["quiz_questions"], workspace_id, quiz_id)
-    return [QuizQuestion(r["question_id"], r["text"], r["embedding_model"],
-                         bytes(r["embedding_sha256"]) if r["embedding_sha256"] is not None else None,
-                         list(r["embedding"]) if r["embedding"] is not None else None)
-            for r in rows]
+    return [
+        QuizQuestion(
+            r["question_id"],
+            r["text"],
+            r["embedding_model"],
+            bytes(r["embedding_sha256"]) if r["embedding_sha256"] is not None else None,
+            list(r["embedding"]) if r["embedding"] is not None else None,
+        )
+        for r in rows
+    ]
 
 
-async def save_question_embeddings(pool: asyncpg.Pool, workspace_id: UUID, quiz_id: str,
-                                   model: str, items: Sequence[NewEmbedding]) -> None:
+async def save_question_embeddings(
+    pool: asyncpg.Pool, workspace_id: UUID, quiz_id: str, model: str, items: Sequence[NewEmbedding]
+) -> None:
     args = [(workspace_id, quiz_id, e.ref, model, e.content_sha256, e.vector) for e in items]
     async with pool.acquire() as conn, conn.transaction():
         await conn.executemany(Q["save_question_embedding"], args)
 
 
-async def save_moderation(conn: Conn, workspace_id: UUID, quiz_id: str, submission_ref: str,
-                          question: str, duplicate_of: str | None, similarity: float | None,
-                          rewrite: str, flags: Sequence[str], result: dict[str, Any],
-                          model: str, job_id: UUID) -> tuple[UUID, str]:
+async def save_moderation(
+    conn: Conn,
+    workspace_id: UUID,
+    quiz_id: str,
+    submission_ref: str,
+    question: str,
+    duplicate_of: str | None,
+    similarity: float | None,
+    rewrite: str,
+    flags: Sequence[str],
+    result: dict[str, Any],
+    model: str,
+    job_id: UUID,
+) -> tuple[UUID, str]:
     """The review's id and status; a review a moderator already decided is left as it was."""
-    row_id = await conn.fetchval(Q["save_moderation"], workspace_id, quiz_id, submission_ref,
-                                 question, duplicate_of, similarity, rewrite, list(flags), result,
-                                 model, job_id)
+    row_id = await conn.fetchval(
+        Q["save_moderation"],
+        workspace_id,
+        quiz_id,
+        submission_ref,
+        question,
+        duplicate_of,
+        similarity,
+        rewrite,
+        list(flags),
+        result,
+        model,
+        job_id,
+    )
     if row_id is not None:
         return row_id, "pending"
     row = await conn.fetchrow(Q["moderation_status"], workspace_id, quiz_id, submission_ref)
     return row["id"], row["status"]
 
 
-async def save_eval_run(pool: asyncpg.Pool, workspace_id: UUID, run_ref: str, job_id: UUID,
-                        prompt: str, models: Sequence[str], summary: dict[str, Any],
-                        rows: Sequence[EvalRow]) -> UUID:
+async def save_eval_run(
+    pool: asyncpg.Pool,
+    workspace_id: UUID,
+    run_ref: str,
+    job_id: UUID,
+    prompt: str,
+    models: Sequence[str],
+    summary: dict[str, Any],
+    rows: Sequence[EvalRow],
+) -> UUID:
     """The run, its summary and every case's result, replacing an earlier run of the same ref,
     in one transaction."""
     async with pool.acquire() as conn, conn.transaction():
-        run_id = await conn.fetchval(Q["save_eval_run"], workspace_id, run_ref, job_id, prompt,
-                                     list(models), summary)
+        run_id = await conn.fetchval(
+            Q["save_eval_run"], workspace_id, run_ref, job_id, prompt, list(models), summary
+        )
         await conn.execute(Q["clear_eval_results"], run_id, workspace_id)
-        await conn.executemany(Q["save_eval_result"], [
-            (run_id, workspace_id, r.model, r.case_id, r.passed, r.output, r.error, r.scores,
-             r.latency_ms, r.prompt_tokens, r.completion_tokens) for r in rows])
+        await conn.executemany(
+            Q["save_eval_result"],
+            [
+                (
+                    run_id,
+                    workspace_id,
+                    r.model,
+                    r.case_id,
+                    r.passed,
+                    r.output,
+                    r.error,
+                    r.scores,
+                    r.latency_ms,
+                    r.prompt_tokens,
+                    r.completion_tokens,
+                )
+                for r in rows
+            ],
+        )
     return run_id

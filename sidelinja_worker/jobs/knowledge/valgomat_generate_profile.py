@@ -12,9 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sidelinja_worker.jobs.ai.common import AiRun, AiTask, run_ai_task
 from sidelinja_worker.jobs.knowledge import store as knowledge_store
 from sidelinja_worker.jobs.media_paths import resolve_media_path
-from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError, RetryJob
+from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.registry import JobType
 
 MAX_STATEMENTS = 200
@@ -33,7 +33,9 @@ class ProfilePayload(BaseModel):
 
     quiz_id: str = Field(min_length=1, max_length=200)
     party: str = Field(min_length=1, max_length=200)
-    programme_path: str | None = Field(default=None, min_length=1, max_length=1000)  # under MEDIA_ROOT
+    programme_path: str | None = Field(
+        default=None, min_length=1, max_length=1000
+    )  # under MEDIA_ROOT
     programme_text: str | None = Field(default=None, min_length=1)
     statements: list[Statement] = Field(min_length=1, max_length=MAX_STATEMENTS)
 
@@ -50,7 +52,8 @@ class ProfilePayload(BaseModel):
 class Position(BaseModel):
     statement_id: str
     position: Literal[-2, -1, 0, 1, 2] | None = Field(
-        description="-2 strongly disagree … 2 strongly agree; null when the programme is silent")
+        description="-2 strongly disagree … 2 strongly agree; null when the programme is silent"
+    )
     justification: str = Field(min_length=1)
     quote: str | None = Field(description="words from the programme, verbatim, or null")
 
@@ -85,8 +88,15 @@ def merge(answers: list[Profile]) -> Profile:
     return Profile(summary=" ".join(a.summary for a in answers), positions=list(chosen.values()))
 
 
-TASK = AiTask("valgomat_generate_profile", Profile, PROMPT, COMBINE_PROMPT,
-              "Lager kandidatprofil", "profile", merge=merge)
+TASK = AiTask(
+    "valgomat_generate_profile",
+    Profile,
+    PROMPT,
+    COMBINE_PROMPT,
+    "Lager kandidatprofil",
+    "profile",
+    merge=merge,
+)
 
 
 async def programme_of(ctx: JobContext, payload: ProfilePayload) -> str:
@@ -95,12 +105,16 @@ async def programme_of(ctx: JobContext, payload: ProfilePayload) -> str:
     assert payload.programme_path is not None
     path = resolve_media_path(ctx.services.config.require("MEDIA_ROOT"), payload.programme_path)
     if path.stat().st_size > MAX_PROGRAMME_BYTES:
-        raise PermanentError(f"programme {payload.programme_path!r} is over {MAX_PROGRAMME_BYTES} bytes")
+        raise PermanentError(
+            f"programme {payload.programme_path!r} is over {MAX_PROGRAMME_BYTES} bytes"
+        )
     try:
         text = await asyncio.to_thread(path.read_text, "utf-8")
     except UnicodeDecodeError:
-        raise PermanentError(f"programme {payload.programme_path!r} is not UTF-8 text "
-                             "(convert PDF or Word files to text first)") from None
+        raise PermanentError(
+            f"programme {payload.programme_path!r} is not UTF-8 text "
+            "(convert PDF or Word files to text first)"
+        ) from None
     if not text.strip():
         raise PermanentError(f"programme {payload.programme_path!r} is empty")
     return text
@@ -115,7 +129,9 @@ def _squash(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
-def checked_positions(payload: ProfilePayload, profile: Profile, programme: str) -> list[dict[str, Any]]:
+def checked_positions(
+    payload: ProfilePayload, profile: Profile, programme: str
+) -> list[dict[str, Any]]:
     """The positions in the statements' order, each marked whether its quote is really in the
     programme. An answer that leaves statements out is asked again (the model varies)."""
     by_id: dict[str, Position] = {}
@@ -123,26 +139,48 @@ def checked_positions(payload: ProfilePayload, profile: Profile, programme: str)
         by_id.setdefault(pos.statement_id, pos)
     missing = [s.id for s in payload.statements if s.id not in by_id]
     if missing:
-        raise RetryJob(f"the model's profile left out {len(missing)} statement(s): "
-                       + ", ".join(missing[:5]))
+        raise RetryJob(
+            f"the model's profile left out {len(missing)} statement(s): " + ", ".join(missing[:5])
+        )
     text = _squash(programme)
-    return [{**by_id[s.id].model_dump(mode="json"),
-             "quote_found": bool(by_id[s.id].quote) and _squash(by_id[s.id].quote or "") in text}
-            for s in payload.statements]
+    return [
+        {
+            **by_id[s.id].model_dump(mode="json"),
+            "quote_found": bool(by_id[s.id].quote) and _squash(by_id[s.id].quote or "") in text,
+        }
+        for s in payload.statements
+    ]
 
 
 async def run(ctx: JobContext, payload: ProfilePayload) -> dict[str, Any]:
     programme = await programme_of(ctx, payload)
     result: AiRun[Profile] = await run_ai_task(ctx, TASK, programme, statements_note(payload))
-    profile = {"party": payload.party, "summary": result.value.summary,
-               "positions": checked_positions(payload, result.value, programme)}
-    row_id = await knowledge_store.save_profile(ctx.services.pool, ctx.workspace_id, payload.quiz_id,
-                                                payload.party, ctx.job_id, result.model, profile)
-    return {"profile": profile, "profile_id": str(row_id), "quiz_id": payload.quiz_id,
-            "model": result.model, "parts": result.parts,
-            "usage": {"prompt_tokens": result.usage.prompt_tokens,
-                      "completion_tokens": result.usage.completion_tokens,
-                      "calls": result.usage.calls}}
+    profile = {
+        "party": payload.party,
+        "summary": result.value.summary,
+        "positions": checked_positions(payload, result.value, programme),
+    }
+    row_id = await knowledge_store.save_profile(
+        ctx.services.pool,
+        ctx.workspace_id,
+        payload.quiz_id,
+        payload.party,
+        ctx.job_id,
+        result.model,
+        profile,
+    )
+    return {
+        "profile": profile,
+        "profile_id": str(row_id),
+        "quiz_id": payload.quiz_id,
+        "model": result.model,
+        "parts": result.parts,
+        "usage": {
+            "prompt_tokens": result.usage.prompt_tokens,
+            "completion_tokens": result.usage.completion_tokens,
+            "calls": result.usage.calls,
+        },
+    }
 
 
 JOB_TYPE = JobType(
@@ -152,6 +190,6 @@ JOB_TYPE = JobType(
     default_priority=default_priority("valgomat_generate_profile"),
     timeout_s=1200,
     description="party programme + quiz statements -> synthetic candidate profile "
-                "{quiz_id, party, programme_path | programme_text, statements: [{id, text}]}",
+    "{quiz_id, party, programme_path | programme_text, statements: [{id, text}]}",
     needs_settings=("AI_GATEWAY_URL", "AI_GATEWAY_KEY"),
 )

@@ -25,9 +25,9 @@ from sidelinja_worker.jobs.knowledge.common import (
     embedding_settings,
 )
 from sidelinja_worker.jobs.knowledge.store import NewEmbedding, QuizQuestion
-from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError
+from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.registry import JobType, describe_validation_error
 from sidelinja_worker.services.ai_gateway import AiGateway
 
@@ -40,8 +40,12 @@ class ModerationPayload(BaseModel):
 
     quiz_id: str = Field(min_length=1, max_length=200)
     question: str = Field(min_length=1, max_length=2000)
-    submission_ref: str | None = Field(default=None, min_length=1, max_length=500,
-                                       description="the platform's id of the submission (default job:<id>)")
+    submission_ref: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=500,
+        description="the platform's id of the submission (default job:<id>)",
+    )
 
 
 class ValgomatSettings(BaseModel):
@@ -50,8 +54,9 @@ class ValgomatSettings(BaseModel):
     duplicate_threshold: float = Field(default=DEFAULT_THRESHOLD, gt=0, le=1)
 
 
-Flag = Literal["leading", "loaded_language", "double_barrelled", "presupposition",
-               "unclear", "offensive"]
+Flag = Literal[
+    "leading", "loaded_language", "double_barrelled", "presupposition", "unclear", "offensive"
+]
 
 
 class Review(BaseModel):
@@ -78,27 +83,44 @@ def valgomat_settings(raw: dict[str, Any]) -> ValgomatSettings:
     try:
         return ValgomatSettings.model_validate(raw.get("valgomat") or {})
     except ValidationError as exc:
-        raise PermanentError(f"workspace settings valgomat: {describe_validation_error(exc)}") from None
+        raise PermanentError(
+            f"workspace settings valgomat: {describe_validation_error(exc)}"
+        ) from None
 
 
 def stale(q: QuizQuestion, model: str) -> bool:
-    return (q.embedding is None or q.embedding_model != model
-            or q.embedding_sha256 != content_hash(q.text))
+    return (
+        q.embedding is None
+        or q.embedding_model != model
+        or q.embedding_sha256 != content_hash(q.text)
+    )
 
 
-async def question_vectors(ctx: JobContext, gateway: AiGateway, settings: EmbeddingSettings,
-                           quiz_id: str, question: str) -> tuple[list[float], dict[str, list[float]], dict[str, int]]:
+async def question_vectors(
+    ctx: JobContext, gateway: AiGateway, settings: EmbeddingSettings, quiz_id: str, question: str
+) -> tuple[list[float], dict[str, list[float]], dict[str, int]]:
     """The submission's vector and every quiz question's, embedding (and storing) those missing
     or edited since, in the same requests as the submission."""
     questions = await knowledge_store.quiz_questions(ctx.services.pool, ctx.workspace_id, quiz_id)
     todo = [q for q in questions if stale(q, settings.model)]
-    got = await embed_all(ctx, gateway, settings, [question, *(q.text for q in todo)],
-                          "Sammenligner med quizens spørsmål")
+    got = await embed_all(
+        ctx,
+        gateway,
+        settings,
+        [question, *(q.text for q in todo)],
+        "Sammenligner med quizens spørsmål",
+    )
     if todo:
         await knowledge_store.save_question_embeddings(
-            ctx.services.pool, ctx.workspace_id, quiz_id, settings.model,
-            [NewEmbedding(q.question_id, content_hash(q.text), v)
-             for q, v in zip(todo, got.vectors[1:], strict=True)])
+            ctx.services.pool,
+            ctx.workspace_id,
+            quiz_id,
+            settings.model,
+            [
+                NewEmbedding(q.question_id, content_hash(q.text), v)
+                for q, v in zip(todo, got.vectors[1:], strict=True)
+            ],
+        )
     fresh = {q.question_id: v for q, v in zip(todo, got.vectors[1:], strict=True)}
     vectors = {q.question_id: fresh.get(q.question_id) or q.embedding or [] for q in questions}
     return got.vectors[0], vectors, asdict(got.usage)
@@ -115,28 +137,46 @@ async def run(ctx: JobContext, payload: ModerationPayload) -> dict[str, Any]:
     emb = embedding_settings(raw)
     ai = resolve_settings(raw, TASK)
     gateway = AiGateway.from_services(ctx.services)
-    vector, vectors, embed_usage = await question_vectors(ctx, gateway, emb, payload.quiz_id,
-                                                          payload.question)
+    vector, vectors, embed_usage = await question_vectors(
+        ctx, gateway, emb, payload.quiz_id, payload.question
+    )
     best = ranked(vector, vectors)
     duplicate = best[0] if best and best[0][1] >= threshold else None
     await ctx.progress("Omformulerer nøytralt…", 85)
-    review = await gateway.structured(ai.model, [system_message(ai.prompt, ai.names),
-                                                 {"role": "user", "content": payload.question}], Review)
+    review = await gateway.structured(
+        ai.model,
+        [system_message(ai.prompt, ai.names), {"role": "user", "content": payload.question}],
+        Review,
+    )
     duplicate_of = duplicate[0] if duplicate else None
     similarity = round(best[0][1], 4) if best else None
     result = {
         "review": review.value.model_dump(mode="json"),
         "duplicate_of": duplicate_of,
         "similarity": similarity,
-        "similar": [{"question_id": q, "similarity": round(s, 4)} for q, s in best[:SHOWN_CANDIDATES]],
-        "threshold": threshold, "model": ai.model, "embedding_model": emb.model,
+        "similar": [
+            {"question_id": q, "similarity": round(s, 4)} for q, s in best[:SHOWN_CANDIDATES]
+        ],
+        "threshold": threshold,
+        "model": ai.model,
+        "embedding_model": emb.model,
         "usage": {"chat": asdict(review.usage), "embeddings": embed_usage},
     }
     ref = payload.submission_ref or f"job:{ctx.job_id}"
     row_id, status = await knowledge_store.save_moderation(
-        ctx.services.pool, ctx.workspace_id, payload.quiz_id, ref, payload.question,
-        duplicate_of, similarity, review.value.neutral_question,
-        review.value.flags, result, ai.model, ctx.job_id)
+        ctx.services.pool,
+        ctx.workspace_id,
+        payload.quiz_id,
+        ref,
+        payload.question,
+        duplicate_of,
+        similarity,
+        review.value.neutral_question,
+        review.value.flags,
+        result,
+        ai.model,
+        ctx.job_id,
+    )
     return {**result, "moderation_id": str(row_id), "submission_ref": ref, "status": status}
 
 
@@ -147,6 +187,6 @@ JOB_TYPE = JobType(
     default_priority=default_priority("valgomat_moderation"),
     timeout_s=600,
     description="a user's quiz question -> duplicate check and neutral rewrite for a moderator "
-                "{quiz_id, question, submission_ref?}",
+    "{quiz_id, question, submission_ref?}",
     needs_settings=("AI_GATEWAY_URL", "AI_GATEWAY_KEY"),
 )

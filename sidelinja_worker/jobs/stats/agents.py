@@ -24,10 +24,17 @@ class AgentRule:
 
 
 def load_rules() -> list[AgentRule]:
-    raw = resources.files("sidelinja_worker.jobs.stats").joinpath("data/user-agents.json").read_text("utf-8")
-    return [AgentRule(re.compile(e["pattern"]), e["name"],
-                      e["type"] == "bot" or e.get("category") == "bot")
-            for e in json.loads(raw)["entries"]]
+    raw = (
+        resources.files("sidelinja_worker.jobs.stats")
+        .joinpath("data/user-agents.json")
+        .read_text("utf-8")
+    )
+    return [
+        AgentRule(
+            re.compile(e["pattern"]), e["name"], e["type"] == "bot" or e.get("category") == "bot"
+        )
+        for e in json.loads(raw)["entries"]
+    ]
 
 
 class AgentClassifier:

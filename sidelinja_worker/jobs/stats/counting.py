@@ -38,7 +38,7 @@ def host_name(host: str) -> str:
     `Pod.example.no:443` -> `pod.example.no`, `[2001:db8::1]:8443` -> `2001:db8::1`."""
     host = host.strip().lower()
     if host.startswith("["):  # an IPv6 literal, with or without a port
-        return host[1:host.index("]")] if "]" in host else host[1:]
+        return host[1 : host.index("]")] if "]" in host else host[1:]
     if host.count(":") == 1:  # name:port (a bare IPv6 address has more colons)
         return host.partition(":")[0]
     return host
@@ -76,16 +76,16 @@ class Tally:
     rules: EpisodeRules
     agents: AgentClassifier = field(default_factory=AgentClassifier)
     families: dict[str, str] = field(default_factory=dict)  # User-Agent -> app family
-    sizes: dict[str, int] = field(default_factory=dict)     # episode -> file size seen in headers
-    paths: dict[str, str] = field(default_factory=dict)     # episode -> its request path
+    sizes: dict[str, int] = field(default_factory=dict)  # episode -> file size seen in headers
+    paths: dict[str, str] = field(default_factory=dict)  # episode -> its request path
     lines: int = 0  # non-blank lines read, bad ones included
     bad_lines: int = 0
     counted_requests: int = 0
     # Per-distinct-value caches of the hot loop. Their values are also the objects the listener
     # keys hold, so a key shares its strings and day with every other key (memory, issue 8).
-    _uris: dict[str, str | None] = field(default_factory=dict)     # URI -> episode or None
-    _agents: dict[str, str | None] = field(default_factory=dict)   # UA -> itself, None if a bot
-    _ips: dict[str, str] = field(default_factory=dict)             # address -> listener part
+    _uris: dict[str, str | None] = field(default_factory=dict)  # URI -> episode or None
+    _agents: dict[str, str | None] = field(default_factory=dict)  # UA -> itself, None if a bot
+    _ips: dict[str, str] = field(default_factory=dict)  # address -> listener part
     _probes: dict[str, bool] = field(default_factory=dict)
     _hosts: dict[str, bool] = field(default_factory=dict)
     _days: dict[int, int] = field(default_factory=dict)
@@ -144,7 +144,13 @@ class Tally:
         Stops at a counted entry without `client_ip` that was decoded without `remote_ip`, and
         returns its index: the caller decodes the rest again with FULL_DECODER."""
         listens, sizes, uris, agents, ips, probes = (
-            self._bytes, self.sizes, self._uris, self._agents, self._ips, self._probes)
+            self._bytes,
+            self.sizes,
+            self._uris,
+            self._agents,
+            self._ips,
+            self._probes,
+        )
         check_host = bool(self.rules.hosts)
         day, day_start, day_end = -1, 0.0, 0.0
         counted = 0

@@ -16,8 +16,9 @@ def country_lookup(db_path: str | None) -> Callable[[str], str]:
     try:
         import maxminddb
     except ImportError:
-        raise PermanentError("GEOIP_DB is set but the maxminddb package is not installed "
-                             "(pip install maxminddb)") from None
+        raise PermanentError(
+            "GEOIP_DB is set but the maxminddb package is not installed (pip install maxminddb)"
+        ) from None
     if not Path(db_path).is_file():
         raise PermanentError("GEOIP_DB does not name a readable file")
     reader = maxminddb.open_database(db_path)

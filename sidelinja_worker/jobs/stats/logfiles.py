@@ -23,8 +23,10 @@ FINGERPRINT_BYTES = 4096
 
 # lumberjack (Caddy <= 2.10): access-2024-05-01T12-30-00.000.log[.gz]
 # timberjack (Caddy >= 2.11): access-2026-03-01T00-00-00.000-size.log[.gz|.zst]
-ROTATED = re.compile(r"^(?P<base>.+)-(?P<time>\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d(?:\.\d+)?)"
-                     r"(?:-(?P<reason>[a-z]+))?(?P<ext>\.[A-Za-z0-9]+)(?P<comp>\.gz|\.zst)?$")
+ROTATED = re.compile(
+    r"^(?P<base>.+)-(?P<time>\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d(?:\.\d+)?)"
+    r"(?:-(?P<reason>[a-z]+))?(?P<ext>\.[A-Za-z0-9]+)(?P<comp>\.gz|\.zst)?$"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +46,11 @@ def discover(target: Path, pattern: str | None) -> list[LogFile]:
     if pattern is not None:
         paths = [p for p in target.glob(pattern) if p.is_file()]
     elif target.is_dir():
-        paths = [p for p in target.iterdir() if p.is_file()
-                 and (p.suffix == ".log" or ROTATED.match(p.name))]
+        paths = [
+            p
+            for p in target.iterdir()
+            if p.is_file() and (p.suffix == ".log" or ROTATED.match(p.name))
+        ]
     else:
         paths = [target, *_rotated_siblings(target)]
     files = [LogFile(p, ROTATED.match(p.name) is not None) for p in paths]
@@ -54,8 +59,11 @@ def discover(target: Path, pattern: str | None) -> list[LogFile]:
 
 def _rotated_siblings(live: Path) -> list[Path]:
     stem, ext = live.stem, live.suffix
-    return [p for p in live.parent.glob(f"{stem}-*{ext}*")
-            if (m := ROTATED.match(p.name)) and m["base"] == stem and m["ext"] == ext]
+    return [
+        p
+        for p in live.parent.glob(f"{stem}-*{ext}*")
+        if (m := ROTATED.match(p.name)) and m["base"] == stem and m["ext"] == ext
+    ]
 
 
 def _rotation_time(path: Path) -> str:
@@ -73,8 +81,9 @@ def open_stream(path: Path) -> Stream:
         return io.BufferedReader(GzipReader(path), CHUNK_BYTES)
     if path.suffix == ".zst":
         raw = path.open("rb")
-        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True,
-                                                          closefd=True)  # type: ignore[return-value]
+        return zstandard.ZstdDecompressor().stream_reader(
+            raw, read_across_frames=True, closefd=True
+        )  # type: ignore[return-value]
     return path.open("rb")
 
 
@@ -109,7 +118,7 @@ class GzipReader(io.RawIOBase):
     def _fall_back(self, buffer: bytearray | memoryview) -> int:
         self._stream.close()
         self._fallback = True
-        self._stream = gzip.open(self._path, "rb")
+        self._stream = gzip.open(self._path, "rb")  # noqa: SIM115 - closed by close()
         _skip(self._stream, self._pos, compressed=True)
         return self._stream.readinto(buffer)
 
@@ -127,7 +136,7 @@ def fingerprint(path: Path) -> str | None:
     cut = head.find(b"\n")
     if cut < 0 and len(head) < FINGERPRINT_BYTES:
         return None
-    first = head if cut < 0 else head[:cut + 1]
+    first = head if cut < 0 else head[: cut + 1]
     return hashlib.sha256(first).hexdigest()[:32]
 
 
@@ -152,7 +161,7 @@ def read_blocks(log: LogFile, start: int) -> Iterator[tuple[memoryview, int]]:
                 buf = bytearray(2 * len(buf))
                 buf[:kept] = view[:kept]
                 view = memoryview(buf)
-            got = stream.readinto(view[kept:kept + CHUNK_BYTES])
+            got = stream.readinto(view[kept : kept + CHUNK_BYTES])
             if not got:
                 break
             filled = kept + got

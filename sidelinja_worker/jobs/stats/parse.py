@@ -58,14 +58,24 @@ class ParseResult:
         days, episodes, ips, agents = ([key[i] for key in keys] for i in range(4))
         sent = [listen.bytes for listen in self.listens.values()]
         whole = [listen.whole for listen in self.listens.values()]
-        return _unpickle, ((days, episodes, ips, agents, sent, whole), self.families, self.sizes,
-                           self.paths, self.files, self.lines, self.bad_lines,
-                           self.counted_requests, self.errors)
+        return _unpickle, (
+            (days, episodes, ips, agents, sent, whole),
+            self.families,
+            self.sizes,
+            self.paths,
+            self.files,
+            self.lines,
+            self.bad_lines,
+            self.counted_requests,
+            self.errors,
+        )
 
 
 def _unpickle(columns: tuple[list[Any], ...], *rest: Any) -> ParseResult:
     days, episodes, ips, agents, sent, whole = columns
-    listens = dict(zip(zip(days, episodes, ips, agents), map(Listen, sent, whole)))
+    listens = dict(
+        zip(zip(days, episodes, ips, agents, strict=True), map(Listen, sent, whole), strict=True)
+    )
     return ParseResult(listens, *rest)
 
 
@@ -84,8 +94,17 @@ def parse_files(tasks: list[FileTask], rules: EpisodeRules) -> ParseResult:
     finally:
         if was_enabled:
             gc.enable()
-    return ParseResult(tally.listens, tally.families, tally.sizes, tally.paths, done, tally.lines,
-                       tally.bad_lines, tally.counted_requests, errors)
+    return ParseResult(
+        tally.listens,
+        tally.families,
+        tally.sizes,
+        tally.paths,
+        done,
+        tally.lines,
+        tally.bad_lines,
+        tally.counted_requests,
+        errors,
+    )
 
 
 def _parse_one(task: FileTask, tally: Tally, errors: list[str]) -> FileDone:
@@ -99,4 +118,3 @@ def _parse_one(task: FileTask, tally: Tally, errors: list[str]) -> FileDone:
     except (OSError, EOFError, zstandard.ZstdError) as exc:
         errors.append(f"{task.path.name}: {type(exc).__name__}: {exc}")
     return FileDone(task.fingerprint, task.path.name, offset, task.rotated)
-

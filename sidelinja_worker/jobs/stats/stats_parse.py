@@ -17,7 +17,6 @@ from typing import Any
 import zstandard
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.jobs.stats import store as stats_store
 from sidelinja_worker.jobs.stats.counting import AUDIO_EXTENSIONS, EpisodeRules
 from sidelinja_worker.jobs.stats.geo import country_lookup
@@ -29,6 +28,7 @@ from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.durations import parse_duration_s
 from sidelinja_worker.queue.errors import PermanentError, RetryJob, UserError
+from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.registry import JobType, describe_validation_error
 
 # A concurrent run that committed first makes this one re-read from its offsets; a few rounds.
@@ -40,7 +40,9 @@ _GLOB = set("*?[")
 class StatsParsePayload(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    logs: str = Field(min_length=1, description="log folder, live log file or glob, under MEDIA_ROOT")
+    logs: str = Field(
+        min_length=1, description="log folder, live log file or glob, under MEDIA_ROOT"
+    )
     schedule: bool = Field(default=True, description="enqueue the next run after this one")
 
 
@@ -65,7 +67,7 @@ class StatsSettings(BaseModel):
 
 
 async def run(ctx: JobContext, payload: StatsParsePayload) -> dict[str, Any]:
-    media_root = Path(ctx.services.config.require("MEDIA_ROOT")).resolve()
+    media_root = Path(ctx.services.config.require("MEDIA_ROOT")).resolve()  # noqa: ASYNC240 - a few stats
     settings = _settings(await ctx.workspace_settings())
     logs = resolve_logs(media_root, payload.logs)
     summary = await _parse_and_commit(ctx, logs, settings, media_root)
@@ -78,7 +80,9 @@ def _settings(workspace: dict[str, Any]) -> StatsSettings:
     try:
         return StatsSettings.model_validate(workspace.get("stats") or {})
     except ValidationError as exc:
-        raise PermanentError(f"workspace settings stats: {describe_validation_error(exc)}") from None
+        raise PermanentError(
+            f"workspace settings stats: {describe_validation_error(exc)}"
+        ) from None
 
 
 def resolve_logs(media_root: Path, logs: str) -> list[LogFile]:
@@ -97,8 +101,9 @@ def resolve_logs(media_root: Path, logs: str) -> list[LogFile]:
     return files
 
 
-async def _parse_and_commit(ctx: JobContext, logs: list[LogFile], settings: StatsSettings,
-                            media_root: Path) -> dict[str, Any]:
+async def _parse_and_commit(
+    ctx: JobContext, logs: list[LogFile], settings: StatsSettings, media_root: Path
+) -> dict[str, Any]:
     pool, ws = ctx.services.pool, ctx.workspace_id
     for _ in range(COMMIT_ROUNDS):
         prints = await asyncio.to_thread(_fingerprints, logs)
@@ -110,13 +115,25 @@ async def _parse_and_commit(ctx: JobContext, logs: list[LogFile], settings: Stat
         listens = await _listen_rows(pool, ws, result, ctx.services.config.get("GEOIP_DB"))
         async with pool.acquire() as conn:
             added = await stats_store.commit_run(
-                conn, ws, {t.fingerprint: t.start for t in tasks},
-                saves + [FileSave(f.fingerprint, f.name, f.offset, f.complete) for f in result.files],
-                listens, thresholds, datetime.now(UTC).date())
+                conn,
+                ws,
+                {t.fingerprint: t.start for t in tasks},
+                saves
+                + [FileSave(f.fingerprint, f.name, f.offset, f.complete) for f in result.files],
+                listens,
+                thresholds,
+                datetime.now(UTC).date(),
+            )
         if added is not None:
-            return {"files": len(prints), "files_read": len(tasks), "lines": result.lines,
-                    "bad_lines": result.bad_lines, "requests_counted": result.counted_requests,
-                    "new_downloads": added, "file_errors": result.errors}
+            return {
+                "files": len(prints),
+                "files_read": len(tasks),
+                "lines": result.lines,
+                "bad_lines": result.bad_lines,
+                "requests_counted": result.counted_requests,
+                "new_downloads": added,
+                "file_errors": result.errors,
+            }
     raise RetryJob("other stats_parse runs kept committing the same logs; trying again later")
 
 
@@ -134,8 +151,9 @@ def _fingerprints(logs: list[LogFile]) -> dict[LogFile, str]:
     return found
 
 
-def plan(logs: list[LogFile], prints: dict[LogFile, str],
-         states: dict[str, stats_store.FileState]) -> tuple[list[FileTask], list[FileSave]]:
+def plan(
+    logs: list[LogFile], prints: dict[LogFile, str], states: dict[str, stats_store.FileState]
+) -> tuple[list[FileTask], list[FileSave]]:
     """What to read from where; files already read to the end are only touched (kept known).
     Two names with one fingerprint (the live file and its fresh rotation) are read once."""
     tasks: list[FileTask] = []
@@ -159,8 +177,13 @@ async def parse_in_child(tasks: list[FileTask], rules: EpisodeRules) -> ParseRes
     if not tasks:
         return ParseResult()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sidelinja_worker.jobs.stats.child", stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "sidelinja_worker.jobs.stats.child",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         out, err = await proc.communicate(pickle.dumps((tasks, rules)))
     finally:
@@ -168,7 +191,9 @@ async def parse_in_child(tasks: list[FileTask], rules: EpisodeRules) -> ParseRes
             proc.kill()
             await proc.wait()
     if proc.returncode != 0:
-        raise RetryJob(f"log parser exited with {proc.returncode}: {err.decode(errors='replace')[-300:]}")
+        raise RetryJob(
+            f"log parser exited with {proc.returncode}: {err.decode(errors='replace')[-300:]}"
+        )
     # Our own child's output; a big log's result takes ~0.5 s to unpickle, which must not
     # stall the other jobs on the event loop.
     result = await asyncio.to_thread(pickle.loads, out)
@@ -177,39 +202,60 @@ async def parse_in_child(tasks: list[FileTask], rules: EpisodeRules) -> ParseRes
     return result
 
 
-def _thresholds(result: ParseResult, media_root: Path, settings: StatsSettings) -> dict[str, int | None]:
+def _thresholds(
+    result: ParseResult, media_root: Path, settings: StatsSettings
+) -> dict[str, int | None]:
     episodes = {key[1] for key in result.listens}
-    return {ep: threshold_bytes(_media_file(media_root, settings, result.paths.get(ep)),
-                                result.sizes.get(ep)) for ep in episodes}
+    return {
+        ep: threshold_bytes(
+            _media_file(media_root, settings, result.paths.get(ep)), result.sizes.get(ep)
+        )
+        for ep in episodes
+    }
 
 
 def _media_file(media_root: Path, settings: StatsSettings, url_path: str | None) -> Path | None:
     if url_path is None or not url_path.startswith(settings.url_prefix):
         return None
-    path = (media_root / settings.media_dir / url_path[len(settings.url_prefix):].lstrip("/")).resolve()
+    path = (
+        media_root / settings.media_dir / url_path[len(settings.url_prefix) :].lstrip("/")
+    ).resolve()
     return path if path.is_relative_to(media_root) else None
 
 
-async def _listen_rows(pool: Any, workspace_id: Any, result: ParseResult,
-                       geoip_db: str | None) -> list[ListenRow]:
+async def _listen_rows(
+    pool: Any, workspace_id: Any, result: ParseResult, geoip_db: str | None
+) -> list[ListenRow]:
     """The run's listeners with the address and agent replaced by a keyed hash under the day's
     salt: the raw IP never leaves this process's memory."""
     days = {key[0] for key in result.listens}
-    salts = await stats_store.salts(pool, workspace_id, [date.fromordinal(_EPOCH + d) for d in days])
+    salts = await stats_store.salts(
+        pool, workspace_id, [date.fromordinal(_EPOCH + d) for d in days]
+    )
     return await asyncio.to_thread(_hash_rows, result, salts, country_lookup(geoip_db))
 
 
 _EPOCH = date(1970, 1, 1).toordinal()
 
 
-def _hash_rows(result: ParseResult, salts: dict[date, bytes],
-               country: Callable[[str], str]) -> list[ListenRow]:
+def _hash_rows(
+    result: ParseResult, salts: dict[date, bytes], country: Callable[[str], str]
+) -> list[ListenRow]:
     rows = []
     for (day_n, episode, ip, agent), listen in result.listens.items():
         day = date.fromordinal(_EPOCH + day_n)
         key = hashlib.blake2b(f"{ip}\n{agent}".encode(), digest_size=16, key=salts[day]).digest()
-        rows.append(ListenRow(day, episode, key, result.families.get(agent, ""), country(ip),
-                              listen.bytes, listen.whole))
+        rows.append(
+            ListenRow(
+                day,
+                episode,
+                key,
+                result.families.get(agent, ""),
+                country(ip),
+                listen.bytes,
+                listen.whole,
+            )
+        )
     return rows
 
 
@@ -220,9 +266,15 @@ def _schedule_next(ctx: JobContext, payload: StatsParsePayload, interval_s: floa
     now_s = datetime.now(UTC).timestamp()
     next_time = datetime.fromtimestamp((now_s // interval_s + 1) * interval_s, UTC)
     logs_id = hashlib.sha256(payload.logs.encode()).hexdigest()[:12]
-    ctx.enqueue_on_success(NewJob(
-        ctx.workspace_id, "stats_parse", payload.model_dump(), scheduled_for=next_time,
-        unique_key=f"stats_parse:{ctx.workspace_id}:{logs_id}:{next_time:%Y-%m-%dT%H:%M}"))
+    ctx.enqueue_on_success(
+        NewJob(
+            ctx.workspace_id,
+            "stats_parse",
+            payload.model_dump(),
+            scheduled_for=next_time,
+            unique_key=f"stats_parse:{ctx.workspace_id}:{logs_id}:{next_time:%Y-%m-%dT%H:%M}",
+        )
+    )
     return next_time
 
 

@@ -56,7 +56,9 @@ class DailyRow:
     downloads: int
 
 
-async def file_states(conn: Conn, workspace_id: UUID, fingerprints: Sequence[str]) -> dict[str, FileState]:
+async def file_states(
+    conn: Conn, workspace_id: UUID, fingerprints: Sequence[str]
+) -> dict[str, FileState]:
     rows = await conn.fetch(Q["file_states"], workspace_id, list(fingerprints))
     return {r[0]: FileState(r[1], r[2]) for r in rows}
 
@@ -69,9 +71,15 @@ async def salts(conn: Conn, workspace_id: UUID, days: Sequence[date]) -> dict[da
     return {r[0]: bytes(r[1]) for r in rows}
 
 
-async def commit_run(conn: asyncpg.Connection, workspace_id: UUID, started: dict[str, int],
-                     files: Sequence[FileSave], listens: Sequence[ListenRow],
-                     thresholds: dict[str, int | None], today: date) -> int | None:
+async def commit_run(
+    conn: asyncpg.Connection,
+    workspace_id: UUID,
+    started: dict[str, int],
+    files: Sequence[FileSave],
+    listens: Sequence[ListenRow],
+    thresholds: dict[str, int | None],
+    today: date,
+) -> int | None:
     """Adds the run's listens, counts the listeners that reached their threshold and records
     the offsets, in one transaction. None (nothing written) when another run committed offsets
     for these files since `started` was read: the caller re-reads from the new offsets."""
@@ -82,20 +90,40 @@ async def commit_run(conn: asyncpg.Connection, workspace_id: UUID, started: dict
             return None
         await _add_listens(conn, workspace_id, listens)
         days = sorted({r.day for r in listens})
-        added = await conn.fetchval(Q["count_downloads"], workspace_id, list(thresholds),
-                                    list(thresholds.values()), days)
-        await conn.execute(Q["save_files"], workspace_id, [f.fingerprint for f in files],
-                           [f.name for f in files], [f.read_offset for f in files],
-                           [f.complete for f in files])
-        await conn.execute(Q["prune"], workspace_id, date.fromordinal(today.toordinal() - KEEP_LISTENER_DAYS),
-                           KEEP_FILE_STATE_DAYS)
+        added = await conn.fetchval(
+            Q["count_downloads"], workspace_id, list(thresholds), list(thresholds.values()), days
+        )
+        await conn.execute(
+            Q["save_files"],
+            workspace_id,
+            [f.fingerprint for f in files],
+            [f.name for f in files],
+            [f.read_offset for f in files],
+            [f.complete for f in files],
+        )
+        await conn.execute(
+            Q["prune"],
+            workspace_id,
+            date.fromordinal(today.toordinal() - KEEP_LISTENER_DAYS),
+            KEEP_FILE_STATE_DAYS,
+        )
         return int(added)
 
 
-async def _add_listens(conn: asyncpg.Connection, workspace_id: UUID, rows: Sequence[ListenRow]) -> None:
-    await conn.execute(Q["add_listens"], workspace_id, [r.day for r in rows],
-                       [r.episode for r in rows], [r.listener for r in rows], [r.app for r in rows],
-                       [r.country for r in rows], [r.bytes for r in rows], [r.whole for r in rows])
+async def _add_listens(
+    conn: asyncpg.Connection, workspace_id: UUID, rows: Sequence[ListenRow]
+) -> None:
+    await conn.execute(
+        Q["add_listens"],
+        workspace_id,
+        [r.day for r in rows],
+        [r.episode for r in rows],
+        [r.listener for r in rows],
+        [r.app for r in rows],
+        [r.country for r in rows],
+        [r.bytes for r in rows],
+        [r.whole for r in rows],
+    )
 
 
 async def daily_downloads(conn: Conn, workspace_id: UUID) -> list[DailyRow]:

@@ -29,8 +29,11 @@ class Route:
 
     def record(self) -> dict[str, Any]:
         """For the job's result: the decision, never the URL (it may carry credentials)."""
-        return {"whisper": "governed" if self.governed else "default", "reason": self.reason,
-                "live_rooms": self.live_rooms}
+        return {
+            "whisper": "governed" if self.governed else "default",
+            "reason": self.reason,
+            "live_rooms": self.live_rooms,
+        }
 
 
 def livekit_server(config: ServiceConfig) -> livekit.LiveKitServer | None:
@@ -38,8 +41,9 @@ def livekit_server(config: ServiceConfig) -> livekit.LiveKitServer | None:
     url = config.get("LIVEKIT_URL")
     if not url:
         return None
-    return livekit.LiveKitServer(url, config.require("LIVEKIT_API_KEY"),
-                                 config.secret("LIVEKIT_API_SECRET"))
+    return livekit.LiveKitServer(
+        url, config.require("LIVEKIT_API_KEY"), config.secret("LIVEKIT_API_SECRET")
+    )
 
 
 async def choose_whisper(http: httpx.AsyncClient, config: ServiceConfig) -> Route:
@@ -61,7 +65,14 @@ async def choose_whisper(http: httpx.AsyncClient, config: ServiceConfig) -> Rout
         return Route(default, False, "no LiveKit room has participants", 0)
     names = ", ".join(live[:3]) + (", …" if len(live) > 3 else "")
     if governed:
-        return Route(governed, True, f"{len(live)} live LiveKit room(s) ({names}): "
-                     "using WHISPER_GOVERNED_URL", len(live))
-    raise Defer(f"{len(live)} live LiveKit room(s) ({names}) and no WHISPER_GOVERNED_URL: "
-                f"transcription waits, re-checked in {RECHECK_S:.0f} s", after_s=RECHECK_S)
+        return Route(
+            governed,
+            True,
+            f"{len(live)} live LiveKit room(s) ({names}): using WHISPER_GOVERNED_URL",
+            len(live),
+        )
+    raise Defer(
+        f"{len(live)} live LiveKit room(s) ({names}) and no WHISPER_GOVERNED_URL: "
+        f"transcription waits, re-checked in {RECHECK_S:.0f} s",
+        after_s=RECHECK_S,
+    )

@@ -8,11 +8,11 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from sidelinja_worker.jobs.media_paths import resolve_media_path
-from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.jobs.transcripts import store as transcripts_store
 from sidelinja_worker.jobs.transcripts.subtitles import SrtError, parse_srt
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError
+from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.registry import JobType
 from sidelinja_worker.services.forgejo import Forgejo, RepoFile, check_repo_path
 
@@ -52,11 +52,21 @@ async def run_srt_parse(ctx: JobContext, payload: SrtParsePayload) -> Any:
         raise PermanentError(str(exc)) from None
     await ctx.progress("Lagrer transkripsjonen…", 80)
     await transcripts_store.replace_transcript(
-        ctx.services.pool, ctx.workspace_id, payload.transcript_ref, transcript,
-        language=payload.language, source=source, job_id=ctx.job_id)
-    return {"transcript_ref": payload.transcript_ref, "segments": len(transcript.segments),
-            "duration_ms": transcript.duration_ms, "characters": len(transcript.plain_text),
-            "source": source}
+        ctx.services.pool,
+        ctx.workspace_id,
+        payload.transcript_ref,
+        transcript,
+        language=payload.language,
+        source=source,
+        job_id=ctx.job_id,
+    )
+    return {
+        "transcript_ref": payload.transcript_ref,
+        "segments": len(transcript.segments),
+        "duration_ms": transcript.duration_ms,
+        "characters": len(transcript.plain_text),
+        "source": source,
+    }
 
 
 async def _load(ctx: JobContext, payload: SrtParsePayload) -> tuple[bytes, dict[str, Any]]:
@@ -86,8 +96,9 @@ def _decode(raw: bytes) -> str:
     try:
         return raw.decode("cp1252")
     except UnicodeDecodeError as exc:
-        raise PermanentError(f"the SRT is neither UTF-8 nor Windows-1252 "
-                             f"(byte {exc.start})") from None
+        raise PermanentError(
+            f"the SRT is neither UTF-8 nor Windows-1252 (byte {exc.start})"
+        ) from None
 
 
 JOB_TYPE = JobType(
@@ -97,5 +108,5 @@ JOB_TYPE = JobType(
     default_priority=default_priority("srt_parse"),
     timeout_s=300,
     description="SRT -> transcript (segments, plain text, WebVTT) in the workspace; "
-                "{transcript_ref, srt_path | forgejo: {owner, repo, path, ref}, language}",
+    "{transcript_ref, srt_path | forgejo: {owner, repo, path, ref}, language}",
 )

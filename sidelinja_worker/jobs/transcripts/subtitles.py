@@ -74,8 +74,9 @@ def parse_srt(text: str) -> Transcript:
 
 def clean_text(content: str) -> str:
     """The cue's words: tags and entities gone, spaces collapsed, blank lines dropped."""
-    lines = (_SPACES.sub(" ", html.unescape(_TAG.sub("", ln))).strip()
-             for ln in content.split("\n"))
+    lines = (
+        _SPACES.sub(" ", html.unescape(_TAG.sub("", ln))).strip() for ln in content.split("\n")
+    )
     return "\n".join(ln for ln in lines if ln)
 
 
@@ -122,8 +123,9 @@ def _check_blocks(text: str) -> None:
         if not timing and _LOOKS_TIMED.match(line):
             raise SrtError(number, f"bad timing line {_quote(line)}")
         if after_index and not timing:
-            raise SrtError(number, "expected a timing line after the cue number, "
-                                   f"got {_quote(line)}")
+            raise SrtError(
+                number, f"expected a timing line after the cue number, got {_quote(line)}"
+            )
         if after_index or (block_start and timing):
             in_cue, block_start, after_index = True, False, False
             continue
@@ -138,7 +140,7 @@ def _check_blocks(text: str) -> None:
 def _locate(text: str, exc: srt.SRTParseError) -> SrtError:
     """What the library rejected after our own check passed: name where its match stopped."""
     number = text.count("\n", 0, exc.expected_start) + 1
-    rest = text[exc.expected_start:].lstrip("\n")
+    rest = text[exc.expected_start :].lstrip("\n")
     return SrtError(number, f"cannot read the cue starting {_quote(rest.split(chr(10), 1)[0])}")
 
 

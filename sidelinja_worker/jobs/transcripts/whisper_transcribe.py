@@ -8,12 +8,12 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from sidelinja_worker.jobs.media_paths import resolve_media_path
-from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.jobs.transcripts.governor import Route, choose_whisper
 from sidelinja_worker.jobs.transcripts.subtitles import SrtError, Transcript, parse_srt
 from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError
+from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.registry import JobType
 from sidelinja_worker.services import whisper
 from sidelinja_worker.services.forgejo import Commit, Forgejo, RepoFile, check_repo_path
@@ -54,12 +54,20 @@ async def run_whisper_transcribe(ctx: JobContext, payload: WhisperTranscribePayl
     follow_up = _srt_parse_payload(payload, commit)
     ctx.enqueue_on_success(NewJob(ctx.workspace_id, "srt_parse", follow_up))
     return {
-        "transcript_ref": payload.transcript_ref, "audio_path": payload.audio_path,
-        "language": payload.language, "model": model, "governor": route.record(),
-        "segments": len(transcript.segments), "duration_ms": transcript.duration_ms,
+        "transcript_ref": payload.transcript_ref,
+        "audio_path": payload.audio_path,
+        "language": payload.language,
+        "model": model,
+        "governor": route.record(),
+        "segments": len(transcript.segments),
+        "duration_ms": transcript.duration_ms,
         "srt_bytes": len(srt_text.encode()),
-        "forgejo": {**payload.forgejo.model_dump(), "action": commit.action,
-                    "blob_sha": commit.blob_sha, "commit_sha": commit.commit_sha},
+        "forgejo": {
+            **payload.forgejo.model_dump(),
+            "action": commit.action,
+            "blob_sha": commit.blob_sha,
+            "commit_sha": commit.commit_sha,
+        },
     }
 
 
@@ -77,8 +85,9 @@ async def _transcribe(ctx: JobContext, route: Route, req: whisper.TranscribeRequ
             await ctx.progress(f"Laster opp lydfilen… {10 * step} %", 5 + 2.5 * step)
 
     api_key = ctx.services.config.get("WHISPER_API_KEY")
-    server = whisper.WhisperServer(route.url, ctx.services.config.secret("WHISPER_API_KEY")
-                                   if api_key else None)
+    server = whisper.WhisperServer(
+        route.url, ctx.services.config.secret("WHISPER_API_KEY") if api_key else None
+    )
     return await whisper.transcribe_srt(ctx.services.http, server, req, on_upload)
 
 
@@ -89,8 +98,9 @@ def _checked(srt_text: str) -> Transcript:
         raise PermanentError(f"whisper answered 200 but not with valid SRT: {exc}") from None
 
 
-async def _commit(ctx: JobContext, payload: WhisperTranscribePayload, srt_text: str,
-                  model: str) -> Commit:
+async def _commit(
+    ctx: JobContext, payload: WhisperTranscribePayload, srt_text: str, model: str
+) -> Commit:
     forgejo = Forgejo.from_config(ctx.services.http, ctx.services.config)
     target = payload.forgejo
     file = RepoFile(target.owner, target.repo, target.path, target.branch)
@@ -102,9 +112,16 @@ def _srt_parse_payload(payload: WhisperTranscribePayload, commit: Commit) -> dic
     """Pinned to the commit just made, so the parse reads exactly this SRT even if the branch
     moves on before it runs."""
     target = payload.forgejo
-    return {"transcript_ref": payload.transcript_ref, "language": payload.language,
-            "forgejo": {"owner": target.owner, "repo": target.repo, "path": target.path,
-                        "ref": commit.commit_sha or target.branch}}
+    return {
+        "transcript_ref": payload.transcript_ref,
+        "language": payload.language,
+        "forgejo": {
+            "owner": target.owner,
+            "repo": target.repo,
+            "path": target.path,
+            "ref": commit.commit_sha or target.branch,
+        },
+    }
 
 
 JOB_TYPE = JobType(
@@ -114,6 +131,6 @@ JOB_TYPE = JobType(
     default_priority=default_priority("whisper_transcribe"),
     timeout_s=4 * 3600,  # above whisper's 3 h read timeout, so that one reports first
     description="audio file -> SRT (whisper) committed to Forgejo, then srt_parse; "
-                "{audio_path, transcript_ref, language, forgejo: {owner, repo, path, branch}}",
+    "{audio_path, transcript_ref, language, forgejo: {owner, repo, path, branch}}",
     needs_settings=("WHISPER_URL", "MEDIA_ROOT", "FORGEJO_URL", "FORGEJO_TOKEN"),
 )

@@ -1,0 +1,25 @@
+"""The code's style is enforced, not suggested: ruff's lint and format as pyproject.toml sets them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _ruff(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_ruff_lint_passes() -> None:
+    done = _ruff("check", "--no-cache", ".")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_ruff_format_is_applied() -> None:
+    done = _ruff("format", "--check", "--no-cache", ".")
+    assert done.returncode == 0, done.stdout + done.stderr
