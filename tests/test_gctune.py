@@ -8,7 +8,7 @@ import sys
 
 def test_serving_freezes_start_up_objects_and_collects_young_ones_less_often() -> None:
     code = (
-        "import gc; from sidelinja_worker.gctune import YOUNG_THRESHOLD, tune_for_serving;"
+        "import gc; from sidelinja_worker.queue.gctune import YOUNG_THRESHOLD, tune_for_serving;"
         "before = gc.get_threshold(); tune_for_serving();"
         "after = gc.get_threshold();"
         "assert gc.get_freeze_count() > 1000, gc.get_freeze_count();"
