@@ -58,11 +58,11 @@ class Cursor:
 
 @asynccontextmanager
 async def scoped(pool: asyncpg.Pool, scope: Scope) -> AsyncIterator[asyncpg.Connection]:
-    """A transaction as sidelinja_app, seeing only the scope's workspace (RLS)."""
+    """A transaction as sidelinja_app, seeing only the scope's workspace (RLS); a platform
+    admin's as sidelinja_platform_admin."""
     async with pool.acquire() as conn, conn.transaction():
-        ws = str(scope.workspace_id) if scope.workspace_id else ""
-        await conn.execute(Q["scope"], ws, "off" if scope.workspace_id else "on")
-        await conn.execute(Q["enter_app_role"])
+        await conn.execute(Q["scope"], str(scope.workspace_id or ""))
+        await conn.execute(Q["enter_app_role" if scope.workspace_id else "enter_platform_role"])
         yield conn
 
 
@@ -129,7 +129,7 @@ async def audit(
     write the audit table, so a web app bug cannot forge entries)."""
     await conn.execute(Q["leave_app_role"])
     await conn.execute(Q["audit"], scope.token_id, scope.workspace_id, action, job_ids, detail)
-    await conn.execute(Q["enter_app_role"])
+    await conn.execute(Q["enter_app_role" if scope.workspace_id else "enter_platform_role"])
 
 
 async def throughput(conn: asyncpg.Connection) -> list[asyncpg.Record]:

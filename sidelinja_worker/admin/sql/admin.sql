@@ -1,13 +1,17 @@
 -- The admin view's runtime SQL (issue 5); admin/store.py has one typed function per block.
 -- Job queries run inside `scoped()`: as the role sidelinja_app with the token's workspace in
--- `sidelinja.workspace_id`, so row-level security confines them even if the code forgets to.
+-- `sidelinja.workspace_id`, so row-level security confines them even if the code forgets to; a
+-- platform token's queries run as sidelinja_platform_admin, the one role that sees every
+-- workspace.
 
 -- name: scope
-SELECT set_config('sidelinja.workspace_id', $1::text, true),
-       set_config('sidelinja.all_workspaces', $2::text, true);
+SELECT set_config('sidelinja.workspace_id', $1::text, true);
 
 -- name: enter_app_role
 SET LOCAL ROLE sidelinja_app;
+
+-- name: enter_platform_role
+SET LOCAL ROLE sidelinja_platform_admin;
 
 -- name: leave_app_role
 RESET ROLE;
