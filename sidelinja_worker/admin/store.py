@@ -84,6 +84,24 @@ async def revoke_token(conn: asyncpg.Pool, token_id: UUID) -> bool:
     return await conn.fetchval(Q["token_revoke"], token_id) is not None
 
 
+async def create_session(
+    conn: asyncpg.Pool, digest: bytes, token_id: UUID | None, lifetime_s: float
+) -> None:
+    """A session for the token, ending lifetime_s from now; expired ones are dropped first."""
+    async with conn.acquire() as c, c.transaction():
+        await c.execute(Q["session_prune"])
+        await c.execute(Q["session_create"], digest, token_id, lifetime_s)
+
+
+async def lookup_session(conn: asyncpg.Pool, digest: bytes) -> Scope | None:
+    row = await conn.fetchrow(Q["session_lookup"], digest)
+    return Scope(row[0], row[1]) if row else None
+
+
+async def delete_session(conn: asyncpg.Pool, digest: bytes) -> None:
+    await conn.execute(Q["session_delete"], digest)
+
+
 async def list_tokens(conn: asyncpg.Pool) -> list[asyncpg.Record]:
     return await conn.fetch(Q["token_list"])
 
@@ -112,6 +130,10 @@ async def list_jobs(
 
 async def get_job(conn: asyncpg.Connection, job_id: UUID) -> asyncpg.Record | None:
     return await conn.fetchrow(Q["get_job"], job_id)
+
+
+async def jobs_for_events(conn: asyncpg.Connection, ids: list[UUID]) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["jobs_for_events"], ids)
 
 
 async def retry_job(conn: asyncpg.Connection, job_id: UUID) -> bool:

@@ -131,3 +131,27 @@ ORDER BY 1;
 
 -- name: workspaces
 SELECT id, name FROM workspaces ORDER BY name, id;
+
+-- name: jobs_for_events
+-- What a live stream sends: the rows a notification names, read again under the token's scope.
+SELECT id, workspace_id, job_type, status::text AS status, attempts, max_attempts, progress
+FROM job_queue
+WHERE id = ANY($1::uuid[]);
+
+-- name: session_create
+INSERT INTO admin_sessions (secret_sha256, token_id, expires_at)
+VALUES ($1, $2, now() + make_interval(secs => $3))
+RETURNING id;
+
+-- name: session_lookup
+-- A live session of a live token: expiry and revocation both end it at once.
+SELECT t.id, t.workspace_id
+FROM admin_sessions s
+JOIN admin_tokens t ON t.id = s.token_id
+WHERE s.secret_sha256 = $1 AND s.expires_at > now() AND t.revoked_at IS NULL;
+
+-- name: session_delete
+DELETE FROM admin_sessions WHERE secret_sha256 = $1;
+
+-- name: session_prune
+DELETE FROM admin_sessions WHERE expires_at <= now();
