@@ -162,3 +162,54 @@ async def test_a_real_progress_report_is_confirmed_and_sent(
         await hub.stop()
     assert event["id"] == str(job) and event["progress"]["message"] == "Transkriberer…"
     assert (event["status"], event["attempts"]) == ("running", 1)
+
+
+async def test_forged_notifications_are_not_forwarded_to_spacetimedb(
+    pool: asyncpg.Pool, db_url: str, make_role: RoleMaker
+) -> None:
+    """The forwarder passes on only what the database confirms, so the platform's own live
+    pages (fed by SpacetimeDB) cannot be fed forgeries either; a batch naming real and forged
+    jobs is passed on with the real ones alone."""
+    from sidelinja_worker.admin.app import forwarding
+    from sidelinja_worker.admin.spacetime import SpacetimeTarget
+    from sidelinja_worker.queue.config import Secret
+    from tests.fakes.serve import serve
+    from tests.test_admin_spacetime import fake_spacetime
+
+    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
+    b = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('B') RETURNING id")
+    a_job, b_job = await one_job(pool, a), await one_job(pool, b)
+    a_running = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, attempts)"
+        " VALUES ($1, 'noop', '{}', 'running', 1) RETURNING id",
+        a,
+    )
+    attacker = await make_role()
+    calls: list[Any] = []
+    hub = EventHub(db_url, pool)
+    await hub.start()
+    try:
+        async with serve(fake_spacetime(calls, fail_first=False)) as url:
+            target = SpacetimeTarget(url, "sidelinja", "job_event", Secret("stdb-token"))
+            async with forwarding(hub, target), connected(db_url, attacker) as conn:
+                mixed = {
+                    "workspace_id": str(a),
+                    "job_type": "noop",
+                    "status": "pending",
+                    "max_attempts": 3,
+                    "ids": [str(uuid4()), str(a_job), str(b_job)],
+                    "attempts": [0, 0, 0],
+                }
+                for forged in [*forgeries(a, b, a_job, b_job, a_running), mixed]:
+                    await conn.execute(
+                        "SELECT pg_notify($1, $2)", CHANNEL, orjson.dumps(forged).decode()
+                    )
+                a_new = await one_job(pool, a)
+                async with asyncio.timeout(10):
+                    while len(calls) < 2:
+                        await asyncio.sleep(0.05)
+                await asyncio.sleep(0.3)  # anything forwarded late would show up here
+    finally:
+        await hub.stop()
+    sent = [orjson.loads(c[2][0]) for c in calls]
+    assert [(p["ids"], p["attempts"]) for p in sent] == [([str(a_job)], [0]), ([str(a_new)], [0])]

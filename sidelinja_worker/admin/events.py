@@ -29,6 +29,7 @@ KEEPALIVE_S = 15.0
 # a revoked token's stream ends within this, plus one database round trip.
 REVALIDATE_S = 2.0
 QUEUE_MAX = 1000
+FORWARD_MAX = 10_000  # raw payloads waiting for confirmation before forwarding; more dropped
 BATCH_MAX = 500  # events confirmed with one query
 
 
@@ -64,6 +65,8 @@ def confirmed(claim: dict[str, Any], row: asyncpg.Record | None) -> dict[str, An
         return None
     if claim.get("workspace_id") != str(row["workspace_id"]):
         return None
+    if any(k in claim and claim[k] != row[k] for k in ("job_type", "max_attempts")):
+        return None
     # A status event names the attempts, a progress report the progress: one or the other.
     if "attempts" not in claim and "progress" not in claim:
         return None
@@ -90,20 +93,52 @@ class EventHub:
         self._pool = pool  # the privileged pool; confirmations run scoped (store.scoped)
         self._conn: asyncpg.Connection | None = None
         self._subscribers: dict[asyncio.Queue[dict[str, Any]], Scope] = {}
-        # Called with every raw payload (the SpacetimeDB forwarder); must not block.
+        # Called with each payload the database confirms (the SpacetimeDB forwarder); must not
+        # block. A payload only partly confirmed is passed on with the confirmed jobs alone.
         self.payload_listeners: list[Callable[[str], None]] = []
+        self._to_forward: asyncio.Queue[str] = asyncio.Queue(FORWARD_MAX)
+        self._forwarder: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._conn = await asyncpg.connect(self._url)
         await self._conn.add_listener(CHANNEL, self._on_notify)
+        self._forwarder = asyncio.create_task(self._forward(), name="admin-event-forwarder")
 
     async def stop(self) -> None:
+        if self._forwarder is not None:
+            self._forwarder.cancel()
         if self._conn is not None:
             await self._conn.close()
 
+    async def _forward(self) -> None:
+        """Confirms each payload for the listeners, in the order received, one query each."""
+        while True:
+            payload = await self._to_forward.get()
+            try:
+                claims = explode(payload)
+                events = await self.confirm(Scope(None, None), claims)
+            except (ValueError, KeyError, TypeError):
+                continue
+            except (OSError, asyncpg.PostgresError) as exc:
+                log.warning("cannot confirm an event for forwarding (%s); dropped", exc)
+                continue
+            if not events:
+                continue
+            if len(events) < len(claims):  # the confirmed part of a status batch
+                common = {k: v for k, v in orjson.loads(payload).items() if k != "id"}
+                payload = orjson.dumps(
+                    {
+                        **common,
+                        "ids": [e["id"] for e in events],
+                        "attempts": [e["attempts"] for e in events],
+                    }
+                ).decode()
+            for listener in self.payload_listeners:
+                listener(payload)
+
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
-        for listener in self.payload_listeners:
-            listener(payload)
+        if self.payload_listeners and not self._to_forward.full():
+            self._to_forward.put_nowait(payload)
         try:
             events = explode(payload)
         except (ValueError, KeyError, TypeError):
