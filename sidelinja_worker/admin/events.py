@@ -29,6 +29,8 @@ KEEPALIVE_S = 15.0
 # a revoked token's stream ends within this, plus one database round trip.
 REVALIDATE_S = 2.0
 QUEUE_MAX = 1000
+# Any role may send junk on the channel: one warning line per this many seconds, with a count.
+MALFORMED_LOG_S = 60.0
 FORWARD_MAX = 10_000  # raw payloads waiting for confirmation before forwarding; more dropped
 BATCH_MAX = 500  # events confirmed with one query
 
@@ -98,6 +100,7 @@ class EventHub:
         self.payload_listeners: list[Callable[[str], None]] = []
         self._to_forward: asyncio.Queue[str] = asyncio.Queue(FORWARD_MAX)
         self._forwarder: asyncio.Task[None] | None = None
+        self._malformed, self._malformed_logged_at = 0, -MALFORMED_LOG_S
 
     async def start(self) -> None:
         self._conn = await asyncpg.connect(self._url)
@@ -142,7 +145,11 @@ class EventHub:
         try:
             events = explode(payload)
         except (ValueError, KeyError, TypeError):
-            log.warning("ignoring a malformed %s payload", CHANNEL)
+            self._malformed += 1
+            now = time.monotonic()
+            if now >= self._malformed_logged_at + MALFORMED_LOG_S:
+                log.warning("ignored %d malformed %s payloads", self._malformed, CHANNEL)
+                self._malformed, self._malformed_logged_at = 0, now
             return
         # The claimed workspace only narrows which streams look; each stream confirms.
         for queue, scope in self._subscribers.items():
