@@ -114,9 +114,10 @@ def test_explode_gives_one_event_per_job() -> None:
 async def test_the_hub_gives_each_stream_only_its_workspace(
     pool: asyncpg.Pool, db_url: str
 ) -> None:
+    """Every frame is the job's row as the stream's scope reads it (status, attempts)."""
     a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
     b = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('B') RETURNING id")
-    hub = EventHub(db_url)
+    hub = EventHub(db_url, pool)
     await hub.start()
     streams = {
         name: hub.stream(Scope(None, ws)) for name, ws in (("a", a), ("b", b), ("all", None))
@@ -174,10 +175,10 @@ async def test_progress_reports_of_one_job_are_stored_in_the_order_made(pool: as
 
 
 async def test_a_stream_ends_once_its_token_is_revoked(
-    db_url: str, monkeypatch: pytest.MonkeyPatch
+    pool: asyncpg.Pool, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(events_module, "KEEPALIVE_S", 0.05)
-    hub = EventHub(db_url)
+    monkeypatch.setattr(events_module, "REVALIDATE_S", 0.05)
+    hub = EventHub(db_url, pool)
     await hub.start()
     valid = [True, False]
 
@@ -185,10 +186,11 @@ async def test_a_stream_ends_once_its_token_is_revoked(
         return valid.pop(0)
 
     try:
-        frames = [f async for f in hub.stream(Scope(None, None), still_valid)]
+        async with asyncio.timeout(5):
+            frames = [f async for f in hub.stream(Scope(None, None), still_valid)]
     finally:
         await hub.stop()
-    assert frames[0].startswith(b"retry:") and frames[1:] == [b": keepalive\n\n"]
+    assert frames == [b"retry: 2000\n: connected\n\n"] and valid == []
 
 
 async def test_events_can_be_switched_off(pool: asyncpg.Pool, db_url: str) -> None:

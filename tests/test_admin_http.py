@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from datetime import timedelta
+from uuid import uuid4
 
 import asyncpg
 import httpx
 
+from sidelinja_worker.admin import auth
 from sidelinja_worker.admin import store as admin_store
 from sidelinja_worker.queue import store
 from tests.admin_fixtures import admin_fixture, seed, token_for  # noqa: F401 (fixture)
@@ -34,7 +38,8 @@ async def test_no_token_or_a_revoked_one_gets_nothing(
     a, _b, _ = await seed(pool)
     token = token_for(db_url, "--workspace", str(a))
     async with httpx.AsyncClient(base_url=admin) as http:
-        assert (await http.get("/admin/jobs")).headers["location"] == "/admin/login"
+        page = await http.get("/admin/jobs", headers={"accept": "text/html"})
+        assert page.headers["location"] == "/admin/login"
         assert (await http.get("/metrics")).status_code == 401
         ok = await http.get("/admin/jobs", headers={"authorization": f"Bearer {token}"})
         assert ok.status_code == 200 and ok.headers["x-frame-options"] == "DENY"
@@ -42,7 +47,7 @@ async def test_no_token_or_a_revoked_one_gets_nothing(
         listed = cli("admin-token", "list", url=db_url).stdout.split()
         assert cli("admin-token", "revoke", listed[0], url=db_url).returncode == 0
         gone = await http.get("/admin/jobs", headers={"authorization": f"Bearer {token}"})
-        assert gone.status_code == 303
+        assert gone.status_code == 401
 
 
 async def test_keyset_pages_cover_every_job_once(
@@ -134,3 +139,178 @@ async def test_overview_counts_only_the_token_s_workspace(
     assert "whisper_transcribe" in page and "fair_workspaces" in page and str(b) not in page
     assert 'sidelinja_jobs{job_type="noop",status="error"} 3.0' in metrics  # B's one is not here
     assert 'sidelinja_jobs_finished_last_hour{status="completed"} 1.0' in metrics
+
+
+BROWSER = {"accept": "text/html,application/xhtml+xml,*/*;q=0.8", "sec-fetch-mode": "navigate"}
+
+
+async def test_api_clients_get_401_and_browsers_the_login_page(admin: str) -> None:
+    async with httpx.AsyncClient(base_url=admin) as http:
+        for path in ("/admin/jobs", "/admin", f"/admin/jobs/{uuid4()}"):
+            page = await http.get(path, headers=BROWSER)
+            assert (page.status_code, page.headers["location"]) == (303, "/admin/login"), path
+            old_browser = await http.get(path, headers={"accept": "text/html"})
+            assert old_browser.status_code == 303, path
+            for headers in (
+                {"accept": "application/json"},
+                {"accept": "*/*"},
+                {"accept": "text/html", "authorization": "Bearer slj_wrong"},
+                {"accept": "text/html", "sec-fetch-mode": "cors"},  # fetch() from a page
+            ):
+                answer = await http.get(path, headers=headers)
+                assert answer.status_code == 401, (path, headers)
+                assert answer.headers["www-authenticate"].startswith("Bearer"), (path, headers)
+        as_json = await http.get("/admin/jobs", headers={"accept": "application/json"})
+        assert as_json.json() == {"error": "a valid admin token is required"}
+        assert (await http.get("/admin/events", headers=BROWSER)).status_code == 401
+
+
+async def test_an_unknown_job_is_404(pool: asyncpg.Pool, db_url: str, admin: str) -> None:
+    a, _b, b_job = await seed(pool)
+    a_job = await pool.fetchval("SELECT id FROM job_queue WHERE workspace_id = $1 LIMIT 1", a)
+    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        assert (await http.get(f"/admin/jobs/{a_job}")).status_code == 200
+        for job_id in (uuid4(), b_job, "not-a-uuid"):  # another workspace's looks the same
+            missing = await http.get(f"/admin/jobs/{job_id}")
+            assert missing.status_code == 404 and "B failed" not in missing.text, job_id
+
+
+def session_cookie(response: httpx.Response) -> str:
+    cookie = response.headers["set-cookie"]
+    match = re.match(rf"{auth.COOKIE}=([^;]+);", cookie)
+    assert match, cookie
+    return match[1]
+
+
+async def log_in(http: httpx.AsyncClient, token: str, **headers: str) -> httpx.Response:
+    return await http.post("/admin/login", data={"token": token}, headers=headers)
+
+
+async def test_a_session_is_its_own_secret_and_expires(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    a, _b, _ = await seed(pool)
+    token = token_for(db_url, "--workspace", str(a))
+    async with httpx.AsyncClient(base_url=admin) as http:
+        response = await log_in(http, token)
+        assert response.status_code == 303
+        secret = session_cookie(response)
+        set_cookie = response.headers["set-cookie"].lower()
+        assert secret != token and token not in response.headers["set-cookie"]
+        assert f"max-age={auth.SESSION_LIFETIME_S}" in set_cookie
+        assert all(flag in set_cookie for flag in ("httponly", "secure", "samesite=strict"))
+        lifetime = await pool.fetchval("SELECT expires_at - created_at FROM admin_sessions")
+        assert lifetime == timedelta(seconds=auth.SESSION_LIFETIME_S) == timedelta(hours=8)
+        cookie = {"cookie": f"{auth.COOKIE}={secret}", **BROWSER}
+        assert (await http.get("/admin/jobs", headers=cookie)).status_code == 200
+        # The end of its lifetime, as the server keeps it (the browser's Max-Age aside).
+        await pool.execute("UPDATE admin_sessions SET expires_at = now() - interval '1 s'")
+        assert (await http.get("/admin/jobs", headers=cookie)).status_code == 303
+        assert (await http.get("/metrics", headers=cookie)).status_code == 401
+        # The next login prunes expired sessions.
+        assert (await log_in(http, token)).status_code == 303
+        assert await pool.fetchval("SELECT count(*) FROM admin_sessions") == 1
+
+
+async def test_logout_ends_the_session_on_the_server(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    a, _b, _ = await seed(pool)
+    token = token_for(db_url, "--workspace", str(a))
+    async with httpx.AsyncClient(base_url=admin) as http:
+        secret = session_cookie(await log_in(http, token))
+        cookie = {"cookie": f"{auth.COOKIE}={secret}"}
+        page = (await http.get("/admin/jobs", headers=cookie)).text
+        csrf = re.search(r'action="/admin/logout".*?name="csrf" value="([0-9a-f]+)"', page)
+        assert csrf, "the logout form carries the CSRF value"
+        out = await http.post("/admin/logout", data={"csrf": csrf[1]}, headers=cookie)
+        assert out.status_code == 303 and out.headers["location"] == "/admin/login"
+        assert await pool.fetchval("SELECT count(*) FROM admin_sessions") == 0
+        assert (await http.get("/admin/jobs", headers={**cookie, **BROWSER})).status_code == 303
+
+
+async def test_login_and_logout_refuse_cross_site_requests(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    a, _b, _ = await seed(pool)
+    token = token_for(db_url, "--workspace", str(a))
+    evil = (
+        {"origin": "https://evil.example"},
+        {"origin": "null"},  # a sandboxed frame or a data: page
+        {"sec-fetch-site": "cross-site"},
+        {"sec-fetch-site": "same-site"},  # a sibling subdomain is another site's page too
+    )
+    async with httpx.AsyncClient(base_url=admin) as http:
+        for headers in evil:
+            refused = await log_in(http, token, **headers)
+            assert refused.status_code == 403 and "set-cookie" not in refused.headers, headers
+        assert await pool.fetchval("SELECT count(*) FROM admin_sessions") == 0
+        ours = {"origin": admin, "sec-fetch-site": "same-origin"}
+        secret = session_cookie(await log_in(http, token, **ours))
+        cookie = {"cookie": f"{auth.COOKIE}={secret}"}
+        csrf = auth.csrf_for(secret)
+        for headers in evil:
+            refused = await http.post(
+                "/admin/logout", data={"csrf": csrf}, headers={**cookie, **headers}
+            )
+            assert refused.status_code == 403, headers
+        no_csrf = await http.post("/admin/logout", headers={**cookie, **ours})
+        assert no_csrf.status_code == 403
+        assert await pool.fetchval("SELECT count(*) FROM admin_sessions") == 1
+        done = await http.post("/admin/logout", data={"csrf": csrf}, headers={**cookie, **ours})
+        assert done.status_code == 303
+        assert await pool.fetchval("SELECT count(*) FROM admin_sessions") == 0
+
+
+async def test_a_revoked_token_loses_its_stream_within_5s_on_a_busy_queue(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """Events keep coming (a producer inserts jobs all the while), so the stream is never idle;
+    revoking the token (and with it the session it opened) still ends both streams."""
+    a, _b, _ = await seed(pool)
+    token = token_for(db_url, "--workspace", str(a))
+    stop = asyncio.Event()
+
+    async def produce() -> None:
+        while not stop.is_set():
+            await pool.execute(
+                "INSERT INTO job_queue (workspace_id, job_type, payload)"
+                " SELECT $1, 'noop', '{}' FROM generate_series(1, 5)",
+                a,
+            )
+            await asyncio.sleep(0.02)
+
+    async def watch(http: httpx.AsyncClient, headers: dict[str, str], frames: list[float]) -> float:
+        """Reads the stream until it ends; the time it ended."""
+        async with http.stream("GET", "/admin/events", headers=headers) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    frames.append(time.monotonic())
+        return time.monotonic()
+
+    async with httpx.AsyncClient(base_url=admin, timeout=30) as http:
+        secret = session_cookie(await log_in(http, token))
+        producer = asyncio.create_task(produce())
+        bearer: list[float] = []
+        session: list[float] = []
+        watchers = [
+            asyncio.create_task(watch(http, {"authorization": f"Bearer {token}"}, bearer)),
+            asyncio.create_task(watch(http, {"cookie": f"{auth.COOKIE}={secret}"}, session)),
+        ]
+        try:
+            async with asyncio.timeout(20):
+                while len(bearer) < 20 or len(session) < 20:  # both streams are busy
+                    await asyncio.sleep(0.05)
+            await pool.execute("UPDATE admin_tokens SET revoked_at = now()")
+            revoked_at = time.monotonic()
+            async with asyncio.timeout(15):
+                ended = await asyncio.gather(*watchers)
+        finally:
+            stop.set()
+            await producer
+            for w in watchers:
+                w.cancel()
+    assert all(t - revoked_at < 5 for t in ended), [t - revoked_at for t in ended]
+    assert bearer[-1] > revoked_at - 1 and session[-1] > revoked_at - 1  # busy until the end

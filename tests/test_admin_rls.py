@@ -1,8 +1,9 @@
-"""Row-level security on job_queue, tested in SQL as the application role (issue 5)."""
+"""Row-level security on job_queue, tested in SQL as the application role entered with SET LOCAL
+ROLE, as the admin view does (tests/test_rls.py tests login roles set up as the README says)."""
 
 from __future__ import annotations
 
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
@@ -19,13 +20,11 @@ async def two_workspaces(pool: asyncpg.Pool) -> tuple[UUID, UUID]:
 
 
 async def as_app(conn: asyncpg.Connection, workspace: UUID | None, all_: bool = False) -> None:
+    """The app role for one workspace; all_: the platform admin role instead."""
     await conn.execute(
-        "SELECT set_config('sidelinja.workspace_id', $1, true),"
-        " set_config('sidelinja.all_workspaces', $2, true)",
-        str(workspace or ""),
-        "on" if all_ else "off",
+        "SELECT set_config('sidelinja.workspace_id', $1, true)", str(workspace or "")
     )
-    await conn.execute("SET LOCAL ROLE sidelinja_app")
+    await conn.execute(f"SET LOCAL ROLE {'sidelinja_platform_admin' if all_ else 'sidelinja_app'}")
 
 
 async def test_a_workspace_sees_and_changes_only_its_own_rows(pool: asyncpg.Pool) -> None:
@@ -66,11 +65,17 @@ async def test_no_delete_and_no_insert_into_another_workspace(pool: asyncpg.Pool
     assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE workspace_id = $1", b) == 2
 
 
-async def test_unset_setting_sees_nothing_and_all_sees_all(pool: asyncpg.Pool) -> None:
+async def test_unset_setting_sees_nothing_and_the_platform_role_sees_all(
+    pool: asyncpg.Pool,
+) -> None:
     await two_workspaces(pool)
     async with pool.acquire() as conn:
         async with conn.transaction():
             await as_app(conn, None)
+            assert await conn.fetchval("SELECT count(*) FROM job_queue") == 0
+        async with conn.transaction():  # the setting that once meant "every workspace"
+            await as_app(conn, None)
+            await conn.execute("SELECT set_config('sidelinja.all_workspaces', 'on', true)")
             assert await conn.fetchval("SELECT count(*) FROM job_queue") == 0
         async with conn.transaction():
             await as_app(conn, None, all_=True)
@@ -99,31 +104,23 @@ async def test_the_app_role_cannot_read_tokens_or_write_the_audit(pool: asyncpg.
                     await conn.execute(sql)
 
 
-async def test_another_non_owner_role_keeps_full_access(pool: asyncpg.Pool, db_url: str) -> None:
-    """Enabling RLS must not lock out a role the platform already uses (e.g. the web app's)."""
-    await two_workspaces(pool)
-    async with pool.acquire() as conn, conn.transaction():
-        await conn.execute(
-            "DO $$ BEGIN CREATE ROLE sidelinja_test_other NOLOGIN;"
-            " EXCEPTION WHEN duplicate_object THEN NULL; END $$"
-        )
-        await conn.execute("GRANT SELECT ON job_queue TO sidelinja_test_other")
-        await conn.execute("SET LOCAL ROLE sidelinja_test_other")
-        assert await conn.fetchval("SELECT count(*) FROM job_queue") == 5
-
-
-async def test_a_web_role_is_confined_once_it_takes_the_app_role(pool: asyncpg.Pool) -> None:
-    """The web app's login role as a NOINHERIT member: its own queries are unchanged; after
-    SET LOCAL ROLE sidelinja_app, only the workspace in the setting."""
+async def test_a_noinherit_web_role_sees_nothing_until_it_takes_the_app_role(
+    pool: asyncpg.Pool,
+) -> None:
+    """A NOINHERIT member (as the README once advised) with rights of its own on the table: no
+    policy applies to it, so it reads nothing; after SET LOCAL ROLE sidelinja_app, only the
+    workspace in the setting."""
     a, _b = await two_workspaces(pool)
-    async with pool.acquire() as conn, conn.transaction():
-        await conn.execute(
-            "DO $$ BEGIN CREATE ROLE sidelinja_test_web NOLOGIN NOINHERIT;"
-            " EXCEPTION WHEN duplicate_object THEN NULL; END $$"
-        )
-        await conn.execute("GRANT SELECT ON job_queue TO sidelinja_test_web")
-        await conn.execute("GRANT sidelinja_app TO sidelinja_test_web")
-        await conn.execute("SET LOCAL ROLE sidelinja_test_web")
-        assert await conn.fetchval("SELECT count(*) FROM job_queue") == 5
-        await as_app(conn, a)
-        assert await conn.fetchval("SELECT count(*) FROM job_queue") == 3
+    role = f"sidelinja_test_web_{uuid4().hex[:12]}"  # roles are cluster-wide
+    try:
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute(f"CREATE ROLE {role} NOLOGIN NOINHERIT")
+            await conn.execute(f"GRANT SELECT ON job_queue TO {role}")
+            await conn.execute(f"GRANT sidelinja_app TO {role}")
+            await conn.execute(f"SET LOCAL ROLE {role}")
+            assert await conn.fetchval("SELECT count(*) FROM job_queue") == 0
+            await as_app(conn, a)
+            assert await conn.fetchval("SELECT count(*) FROM job_queue") == 3
+    finally:
+        await pool.execute(f"DROP OWNED BY {role}")
+        await pool.execute(f"DROP ROLE {role}")

@@ -42,7 +42,7 @@ async def test_events_reach_the_reducer_and_failures_are_dropped(
     calls: list[Any] = []
     workspace = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
     async with serve(fake_spacetime(calls, fail_first=True)) as url:
-        hub = EventHub(db_url)
+        hub = EventHub(db_url, pool)
         await hub.start()
         target = SpacetimeTarget(url, "sidelinja", "job_event", Secret("stdb-token"))
         try:
@@ -60,7 +60,7 @@ async def test_events_reach_the_reducer_and_failures_are_dropped(
 
 
 async def test_an_unreachable_spacetimedb_changes_nothing(pool: asyncpg.Pool, db_url: str) -> None:
-    hub = EventHub(db_url)
+    hub = EventHub(db_url, pool)
     await hub.start()
     workspace = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
     try:

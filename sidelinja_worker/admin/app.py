@@ -13,6 +13,7 @@ import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import (
+    JSONResponse,
     PlainTextResponse,
     RedirectResponse,
     Response,
@@ -45,16 +46,25 @@ class Denied(Exception):
 
 
 async def session(request: Request) -> tuple[Scope, str]:
-    token = auth.presented_token(request)
-    scope = await auth.scope_of(request.app.state.pool, token)
-    if scope is None or token is None:
+    """The scope of the request's live token or session, and the secret its CSRF value is
+    derived from; Denied otherwise."""
+    credential = auth.presented(request)
+    scope = await auth.scope_for(request.app.state.pool, credential)
+    if scope is None or credential is None:
         raise Denied
-    return scope, token
+    return scope, credential.secret
 
 
-def render(request: Request, name: str, token: str, scope: Scope, **context: object) -> Response:
+def render(
+    request: Request,
+    name: str,
+    token: str,
+    scope: Scope,
+    status_code: int = 200,
+    **context: object,
+) -> Response:
     context.update(scope=scope, csrf=auth.csrf_for(token))
-    return templates.TemplateResponse(request, name, context)
+    return templates.TemplateResponse(request, name, context, status_code=status_code)
 
 
 async def jobs_page(request: Request) -> Response:
@@ -90,7 +100,14 @@ async def job_page(request: Request) -> Response:
     async with store.scoped(request.app.state.pool, scope) as conn:
         job = await store.get_job(conn, job_id) if job_id else None
     if job is None:  # another workspace's job looks exactly like a missing one
-        return render(request, "missing.html", token, scope, job_id=request.path_params["job_id"])
+        return render(
+            request,
+            "missing.html",
+            token,
+            scope,
+            status_code=404,
+            job_id=request.path_params["job_id"],
+        )
     return render(request, "job.html", token, scope, job=job)
 
 
@@ -161,11 +178,11 @@ async def bulk_retry(request: Request) -> Response:
 
 
 async def events(request: Request) -> Response:
-    scope, token = await session(request)
-    pool = request.app.state.pool
+    scope, _secret = await session(request)
+    pool, credential = request.app.state.pool, auth.presented(request)
 
     async def still_valid() -> bool:
-        return await auth.scope_of(pool, token) is not None
+        return await auth.scope_for(pool, credential) == scope
 
     return StreamingResponse(
         request.app.state.hub.stream(scope, still_valid),
@@ -178,29 +195,49 @@ async def login_page(request: Request) -> Response:
     return templates.TemplateResponse(request, "login.html", {"error": None})
 
 
+CROSS_SITE = "cross-site request refused (Origin or Sec-Fetch-Site is not this site)"
+
+
 async def login(request: Request) -> Response:
+    """Checks the token and opens a session of its own (the cookie never holds the token).
+    Refused from another site, so no page elsewhere can log a browser in to its token."""
+    if not auth.same_origin(request):
+        return PlainTextResponse(CROSS_SITE, status_code=403)
+    pool = request.app.state.pool
     form = await request.form()
-    token = str(form.get("token") or "").strip()
-    if await auth.scope_of(request.app.state.pool, token) is None:
+    scope = await auth.scope_of(pool, str(form.get("token") or "").strip())
+    if scope is None:
         return templates.TemplateResponse(
             request, "login.html", {"error": "unknown or revoked token"}, status_code=401
         )
+    secret = auth.new_session_secret()
+    await store.create_session(pool, auth.digest(secret), scope.token_id, auth.SESSION_LIFETIME_S)
     response = RedirectResponse("/admin/jobs", status_code=303)
     response.set_cookie(
         auth.COOKIE,
-        token,
+        secret,
         httponly=True,
         secure=True,
         samesite="strict",
         path="/",
-        max_age=12 * 3600,
+        max_age=auth.SESSION_LIFETIME_S,
     )
     return response
 
 
 async def logout(request: Request) -> Response:
+    """Ends the session on the server too. Same-site requests only, carrying the session's CSRF
+    value: no other page can log a user out."""
+    credential = auth.presented(request)
+    if credential is not None and credential.is_session:
+        form = await request.form()
+        if not auth.csrf_ok(request, credential.secret, str(form.get("csrf") or "")):
+            return PlainTextResponse("bad CSRF token or origin", status_code=403)
+        await store.delete_session(request.app.state.pool, auth.digest(credential.secret))
+    elif not auth.same_origin(request):
+        return PlainTextResponse(CROSS_SITE, status_code=403)
     response = RedirectResponse("/admin/login", status_code=303)
-    response.delete_cookie(auth.COOKIE, path="/")
+    response.delete_cookie(auth.COOKIE, path="/", secure=True, httponly=True, samesite="strict")
     return response
 
 
@@ -212,9 +249,20 @@ async def metrics(request: Request) -> Response:
 
 
 async def denied(request: Request, _exc: Exception) -> Response:
-    if request.url.path.startswith("/admin") and request.url.path != "/admin/events":
+    """A browser loading a page goes to the login page; everything else (scripts, API clients,
+    the event stream, /metrics) gets 401 (auth.is_browser_navigation says which is which)."""
+    if (
+        request.url.path.startswith("/admin")
+        and request.url.path != "/admin/events"
+        and auth.is_browser_navigation(request)
+    ):
         return RedirectResponse("/admin/login", status_code=303)
-    return PlainTextResponse("a valid admin token is required", status_code=401)
+    headers = {"www-authenticate": 'Bearer realm="sidelinja-admin"'}
+    if "application/json" in request.headers.get("accept", ""):
+        return JSONResponse(
+            {"error": "a valid admin token is required"}, status_code=401, headers=headers
+        )
+    return PlainTextResponse("a valid admin token is required", status_code=401, headers=headers)
 
 
 @contextlib.asynccontextmanager
@@ -265,7 +313,7 @@ def create_app(database_url: str, spacetime: SpacetimeTarget | None = None) -> S
         app.state.pool = await asyncpg.create_pool(
             database_url, min_size=1, max_size=8, init=init_connection, server_settings=settings
         )
-        app.state.hub = EventHub(database_url)
+        app.state.hub = EventHub(database_url, app.state.pool)
         await app.state.hub.start()
         try:
             async with forwarding(app.state.hub, spacetime):

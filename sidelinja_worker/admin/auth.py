@@ -1,10 +1,17 @@
-"""Tokens (made, hashed, checked), the CSRF value of a session, and the security headers."""
+"""Tokens and sessions (made, hashed, checked), cross-site request checks, and the security
+headers.
+
+A request presents either a token (`Authorization: Bearer`, for scripts) or a session (the
+cookie a login sets, for browsers). A session is its own random secret, never the token, and
+ends SESSION_LIFETIME_S after login however active it is, at logout, or when its token is
+revoked."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import secrets
+from dataclasses import dataclass
 
 import asyncpg
 from starlette.requests import Request
@@ -16,6 +23,7 @@ from sidelinja_worker.admin.store import Scope
 
 COOKIE = "sidelinja_admin"
 TOKEN_PREFIX = "slj_"
+SESSION_LIFETIME_S = 8 * 3600  # a working day; fixed from login, not extended by use
 
 # Pages may not be framed (clickjacking), run only our own script, and leak no URLs.
 HEADERS = [
@@ -42,16 +50,30 @@ def digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
-def csrf_for(token: str) -> str:
-    """Derived from the session token, so no server state; a cross-site page cannot read it."""
-    return hmac.new(digest(token), b"csrf", hashlib.sha256).hexdigest()
+def new_session_secret() -> str:
+    return secrets.token_urlsafe(32)
 
 
-def presented_token(request: Request) -> str | None:
+def csrf_for(credential: str) -> str:
+    """Derived from the session secret (or token), so no server state; a cross-site page
+    cannot read it."""
+    return hmac.new(digest(credential), b"csrf", hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """What a request presented: a token (bearer) or a session secret (cookie)."""
+
+    secret: str
+    is_session: bool
+
+
+def presented(request: Request) -> Credential | None:
     header = request.headers.get("authorization", "")
     if header.lower().startswith("bearer "):
-        return header[7:].strip()
-    return request.cookies.get(COOKIE)
+        return Credential(header[7:].strip(), is_session=False)
+    cookie = request.cookies.get(COOKIE)
+    return Credential(cookie, is_session=True) if cookie else None
 
 
 async def scope_of(pool: asyncpg.Pool, token: str | None) -> Scope | None:
@@ -60,12 +82,43 @@ async def scope_of(pool: asyncpg.Pool, token: str | None) -> Scope | None:
     return await store.lookup_token(pool, digest(token))
 
 
-def csrf_ok(request: Request, token: str, sent: str | None) -> bool:
-    """The form's CSRF value must match, and a browser's Origin (when sent) must be ours."""
+async def scope_for(pool: asyncpg.Pool, credential: Credential | None) -> Scope | None:
+    """The scope of a live token or a live session; None for anything else."""
+    if credential is None or not credential.secret:
+        return None
+    if credential.is_session:
+        return await store.lookup_session(pool, digest(credential.secret))
+    return await store.lookup_token(pool, digest(credential.secret))
+
+
+def same_origin(request: Request) -> bool:
+    """False for a request a browser says came from another site or origin: an Origin that is
+    not ours, or Sec-Fetch-Site other than same-origin (or none: typed by the user). A client
+    that sends neither header is no browser, and cross-site requests come from browsers."""
     origin = request.headers.get("origin")
     if origin and origin != f"{request.url.scheme}://{request.url.netloc}":
         return False
-    return sent is not None and hmac.compare_digest(sent, csrf_for(token))
+    return request.headers.get("sec-fetch-site", "same-origin") in ("same-origin", "none")
+
+
+def csrf_ok(request: Request, credential: str, sent: str | None) -> bool:
+    """The form's CSRF value must match, and the request must not come from another site."""
+    if not same_origin(request):
+        return False
+    return sent is not None and hmac.compare_digest(sent, csrf_for(credential))
+
+
+def is_browser_navigation(request: Request) -> bool:
+    """A page load in a browser, which is sent to the login page when it lacks a session; any
+    other request (a script, fetch, an API client) gets 401. Browsers say so with
+    Sec-Fetch-Mode: navigate; without Sec-Fetch headers (older browsers), an Accept naming
+    text/html counts. A request with an Authorization header is a script's."""
+    if request.headers.get("authorization"):
+        return False
+    mode = request.headers.get("sec-fetch-mode")
+    if mode is not None:
+        return mode == "navigate"
+    return "text/html" in request.headers.get("accept", "")
 
 
 class SecurityHeaders:

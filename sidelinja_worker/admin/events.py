@@ -1,83 +1,211 @@
 """Live job events: one LISTEN on `sidelinja_job_events` per app, fanned out to the open pages
-(Server-Sent Events), each page getting only the workspaces its token may see."""
+(Server-Sent Events), each page getting only the workspaces its token may see.
+
+Any role may NOTIFY any channel, so a notification is a hint, never the news itself: before a
+page gets an event, its stream reads the job again under the token's scope (row-level security)
+and sends the row's values only if the row exists there and agrees with what the notification
+claims (status, attempts, progress). A forged notification naming an unknown job, another
+workspace's job or a state the job is not in shows nothing."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+from uuid import UUID
 
 import asyncpg
 import orjson
 
+from sidelinja_worker.admin import store
 from sidelinja_worker.admin.store import Scope
 
 log = logging.getLogger("sidelinja_worker.admin")
 CHANNEL = "sidelinja_job_events"
 KEEPALIVE_S = 15.0
+# How often an open stream checks that its token (or session) still holds, whatever the traffic:
+# a revoked token's stream ends within this, plus one database round trip.
+REVALIDATE_S = 2.0
 QUEUE_MAX = 1000
+# Any role may send junk on the channel: one warning line per this many seconds, with a count.
+MALFORMED_LOG_S = 60.0
+FORWARD_MAX = 10_000  # raw payloads waiting for confirmation before forwarding; more dropped
+BATCH_MAX = 500  # events confirmed with one query
 
 
 def explode(payload: str) -> list[dict[str, Any]]:
     """One event per job: a status batch `{..., "ids": [...], "attempts": [...]}` becomes one
-    event per id; a progress report is already one event."""
+    event per id; a progress report is already one event. Raises ValueError for a payload that
+    is not one of the two shapes."""
     data = orjson.loads(payload)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
     if "ids" not in data:
         return [data]
+    ids, attempts = data["ids"], data.get("attempts")
+    if not isinstance(ids, list) or not isinstance(attempts, list):
+        raise ValueError("ids and attempts must be lists")
     common = {k: v for k, v in data.items() if k not in ("ids", "attempts")}
     return [
-        {**common, "id": job_id, "attempts": n}
-        for job_id, n in zip(data["ids"], data["attempts"], strict=True)
+        {**common, "id": job_id, "attempts": n} for job_id, n in zip(ids, attempts, strict=True)
     ]
 
 
+def _job_id(event: dict[str, Any]) -> UUID | None:
+    try:
+        return UUID(str(event.get("id")))
+    except ValueError:
+        return None
+
+
+def confirmed(claim: dict[str, Any], row: asyncpg.Record | None) -> dict[str, Any] | None:
+    """The event to send for a claim, built from the row alone; None unless the row agrees
+    with every field the claim makes (workspace, status, attempts or progress)."""
+    if row is None or claim.get("status") != row["status"]:
+        return None
+    if claim.get("workspace_id") != str(row["workspace_id"]):
+        return None
+    if any(k in claim and claim[k] != row[k] for k in ("job_type", "max_attempts")):
+        return None
+    # A status event names the attempts, a progress report the progress: one or the other.
+    if "attempts" not in claim and "progress" not in claim:
+        return None
+    if "attempts" in claim and claim["attempts"] != row["attempts"]:
+        return None
+    event = {
+        "id": str(row["id"]),
+        "workspace_id": str(row["workspace_id"]),
+        "job_type": row["job_type"],
+        "status": row["status"],
+        "attempts": row["attempts"],
+        "max_attempts": row["max_attempts"],
+    }
+    if "progress" in claim:
+        if claim["progress"] != row["progress"]:
+            return None
+        event["progress"] = row["progress"]
+    return event
+
+
 class EventHub:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, pool: asyncpg.Pool) -> None:
         self._url = url
+        self._pool = pool  # the privileged pool; confirmations run scoped (store.scoped)
         self._conn: asyncpg.Connection | None = None
         self._subscribers: dict[asyncio.Queue[dict[str, Any]], Scope] = {}
-        # Called with every raw payload (the SpacetimeDB forwarder); must not block.
+        # Called with each payload the database confirms (the SpacetimeDB forwarder); must not
+        # block. A payload only partly confirmed is passed on with the confirmed jobs alone.
         self.payload_listeners: list[Callable[[str], None]] = []
+        self._to_forward: asyncio.Queue[str] = asyncio.Queue(FORWARD_MAX)
+        self._forwarder: asyncio.Task[None] | None = None
+        self._malformed, self._malformed_logged_at = 0, -MALFORMED_LOG_S
 
     async def start(self) -> None:
         self._conn = await asyncpg.connect(self._url)
         await self._conn.add_listener(CHANNEL, self._on_notify)
+        self._forwarder = asyncio.create_task(self._forward(), name="admin-event-forwarder")
 
     async def stop(self) -> None:
+        if self._forwarder is not None:
+            self._forwarder.cancel()
         if self._conn is not None:
             await self._conn.close()
 
+    async def _forward(self) -> None:
+        """Confirms each payload for the listeners, in the order received, one query each."""
+        while True:
+            payload = await self._to_forward.get()
+            try:
+                claims = explode(payload)
+                events = await self.confirm(Scope(None, None), claims)
+            except (ValueError, KeyError, TypeError):
+                continue
+            except (OSError, asyncpg.PostgresError) as exc:
+                log.warning("cannot confirm an event for forwarding (%s); dropped", exc)
+                continue
+            if not events:
+                continue
+            if len(events) < len(claims):  # the confirmed part of a status batch
+                common = {k: v for k, v in orjson.loads(payload).items() if k != "id"}
+                payload = orjson.dumps(
+                    {
+                        **common,
+                        "ids": [e["id"] for e in events],
+                        "attempts": [e["attempts"] for e in events],
+                    }
+                ).decode()
+            for listener in self.payload_listeners:
+                listener(payload)
+
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
-        for listener in self.payload_listeners:
-            listener(payload)
+        if self.payload_listeners and not self._to_forward.full():
+            self._to_forward.put_nowait(payload)
         try:
             events = explode(payload)
         except (ValueError, KeyError, TypeError):
-            log.warning("ignoring a malformed %s payload", CHANNEL)
+            self._malformed += 1
+            now = time.monotonic()
+            if now >= self._malformed_logged_at + MALFORMED_LOG_S:
+                log.warning("ignored %d malformed %s payloads", self._malformed, CHANNEL)
+                self._malformed, self._malformed_logged_at = 0, now
             return
+        # The claimed workspace only narrows which streams look; each stream confirms.
         for queue, scope in self._subscribers.items():
             for event in events:
-                if scope.allows(event.get("workspace_id", "")) and not queue.full():
+                if not isinstance(event, dict) or queue.full():
+                    continue
+                if scope.allows(str(event.get("workspace_id", ""))):
                     queue.put_nowait(event)
+
+    async def confirm(self, scope: Scope, claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The claims the database confirms under the scope, as events built from the rows."""
+        ids = [_job_id(c) for c in claims]
+        wanted = list({i for i in ids if i is not None})
+        if not wanted:
+            return []
+        async with store.scoped(self._pool, scope) as conn:
+            rows = {r["id"]: r for r in await store.jobs_for_events(conn, wanted)}
+        out = []
+        for claim, job_id in zip(claims, ids, strict=True):
+            event = confirmed(claim, rows.get(job_id)) if job_id is not None else None
+            if event is not None:
+                out.append(event)
+        return out
 
     async def stream(
         self, scope: Scope, still_valid: Callable[[], Awaitable[bool]] | None = None
     ) -> AsyncIterator[bytes]:
-        """SSE frames for one page until it goes away, or its token is revoked (checked at each
-        keepalive); a comment now and then keeps proxies from closing an idle stream."""
+        """SSE frames for one page until it goes away, or its token is revoked (checked every
+        REVALIDATE_S, busy or idle); a comment now and then keeps proxies from closing an idle
+        stream."""
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(QUEUE_MAX)
         self._subscribers[queue] = scope
         try:
             yield b"retry: 2000\n: connected\n\n"
+            now = time.monotonic()
+            check_at, keepalive_at = now + REVALIDATE_S, now + KEEPALIVE_S
             while True:
-                try:
-                    event = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
-                except TimeoutError:
+                now = time.monotonic()
+                if now >= check_at:
                     if still_valid is not None and not await still_valid():
                         return
+                    check_at = time.monotonic() + REVALIDATE_S
+                if now >= keepalive_at:
                     yield b": keepalive\n\n"
+                    keepalive_at = time.monotonic() + KEEPALIVE_S
+                try:
+                    first = await asyncio.wait_for(
+                        queue.get(), max(0.0, min(check_at, keepalive_at) - time.monotonic())
+                    )
+                except TimeoutError:
                     continue
-                yield b"data: " + orjson.dumps(event) + b"\n\n"
+                claims = [first]
+                while len(claims) < BATCH_MAX and not queue.empty():
+                    claims.append(queue.get_nowait())
+                for event in await self.confirm(scope, claims):
+                    yield b"data: " + orjson.dumps(event) + b"\n\n"
+                    keepalive_at = time.monotonic() + KEEPALIVE_S
         finally:
             del self._subscribers[queue]

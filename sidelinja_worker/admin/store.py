@@ -58,11 +58,11 @@ class Cursor:
 
 @asynccontextmanager
 async def scoped(pool: asyncpg.Pool, scope: Scope) -> AsyncIterator[asyncpg.Connection]:
-    """A transaction as sidelinja_app, seeing only the scope's workspace (RLS)."""
+    """A transaction as sidelinja_app, seeing only the scope's workspace (RLS); a platform
+    admin's as sidelinja_platform_admin."""
     async with pool.acquire() as conn, conn.transaction():
-        ws = str(scope.workspace_id) if scope.workspace_id else ""
-        await conn.execute(Q["scope"], ws, "off" if scope.workspace_id else "on")
-        await conn.execute(Q["enter_app_role"])
+        await conn.execute(Q["scope"], str(scope.workspace_id or ""))
+        await conn.execute(Q["enter_app_role" if scope.workspace_id else "enter_platform_role"])
         yield conn
 
 
@@ -82,6 +82,24 @@ async def lookup_token(conn: asyncpg.Pool, digest: bytes) -> Scope | None:
 
 async def revoke_token(conn: asyncpg.Pool, token_id: UUID) -> bool:
     return await conn.fetchval(Q["token_revoke"], token_id) is not None
+
+
+async def create_session(
+    conn: asyncpg.Pool, digest: bytes, token_id: UUID | None, lifetime_s: float
+) -> None:
+    """A session for the token, ending lifetime_s from now; expired ones are dropped first."""
+    async with conn.acquire() as c, c.transaction():
+        await c.execute(Q["session_prune"])
+        await c.execute(Q["session_create"], digest, token_id, lifetime_s)
+
+
+async def lookup_session(conn: asyncpg.Pool, digest: bytes) -> Scope | None:
+    row = await conn.fetchrow(Q["session_lookup"], digest)
+    return Scope(row[0], row[1]) if row else None
+
+
+async def delete_session(conn: asyncpg.Pool, digest: bytes) -> None:
+    await conn.execute(Q["session_delete"], digest)
 
 
 async def list_tokens(conn: asyncpg.Pool) -> list[asyncpg.Record]:
@@ -114,6 +132,10 @@ async def get_job(conn: asyncpg.Connection, job_id: UUID) -> asyncpg.Record | No
     return await conn.fetchrow(Q["get_job"], job_id)
 
 
+async def jobs_for_events(conn: asyncpg.Connection, ids: list[UUID]) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["jobs_for_events"], ids)
+
+
 async def retry_job(conn: asyncpg.Connection, job_id: UUID) -> bool:
     return await conn.fetchval(Q["retry_job"], job_id) is not None
 
@@ -129,7 +151,7 @@ async def audit(
     write the audit table, so a web app bug cannot forge entries)."""
     await conn.execute(Q["leave_app_role"])
     await conn.execute(Q["audit"], scope.token_id, scope.workspace_id, action, job_ids, detail)
-    await conn.execute(Q["enter_app_role"])
+    await conn.execute(Q["enter_app_role" if scope.workspace_id else "enter_platform_role"])
 
 
 async def throughput(conn: asyncpg.Connection) -> list[asyncpg.Record]:

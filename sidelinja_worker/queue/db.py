@@ -51,12 +51,43 @@ class Database:
 
 
 def redact(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return parts._replace(netloc=netloc).geturl()
+    """The database URL or DSN without its password, for messages and logs, in every form libpq
+    and asyncpg take: a URL's user info (postgresql:// or postgres://, percent-encoded or not,
+    with @, ?, # or / in it), a `password` or `sslpassword` query parameter (its name
+    percent-encoded too), and a keyword/value DSN's `password=` (quoted or not). Where the form
+    is ambiguous it hides too much rather than too little."""
+    import re  # local: this function is the only user
+    from urllib.parse import unquote_plus
+
+    hidden = "***"
+    scheme, sep, rest = url.partition("://")
+    if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.:-]*", scheme):
+        return re.sub(
+            r"(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)", rf"\g<1>{hidden}", url
+        )
+    # The user info ends at the last @ before the path. A password with an unencoded / in it
+    # ends the host part early, so without an @ there the first @ ends it, unless a query
+    # parameter (name=value) comes first: then that @ is in the query.
+    slash = rest.find("/")
+    authority = rest if slash < 0 else rest[:slash]
+    at = authority.rfind("@") if "@" in authority else rest.find("@")
+    if "@" not in authority and "=" in rest[: max(at, 0)]:
+        at = -1
+    if at >= 0:
+        user, colon, _password = rest[:at].partition(":")
+        if colon:
+            rest = f"{user}:{hidden}{rest[at:]}"
+    path, question, query = rest.partition("?")
+    if question:
+        query, hash_, fragment = query.partition("#")
+        params = []
+        for param in query.split("&"):
+            name, equals, _value = param.partition("=")
+            if equals and unquote_plus(name).strip().lower() in ("password", "sslpassword"):
+                param = f"{name}={hidden}"
+            params.append(param)
+        rest = f"{path}?{'&'.join(params)}{hash_}{fragment}"
+    return f"{scheme}://{rest}"
 
 
 def resolve_database(url: str | None, data_dir: str | None) -> Database:

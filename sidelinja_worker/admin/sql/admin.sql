@@ -1,13 +1,17 @@
 -- The admin view's runtime SQL (issue 5); admin/store.py has one typed function per block.
 -- Job queries run inside `scoped()`: as the role sidelinja_app with the token's workspace in
--- `sidelinja.workspace_id`, so row-level security confines them even if the code forgets to.
+-- `sidelinja.workspace_id`, so row-level security confines them even if the code forgets to; a
+-- platform token's queries run as sidelinja_platform_admin, the one role that sees every
+-- workspace.
 
 -- name: scope
-SELECT set_config('sidelinja.workspace_id', $1::text, true),
-       set_config('sidelinja.all_workspaces', $2::text, true);
+SELECT set_config('sidelinja.workspace_id', $1::text, true);
 
 -- name: enter_app_role
 SET LOCAL ROLE sidelinja_app;
+
+-- name: enter_platform_role
+SET LOCAL ROLE sidelinja_platform_admin;
 
 -- name: leave_app_role
 RESET ROLE;
@@ -127,3 +131,27 @@ ORDER BY 1;
 
 -- name: workspaces
 SELECT id, name FROM workspaces ORDER BY name, id;
+
+-- name: jobs_for_events
+-- What a live stream sends: the rows a notification names, read again under the token's scope.
+SELECT id, workspace_id, job_type, status::text AS status, attempts, max_attempts, progress
+FROM job_queue
+WHERE id = ANY($1::uuid[]);
+
+-- name: session_create
+INSERT INTO admin_sessions (secret_sha256, token_id, expires_at)
+VALUES ($1, $2, now() + make_interval(secs => $3))
+RETURNING id;
+
+-- name: session_lookup
+-- A live session of a live token: expiry and revocation both end it at once.
+SELECT t.id, t.workspace_id
+FROM admin_sessions s
+JOIN admin_tokens t ON t.id = s.token_id
+WHERE s.secret_sha256 = $1 AND s.expires_at > now() AND t.revoked_at IS NULL;
+
+-- name: session_delete
+DELETE FROM admin_sessions WHERE secret_sha256 = $1;
+
+-- name: session_prune
+DELETE FROM admin_sessions WHERE expires_at <= now();
