@@ -26,7 +26,7 @@ from sidelinja_worker.queue.durations import parse_duration_s
 from sidelinja_worker.queue.errors import UserError
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.why import explain
-from sidelinja_worker.queue.worker import Worker
+from sidelinja_worker.queue.worker import EXIT_WORKER_DIED, Worker, WorkerDied
 
 
 async def dispatch(args: argparse.Namespace) -> int:
@@ -169,8 +169,14 @@ async def cmd_run(args: argparse.Namespace) -> int:
         install_stop_signals(worker)
         gctune.tune_for_serving()
         if args.metrics_port:  # the server lives on this loop until the process ends
-            await metrics.serve(pool, args.metrics_port)
-        await worker.run()
+            host = os.environ.get("SIDELINJA_METRICS_BIND") or metrics.DEFAULT_HOST
+            await metrics.serve(pool, args.metrics_port, host)
+            worker.supervise_also("metrics", lambda: metrics.gauge_loop(pool))
+        try:
+            await worker.run()
+        except WorkerDied as exc:
+            say(f"sidelinja-worker: error: {exc}; exiting with code {EXIT_WORKER_DIED}")
+            return EXIT_WORKER_DIED
     return 0
 
 

@@ -204,6 +204,10 @@ async def release_held(conn: Conn, worker_id: UUID) -> list[UUID]:
     return [r[0] for r in await conn.fetch(Q["release_held"], worker_id)]
 
 
+async def abandon_worker(conn: Conn, worker_id: UUID, reason: str) -> list[UUID]:
+    return [r[0] for r in await conn.fetch(Q["abandon_worker"], worker_id, reason)]
+
+
 async def unregister_worker(conn: Conn, worker_id: UUID) -> None:
     await conn.execute(Q["unregister_worker"], worker_id)
 

@@ -586,3 +586,24 @@ ORDER BY 1, 2;
 SELECT coalesce(extract(epoch FROM now() - min(scheduled_for)), 0)::float8
 FROM job_queue
 WHERE status IN ('pending', 'retry') AND scheduled_for <= now();
+
+-- name: abandon_worker
+-- A worker whose internal task died (crash-only): it leaves the workers table and its running
+-- jobs go back to the queue at once, each counted as an attempt (so a job that kills every
+-- worker it reaches ends in `error` after max_attempts instead of looping), rather than after
+-- its lease. $2 says why, in `errors`.
+WITH gone AS (
+    DELETE FROM job_workers WHERE id = $1
+)
+UPDATE job_queue j
+SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'error' ELSE 'retry' END::job_status,
+    scheduled_for = now(),
+    completed_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
+    error_msg = 'abandoned by worker ' || $1::text || ': ' || $2::text,
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', j.attempts, 'at', now(), 'class', 'rescued',
+        'message', 'abandoned by worker ' || $1::text || ': ' || $2::text)),
+    worker_id = NULL
+WHERE j.worker_id = $1
+  AND j.status = 'running'
+RETURNING j.id;
