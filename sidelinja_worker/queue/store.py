@@ -200,6 +200,10 @@ async def held_jobs(conn: Conn, worker_id: UUID) -> dict[UUID, bool]:
     return {r[0]: r[1] for r in await conn.fetch(Q["held_jobs"], worker_id)}
 
 
+async def cancel_requested(conn: Conn, job_id: UUID, worker_id: UUID) -> bool:
+    return bool(await conn.fetchval(Q["cancel_requested"], job_id, worker_id))
+
+
 async def release_held(conn: Conn, worker_id: UUID) -> list[UUID]:
     return [r[0] for r in await conn.fetch(Q["release_held"], worker_id)]
 

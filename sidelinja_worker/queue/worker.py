@@ -145,6 +145,8 @@ class Worker:
         self._fatal: WorkerDied | None = None
         self._died = asyncio.Event()
         self._extra: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
+        self._cancel_checks: set[UUID] = set()  # jobs whose row is being read for a cancel
+        self._checks: set[asyncio.Task[None]] = set()
 
     def supervise_also(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """One more task to run, under the same supervision, while the worker runs (the
@@ -545,8 +547,8 @@ class Worker:
         a job whose cancellation was requested is cancelled."""
         _, held = await self._give_back_lost()
         for job_id, cancel_requested in held.items():
-            if cancel_requested:
-                self._on_cancel_notice(job_id)
+            if cancel_requested:  # read from the row just now
+                self._cancel(job_id)
 
     async def _give_back_lost(self) -> tuple[int, dict[UUID, bool]]:
         """Releases held-but-unknown jobs. Returns how many, and the jobs still held (with
@@ -581,6 +583,27 @@ class Worker:
         await self._register()
 
     def _on_cancel_notice(self, job_id: UUID) -> None:
+        """A notification on the cancel channel: a hint, never a command (any role may NOTIFY
+        any channel). If the job is ours, its row is read, and only a row that says so
+        (`cancel_requested_at`, still running under this worker) cancels it."""
+        ours = job_id in self._running or any(j.id == job_id for j in self._ready)
+        if ours and job_id not in self._cancel_checks:
+            self._cancel_checks.add(job_id)
+            check = asyncio.create_task(self._check_cancel(job_id), name="cancel-check")
+            self._checks.add(check)
+            check.add_done_callback(self._checks.discard)
+
+    async def _check_cancel(self, job_id: UUID) -> None:
+        try:
+            if await store.cancel_requested(self._pool, job_id, self.id):
+                self._cancel(job_id)
+        except DB_ERRORS as exc:  # the heartbeat's reconciliation reads it again
+            log.debug("job %s: cancel not checked (%s)", job_id, exc)
+        finally:
+            self._cancel_checks.discard(job_id)
+
+    def _cancel(self, job_id: UUID) -> None:
+        """Cancels a job whose row says its cancellation was requested."""
         held = next((j for j in self._ready if j.id == job_id), None)
         if held is not None:  # claimed ahead, never started: just record the cancel
             self._ready.remove(held)

@@ -607,3 +607,11 @@ SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'error' ELSE 'retry' EN
 WHERE j.worker_id = $1
   AND j.status = 'running'
 RETURNING j.id;
+
+-- name: cancel_requested
+-- Whether the row of a job this worker runs asks for its cancellation: a notification on the
+-- cancel channel only makes the worker look here (anyone may send one).
+SELECT EXISTS (
+    SELECT 1 FROM job_queue
+    WHERE id = $1 AND worker_id = $2 AND status = 'running' AND cancel_requested_at IS NOT NULL
+);

@@ -1,0 +1,103 @@
+"""Crash-only supervision: an internal task of the worker that dies takes the worker down
+within 5 s, with one error line naming it; the worker stops heartbeating at once and gives its
+jobs back, and `run --burst` exits with code 3 saying why."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import pytest
+
+from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.registry import Registry
+from sidelinja_worker.queue.settings import WorkerSettings
+from sidelinja_worker.queue.worker import EXIT_WORKER_DIED, Worker, WorkerDied
+from tests.helpers import insert_jobs, job_type
+
+
+async def _quick(ctx: JobContext, payload: Any) -> dict[str, bool]:
+    return {"ok": True}
+
+
+async def test_a_dead_outcome_writer_stops_the_worker_and_its_heartbeat(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, caplog: pytest.LogCaptureFixture
+) -> None:
+    long_started = asyncio.Event()
+
+    async def long(ctx: JobContext, payload: Any) -> None:
+        long_started.set()
+        await asyncio.sleep(60)
+
+    await insert_jobs(pool, workspace, 1, job_type_name="long")
+    worker = Worker(
+        pool,
+        db_url,
+        Registry([job_type("quick", _quick), job_type("long", long)]),
+        WorkerSettings(poll_interval_s=0.05, max_concurrent=4, lease_s=3),
+    )
+
+    async def broken_flush() -> None:
+        raise RuntimeError("injected fault")
+
+    worker._writer._flush = broken_flush  # type: ignore[method-assign]
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait_for(long_started.wait(), 10)
+    caplog.clear()
+    await insert_jobs(pool, workspace, 1, job_type_name="quick")  # its outcome kills the writer
+    began = time.monotonic()
+    with pytest.raises(WorkerDied) as died:
+        await asyncio.wait_for(task, 10)
+    assert time.monotonic() - began < 5
+    assert died.value.task == "outcomes" and "injected fault" in str(died.value)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "'outcomes' died: RuntimeError: injected fault" in errors[0].message
+    # No lease left to renew, and no job left running under the dead worker: both went back to
+    # the queue at once, each with its attempt counted.
+    assert await pool.fetchval("SELECT count(*) FROM job_workers") == 0
+    rows = await pool.fetch("SELECT job_type, status::text, attempts, error_msg FROM job_queue")
+    assert {(r[0], r[1], r[2]) for r in rows} == {("long", "retry", 1), ("quick", "retry", 1)}
+    assert all("abandoned by worker" in r[3] for r in rows)
+
+
+INJECT = """
+import sys
+from sidelinja_worker.queue import worker
+
+async def broken(pool, settings):
+    raise RuntimeError("injected fault")
+
+worker.rescue_loop = broken
+from sidelinja_worker.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+async def test_run_burst_reports_a_dead_task_and_exits_3(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    await insert_jobs(pool, workspace, 3)
+    env = {**os.environ, "DATABASE_URL": db_url, "SIDELINJA_LOG_FORMAT": "text"}
+    began = time.monotonic()
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", INJECT, "run", "--burst"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert time.monotonic() - began < 30
+    assert proc.returncode == EXIT_WORKER_DIED, proc.stderr
+    assert "internal task 'rescue' died: RuntimeError: injected fault" in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("sidelinja-worker: error:") and "exiting with code 3" in last
+    assert await pool.fetchval("SELECT count(*) FROM job_workers") == 0
+    assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE status = 'running'") == 0
