@@ -1,4 +1,4 @@
-"""The embedded default database: a PostgreSQL of our own in a data folder (DESIGN.md §4)."""
+"""The embedded default database: a PostgreSQL of our own in a data folder."""
 
 from __future__ import annotations
 

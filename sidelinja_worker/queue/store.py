@@ -167,9 +167,12 @@ async def copy_jobs(conn: Conn, rows: EnqueueRows, with_schedule: bool) -> None:
     await conn.copy_records_to_table("job_queue", records=records, columns=columns)
 
 
-async def find_by_unique_keys(conn: Conn, keys: Sequence[str]) -> dict[str, UUID]:
-    rows = await conn.fetch(Q["find_by_unique_keys"], list(keys))
-    return {r[0]: r[1] for r in rows}
+async def find_by_unique_keys(
+    conn: Conn, keys: Sequence[tuple[UUID, str]]
+) -> dict[tuple[UUID, str], UUID]:
+    """(workspace, unique key) -> the job holding it, for the pairs that are held."""
+    rows = await conn.fetch(Q["find_by_unique_keys"], [k[0] for k in keys], [k[1] for k in keys])
+    return {(r[0], r[1]): r[2] for r in rows}
 
 
 async def register_worker(

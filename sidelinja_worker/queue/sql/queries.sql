@@ -406,8 +406,8 @@ WHERE j.id = ANY($1::uuid[])
 -- name: enqueue
 -- One round trip for any number of jobs. Ids are made by the client so that the caller gets them
 -- back in its own order. A job whose unique key is already held by a pending/retry/running job
--- is not inserted (the unique index decides, for every writer); the caller then looks up the
--- holder with `find_by_unique_keys`.
+-- of its workspace is not inserted (the unique index decides, for every writer); the caller
+-- then looks up the holder with `find_by_unique_keys`.
 INSERT INTO job_queue (id, workspace_id, job_type, payload, priority, scheduled_for,
                        max_attempts, unique_key, timeout_s)
 SELECT j.id, j.workspace_id, j.job_type, j.payload, j.priority,
@@ -417,15 +417,18 @@ FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::jsonb[], $5::smallint[],
             $6::timestamptz[], $7::float8[], $8::smallint[], $9::text[], $10::integer[])
      AS j(id, workspace_id, job_type, payload, priority, scheduled_for, delay_s,
           max_attempts, unique_key, timeout_s)
-ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'retry', 'running')
+ON CONFLICT (workspace_id, unique_key)
+    WHERE unique_key IS NOT NULL AND status IN ('pending', 'retry', 'running')
 DO NOTHING
 RETURNING id;
 
 -- name: find_by_unique_keys
-SELECT unique_key, id
-FROM job_queue
-WHERE unique_key = ANY($1::text[])
-  AND status IN ('pending', 'retry', 'running');
+-- The holders of (workspace, key) pairs: a key is unique within its workspace only.
+SELECT j.workspace_id, j.unique_key, j.id
+FROM job_queue j
+JOIN unnest($1::uuid[], $2::text[]) AS k(workspace_id, unique_key)
+  ON j.workspace_id = k.workspace_id AND j.unique_key = k.unique_key
+WHERE j.status IN ('pending', 'retry', 'running');
 
 -- name: register_worker
 INSERT INTO job_workers (id, hostname, pid, job_types, expires_at)
