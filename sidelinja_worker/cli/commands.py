@@ -15,7 +15,7 @@ from sidelinja_worker.cli import admin as admin_cli
 from sidelinja_worker.cli import limits as limits_cli
 from sidelinja_worker.cli.session import opened, parse_uuid
 from sidelinja_worker.jobs.catalog import REGISTRY
-from sidelinja_worker.queue import client, gctune, metrics, migrate, store
+from sidelinja_worker.queue import client, embedded, gctune, metrics, migrate, store
 from sidelinja_worker.queue.config import SETTINGS, ServiceConfig
 from sidelinja_worker.queue.db import (
     connect,
@@ -187,6 +187,7 @@ def install_stop_signals(worker: Worker) -> None:
     def on_signal(signum: int) -> None:
         if worker.stopping:
             say(f"sidelinja-worker: second {signal.Signals(signum).name}: exiting now")
+            embedded.release()  # os._exit skips the exit handlers that would stop it
             os._exit(1)
         worker.request_stop()
 
