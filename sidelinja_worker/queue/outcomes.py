@@ -25,6 +25,7 @@ log = logging.getLogger("sidelinja_worker.outcomes")
 
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 5.0
+FLUSH_TIMEOUT_S = 60.0  # a flush that takes longer is treated as a lost connection, and retried
 
 
 class OutcomeWriter:
@@ -111,7 +112,10 @@ class OutcomeWriter:
             await self._arrived.wait()
             self._arrived.clear()
             try:
-                await self._flush()
+                # Every statement of a flush is bounded (store.STATEMENT_TIMEOUT_S) but the
+                # follow-up enqueue, which runs in the completion's transaction: this bounds it.
+                async with asyncio.timeout(FLUSH_TIMEOUT_S):
+                    await self._flush()
                 delay = RETRY_FIRST_S
             except DB_ERRORS as exc:
                 log.warning(
