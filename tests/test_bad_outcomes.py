@@ -10,14 +10,17 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sidelinja_worker.cli.commands import worker_settings
+from sidelinja_worker.cli.main import build_parser
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.backoff import DEFER_MAX_S, RETRY_MAX_S, clamp_s, defer_until
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.db import RawJson
-from sidelinja_worker.queue.errors import Defer, RetryJob
+from sidelinja_worker.queue.errors import Defer, RetryJob, UserError
 from sidelinja_worker.queue.executor import MAX_RESULT_BYTES, timeout_for
 from sidelinja_worker.queue.jobs import ClaimedJob
 from sidelinja_worker.queue.outcomes import OutcomeWriter
@@ -203,3 +206,19 @@ def test_defer_until_is_capped_and_aware(until: datetime) -> None:
     now = datetime.now(UTC)
     when = defer_until(None, until, now)
     assert when.tzinfo is not None and when <= now + timedelta(seconds=DEFER_MAX_S)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--lease", "nan"),
+        ("--lease", "1e999"),
+        ("--poll-interval", "inf"),
+        ("--grace", "1e400"),
+        ("--keep-errors", "99999999999d"),
+    ],
+)
+def test_duration_settings_must_be_finite_and_bounded(flag: str, value: str) -> None:
+    args = build_parser().parse_args(["run", flag, value])
+    with pytest.raises(UserError, match="out of range"):
+        worker_settings(args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
 from datetime import UTC, datetime
@@ -144,21 +145,34 @@ def worker_settings(args: argparse.Namespace) -> WorkerSettings:
             f"unknown job types in --types: {', '.join(unknown)}; "
             f"known: {', '.join(sorted(REGISTRY))}"
         )
-    lease_s = parse_duration_s(args.lease)
+    lease_s = _duration(args.lease, "--lease", MAX_LEASE_S)
     if lease_s < 1:
         raise UserError("--lease must be at least 1s")
     return WorkerSettings(
         max_concurrent=max_concurrent,
-        poll_interval_s=max(parse_duration_s(args.poll_interval), 0.01),
+        poll_interval_s=max(_duration(args.poll_interval, "--poll-interval", 3600), 0.01),
         job_types=types,
         burst=args.burst,
         lease_s=lease_s,
-        grace_s=parse_duration_s(args.grace),
+        grace_s=_duration(args.grace, "--grace", MAX_SETTING_S),
         listen=not args.no_listen,
-        max_timeout_s=max(parse_duration_s(args.max_timeout), 0.001),
-        keep_completed_s=parse_duration_s(args.keep_completed),
-        keep_errors_s=parse_duration_s(args.keep_errors),
+        max_timeout_s=max(_duration(args.max_timeout, "--max-timeout", MAX_SETTING_S), 0.001),
+        keep_completed_s=_duration(args.keep_completed, "--keep-completed", MAX_SETTING_S),
+        keep_errors_s=_duration(args.keep_errors, "--keep-errors", MAX_SETTING_S),
     )
+
+
+MAX_LEASE_S = 86400.0  # a lease longer than a day would leave a dead worker's jobs for days
+MAX_SETTING_S = 100 * 365 * 86400.0  # beyond any sensible setting, within PostgreSQL's interval
+
+
+def _duration(text: str, flag: str, most_s: float) -> float:
+    """A duration flag, finite and at most `most_s`: NaN or 1e999s would otherwise reach SQL
+    intervals and timers and fail there, far from the flag that caused it."""
+    seconds = parse_duration_s(text)
+    if not math.isfinite(seconds) or seconds > most_s:
+        raise UserError(f"{flag} {text!r} is out of range (at most {most_s:g}s)")
+    return seconds
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
