@@ -101,3 +101,51 @@ async def test_run_burst_reports_a_dead_task_and_exits_3(
     assert last.startswith("sidelinja-worker: error:") and "exiting with code 3" in last
     assert await pool.fetchval("SELECT count(*) FROM job_workers") == 0
     assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE status = 'running'") == 0
+
+
+STUCK = """
+import asyncio, dataclasses, sys
+from sidelinja_worker.jobs.catalog import REGISTRY
+from sidelinja_worker.queue import worker
+
+async def stubborn(ctx, payload):
+    while True:  # a handler that ignores its cancellation
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            pass
+
+REGISTRY._types["noop"] = dataclasses.replace(REGISTRY["noop"], handler=stubborn)
+
+async def broken(pool, settings):
+    await asyncio.sleep(1.0)  # the handler is running by then
+    raise RuntimeError("injected fault")
+
+worker.rescue_loop = broken
+from sidelinja_worker.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+async def test_a_handler_that_ignores_cancellation_does_not_hold_the_exit(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    await insert_jobs(pool, workspace, 1)
+    env = {**os.environ, "DATABASE_URL": db_url, "SIDELINJA_LOG_FORMAT": "text"}
+    began = time.monotonic()
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", STUCK, "run", "--grace", "60s"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == EXIT_WORKER_DIED, proc.stderr
+    # Start-up, the injected second, and at most DIE_WITHIN_S: not the 60 s grace, nor forever.
+    assert time.monotonic() - began < 20
+    died_at = next(ln for ln in proc.stderr.splitlines() if "'rescue' died" in ln)
+    assert died_at and "exiting with code 3" in proc.stderr.splitlines()[-1]
+    # Handed back at once, counted: the stuck handler's job is due again.
+    row = await pool.fetchrow("SELECT status::text, attempts, error_msg FROM job_queue")
+    assert (row[0], row[1]) == ("retry", 1) and "abandoned by worker" in row[2]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import math
 import os
 import signal
@@ -189,8 +190,12 @@ async def cmd_run(args: argparse.Namespace) -> int:
         try:
             await worker.run()
         except WorkerDied as exc:
+            # Crash-only: out now, whatever a stuck handler or connection would make an orderly
+            # exit wait for; what the worker could give back it has, the leases cover the rest.
             say(f"sidelinja-worker: error: {exc}; exiting with code {EXIT_WORKER_DIED}")
-            return EXIT_WORKER_DIED
+            logging.shutdown()
+            embedded.release()
+            os._exit(EXIT_WORKER_DIED)
     return 0
 
 

@@ -263,11 +263,13 @@ class Worker:
         self._died.set()
 
     async def _die(self, slots: list[asyncio.Task[None]], others: list[asyncio.Task[None]]) -> None:
-        """After a death: stop every task, cancel the handlers, write what the outcome writer
-        still can, give back the jobs claimed but not started (their attempt returned), and
-        hand the running ones to the rescue at once (an attempt counted, so a job that kills
+        """After a death: stop every task, cancel the handlers (they give their jobs back
+        through the outcome writer, if it lives, which writes what it still can), give back
+        the jobs claimed but not started (their attempt returned), and hand whatever still
+        runs under this worker to the queue at once, counted as an attempt (so a job that kills
         workers ends in `error` after max_attempts). Bounded by DIE_WITHIN_S; whatever is not
-        given back by then is rescued when the lease expires."""
+        given back by then is rescued when the lease expires. A handler that ignores its
+        cancellation is not waited for."""
         writer = next((t for t in others if t.get_name() == "outcomes"), None)
         for task in others:
             if task is not writer:
@@ -295,7 +297,9 @@ class Worker:
         finally:
             if writer is not None:
                 writer.cancel()
-            await asyncio.gather(*slots, *others, return_exceptions=True)
+            unfinished = [t for t in (*slots, *others) if not t.done()]
+            if unfinished:
+                await asyncio.wait(unfinished, timeout=0.5)
 
     # -- claiming --------------------------------------------------------------------------
 
@@ -634,6 +638,8 @@ class Worker:
     ) -> None:
         self._stop.set()
         self._job_ready.set()  # idle slots see the stop and end
+        for check in list(self._checks):  # a row read for a cancel matters no more
+            check.cancel()
         while self._ready:  # claimed ahead, never started: straight back to the queue
             self._writer.released(Release(self._ready.popleft().id, None))
         if not await self._jobs_done(self.settings.grace_s):
