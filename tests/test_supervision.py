@@ -149,3 +149,18 @@ async def test_a_handler_that_ignores_cancellation_does_not_hold_the_exit(
     # Handed back at once, counted: the stuck handler's job is due again.
     row = await pool.fetchrow("SELECT status::text, attempts, error_msg FROM job_queue")
     assert (row[0], row[1]) == ("retry", 1) and "abandoned by worker" in row[2]
+
+
+async def test_demo_reports_a_dead_task(pool: asyncpg.Pool, db_url: str) -> None:
+    env = {**os.environ, "DATABASE_URL": db_url, "SIDELINJA_LOG_FORMAT": "text"}
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", INJECT, "demo"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == EXIT_WORKER_DIED, proc.stderr
+    assert "SAMPLE" in proc.stdout  # where every sample got to
+    assert "The worker stopped early: internal task 'rescue' died" in proc.stdout
