@@ -81,7 +81,8 @@ async def test_embeddings_without_pgvector_fail_permanently_naming_it(
 async def test_profile_from_a_programme_file(
     pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway, tmp_path: Path
 ) -> None:
-    (tmp_path / "ap.txt").write_text(PROGRAMME, encoding="utf-8")
+    (tmp_path / str(workspace)).mkdir()  # the workspace's media folder
+    (tmp_path / str(workspace) / "ap.txt").write_text(PROGRAMME, encoding="utf-8")
     ai_gateway.answers["Profile"] = profile_answer
     job_id = await client.enqueue(
         pool,
@@ -121,6 +122,7 @@ async def test_profile_from_a_programme_file(
 async def test_profile_bad_input_and_a_model_that_skips_statements(
     pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway, tmp_path: Path
 ) -> None:
+    (tmp_path / str(workspace)).mkdir()  # the workspace's media folder
     outside = await client.enqueue(
         pool,
         workspace,
@@ -147,9 +149,9 @@ async def test_profile_bad_input_and_a_model_that_skips_statements(
     )
     await run_burst(pool, db_url, config=config(ai_gateway, MEDIA_ROOT=str(tmp_path)))
 
-    assert (await job(pool, outside))[
-        "error_msg"
-    ] == "path '../../etc/passwd' is outside MEDIA_ROOT"
+    assert (await job(pool, outside))["error_msg"] == (
+        f"path '../../etc/passwd' is outside this workspace's media folder (MEDIA_ROOT/{workspace})"
+    )
     assert "statement ids must be unique" in (await job(pool, dupes))["error_msg"]
     row = await job(pool, partial)
     assert row["status"] == "retry"

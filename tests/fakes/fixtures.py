@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from uuid import UUID
 
 import pytest
 
@@ -27,8 +28,10 @@ SECRETS = (FORGEJO_TOKEN, FORGEJO_READ_TOKEN, LIVEKIT_SECRET, WHISPER_KEY)
 
 
 @pytest.fixture(name="media_root")
-def media_root_fixture(tmp_path: Path) -> Path:
-    root = tmp_path / "media"
+def media_root_fixture(tmp_path: Path, workspace: UUID) -> Path:
+    """The test workspace's own media folder, MEDIA_ROOT/<workspace id>; `service_config`
+    points MEDIA_ROOT at its parent."""
+    root = tmp_path / "media" / str(workspace)
     (root / "episodes").mkdir(parents=True)
     (root / "episodes" / "ep1.wav").write_bytes(fake_audio(2))
     (root / "srt").mkdir()
@@ -84,8 +87,8 @@ def service_config(
 ) -> ServiceConfig:
     """The settings pointing at the running fakes, plus `extra` overrides."""
     values: dict[str, str] = {}
-    if media_root is not None:
-        values["MEDIA_ROOT"] = str(media_root)
+    if media_root is not None:  # a workspace's folder (the `media_root` fixture)
+        values["MEDIA_ROOT"] = str(media_root.parent)
     if whisper is not None:
         values["WHISPER_URL"] = whisper.url
     if governed is not None:

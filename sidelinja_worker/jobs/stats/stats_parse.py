@@ -1,7 +1,8 @@
 """`stats_parse`: Caddy access logs -> daily podcast downloads (IAB rules), then the next run.
 
 Workspace settings, under `settings["stats"]` (all optional): `interval` ("1h"), `url_prefix`
-("/"), `media_dir` ("", under MEDIA_ROOT), `episodes` ({path: id}), `hosts` ([])."""
+("/"), `media_dir` ("", in the workspace media folder MEDIA_ROOT/<workspace id>), `episodes`
+({path: id}), `hosts` ([])."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 import zstandard
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sidelinja_worker.jobs.media_paths import workspace_media_root
 from sidelinja_worker.jobs.stats import store as stats_store
 from sidelinja_worker.jobs.stats.counting import AUDIO_EXTENSIONS, EpisodeRules
 from sidelinja_worker.jobs.stats.geo import country_lookup
@@ -41,7 +43,7 @@ class StatsParsePayload(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     logs: str = Field(
-        min_length=1, description="log folder, live log file or glob, under MEDIA_ROOT"
+        min_length=1, description="log folder, live log file or glob, in the workspace media folder"
     )
     schedule: bool = Field(default=True, description="enqueue the next run after this one")
 
@@ -67,7 +69,7 @@ class StatsSettings(BaseModel):
 
 
 async def run(ctx: JobContext, payload: StatsParsePayload) -> dict[str, Any]:
-    media_root = Path(ctx.services.config.require("MEDIA_ROOT")).resolve()  # noqa: ASYNC240 - a few stats
+    media_root = workspace_media_root(ctx.services.config.require("MEDIA_ROOT"), ctx.workspace_id)
     settings = _settings(await ctx.workspace_settings())
     logs = resolve_logs(media_root, payload.logs)
     summary = await _parse_and_commit(ctx, logs, settings, media_root)
@@ -86,14 +88,15 @@ def _settings(workspace: dict[str, Any]) -> StatsSettings:
 
 
 def resolve_logs(media_root: Path, logs: str) -> list[LogFile]:
-    """The payload's log files; a path outside MEDIA_ROOT or naming nothing is permanent."""
+    """The payload's log files, under `media_root` (the workspace's media folder); a path
+    outside it or naming nothing is permanent."""
     parts = Path(logs).parts
     cut = next((i for i, p in enumerate(parts) if _GLOB & set(p)), len(parts))
     base = (media_root / Path(*parts[:cut])).resolve() if cut else media_root
     if not base.is_relative_to(media_root):
-        raise PermanentError(f"logs {logs!r} is outside MEDIA_ROOT")
+        raise PermanentError(f"logs {logs!r} is outside this workspace's media folder")
     if not base.exists():
-        raise PermanentError(f"logs {logs!r} not found under MEDIA_ROOT")
+        raise PermanentError(f"logs {logs!r} not found in this workspace's media folder")
     pattern = str(Path(*parts[cut:])) if cut < len(parts) else None
     files = [f for f in discover(base, pattern) if f.path.resolve().is_relative_to(media_root)]
     if not files:
