@@ -21,6 +21,7 @@ from tests.fakes.ai_gateway_server import (  # noqa: F401
     completion,
     error,
 )
+from tests.fakes.fixtures import allow_models
 from tests.helpers import run_burst
 
 STATEMENTS = [
@@ -323,6 +324,7 @@ async def test_prompt_eval_scores_every_case_per_model(
             return error(400, "refused")
         return eval_answer_reply(r)
 
+    await allow_models(pool, workspace, "good/model", "bad/model", "judge/model")
     ai_gateway.push(*[refuse] * 9)  # 6 answers and 3 verdicts
     job_id = await client.enqueue(
         pool,
@@ -392,6 +394,7 @@ async def test_prompt_eval_case_refused_is_recorded_and_an_outage_retries(
             else eval_answer_reply(r)
         )
 
+    await allow_models(pool, workspace, "good/model")
     ai_gateway.push(refuse_danmark, refuse_danmark)
     ok = await client.enqueue(
         pool,

@@ -72,26 +72,65 @@ class Embeddings:
     usage: Usage
 
 
+class GuardError(PermanentError):
+    """A call this job may not make: a model its workspace does not allow, or one paid call
+    past its limit. Never a per-case failure: the whole job stops."""
+
+
+@dataclass
+class CallGuard:
+    """What one job may spend through the gateway: the models it may name and how many paid
+    calls (chat completions, embeddings requests, a structured answer's second try included)
+    it may make. `models_rule` and `calls_rule` name the settings, for the error."""
+
+    models: frozenset[str]
+    max_calls: int
+    models_rule: str
+    calls_rule: str
+    calls: int = 0
+
+    def allow_model(self, model: str) -> None:
+        if model not in self.models:
+            raise GuardError(
+                f"model {model!r} is not allowed in this workspace ({self.models_rule})"
+            )
+
+    def spend(self, model: str) -> None:
+        self.allow_model(model)
+        if self.calls >= self.max_calls:
+            raise GuardError(
+                f"this job is past its limit of {self.max_calls} paid AI calls ({self.calls_rule})"
+            )
+        self.calls += 1
+
+
 class AnswerMismatch(Exception):
     """The model's answer is not JSON matching the schema; the message says how."""
 
 
 class AiGateway:
     def __init__(
-        self, http: httpx.AsyncClient, base_url: str, key: Secret, limiter: RateLimiter
+        self,
+        http: httpx.AsyncClient,
+        base_url: str,
+        key: Secret,
+        limiter: RateLimiter,
+        guard: CallGuard | None = None,
     ) -> None:
         self._http = http
         self._url = base_url.rstrip("/")
         self._key = key
         self._limiter = limiter
+        self.guard = guard
 
     @classmethod
-    def from_services(cls, services: Services) -> AiGateway:
+    def from_services(cls, services: Services, guard: CallGuard | None = None) -> AiGateway:
         return cls(
             services.http,
             services.config.require("AI_GATEWAY_URL"),
             services.config.secret("AI_GATEWAY_KEY"),
             services.limiter,
+            guard,
         )
 
     async def structured(
@@ -125,6 +164,8 @@ class AiGateway:
     async def chat(self, body: Mapping[str, Any]) -> tuple[str | None, Usage]:
         """One chat completion: the answer's content and the tokens it cost. Errors that arrive
         with HTTP 200 (generation failed after it started) are classified like HTTP errors."""
+        if self.guard is not None:
+            self.guard.spend(str(body.get("model")))
         data = await self._post("/chat/completions", body, CHAT_TIMEOUT_S)
         if isinstance(data.get("error"), Mapping):
             raise self._classify(200, data["error"], None)
@@ -146,6 +187,8 @@ class AiGateway:
         body: dict[str, Any] = {"model": model, "input": list(inputs), "encoding_format": "float"}
         if dimensions is not None:
             body["dimensions"] = dimensions
+        if self.guard is not None:
+            self.guard.spend(model)
         data = await self._post("/embeddings", body, EMBED_TIMEOUT_S)
         if isinstance(data.get("error"), Mapping):
             raise self._classify(200, data["error"], None)

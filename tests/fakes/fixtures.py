@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from uuid import UUID
 
+import asyncpg
 import pytest
 
 from sidelinja_worker.queue.config import ServiceConfig
@@ -55,8 +56,30 @@ async def governed_whisper_fake_fixture() -> AsyncIterator[FakeWhisper]:
         yield fake
 
 
+async def allow_repos(pool: asyncpg.Pool, workspace: UUID, *repos: str) -> None:
+    """Adds `repos` to the workspace's `forgejo.repos` setting (its other settings kept)."""
+    await pool.execute(
+        "UPDATE workspaces SET settings = settings || jsonb_build_object('forgejo', "
+        "jsonb_build_object('repos', $2::text[])) WHERE id = $1",
+        workspace,
+        list(repos),
+    )
+
+
+async def allow_models(pool: asyncpg.Pool, workspace: UUID, *models: str) -> None:
+    """Sets the workspace's `ai.models` setting to `models` (its other settings kept)."""
+    await pool.execute(
+        "UPDATE workspaces SET settings = settings || jsonb_build_object('ai', "
+        "coalesce(settings->'ai', '{}') || jsonb_build_object('models', $2::text[])) "
+        "WHERE id = $1",
+        workspace,
+        list(models),
+    )
+
+
 @pytest.fixture(name="forgejo_fake")
-async def forgejo_fake_fixture() -> AsyncIterator[FakeForgejo]:
+async def forgejo_fake_fixture(pool: asyncpg.Pool, workspace: UUID) -> AsyncIterator[FakeForgejo]:
+    await allow_repos(pool, workspace, "sidelinja/transcripts")  # the fake's repository
     fake = FakeForgejo(
         tokens={FORGEJO_TOKEN: "write", FORGEJO_READ_TOKEN: "read"},
         repos={("sidelinja", "transcripts"): Repo()},

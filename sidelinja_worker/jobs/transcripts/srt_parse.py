@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from sidelinja_worker.jobs.media_paths import resolve_media_path
+from sidelinja_worker.jobs.silos import check_repo
 from sidelinja_worker.jobs.transcripts import store as transcripts_store
 from sidelinja_worker.jobs.transcripts.subtitles import SrtError, parse_srt_off_loop
 from sidelinja_worker.queue.context import JobContext
@@ -83,6 +84,7 @@ async def _load(ctx: JobContext, payload: SrtParsePayload) -> tuple[bytes, dict[
     src = payload.forgejo
     assert src is not None  # the model guarantees one source
     forgejo = Forgejo.from_config(ctx.services.http, config)
+    check_repo(await ctx.workspace_settings(), src.owner, src.repo)
     state = await forgejo.read(RepoFile(src.owner, src.repo, src.path, src.ref))
     if state is None:
         where = f"{src.owner}/{src.repo}/{src.path}" + (f" at {src.ref}" if src.ref else "")

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from sidelinja_worker.jobs.media_paths import resolve_media_path
+from sidelinja_worker.jobs.silos import check_repo
 from sidelinja_worker.jobs.transcripts.governor import Route, choose_whisper
 from sidelinja_worker.jobs.transcripts.subtitles import SrtError, Transcript, parse_srt_off_loop
 from sidelinja_worker.queue.client import NewJob
@@ -42,6 +43,7 @@ class WhisperTranscribePayload(BaseModel):
 
 async def run_whisper_transcribe(ctx: JobContext, payload: WhisperTranscribePayload) -> Any:
     config = ctx.services.config
+    check_repo(await ctx.workspace_settings(), payload.forgejo.owner, payload.forgejo.repo)
     audio = resolve_media_path(config.require("MEDIA_ROOT"), ctx.workspace_id, payload.audio_path)
     route = await choose_whisper(ctx.services.http, config)
     log.info("job %s whisper_transcribe: %s", ctx.job_id, route.reason)
