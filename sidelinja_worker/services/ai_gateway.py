@@ -4,6 +4,7 @@ embeddings, with the gateway's errors mapped to the job outcomes (RetryJob / Per
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -18,6 +19,7 @@ from sidelinja_worker.queue.context import Services
 from sidelinja_worker.queue.errors import PermanentError, RetryJob
 from sidelinja_worker.queue.limits import RateLimiter
 from sidelinja_worker.queue.registry import describe_validation_error
+from sidelinja_worker.services import bounded
 
 log = logging.getLogger("sidelinja_worker.ai_gateway")
 
@@ -27,6 +29,13 @@ RATE_KEY = "ai_gateway"  # the rate_limits row every worker shares; a 429 pauses
 CHAT_TIMEOUT_S = 180.0
 EMBED_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 10.0
+# Caps on an answer's size. A chat answer is text of at most a few hundred thousand tokens;
+# an embeddings batch of 2048 inputs x 3072 dimensions as JSON floats is ~130 MB, a default
+# batch (64 x 1536) ~2 MB.
+MAX_CHAT_BYTES = 16 * 1024 * 1024
+MAX_EMBED_BYTES = 160 * 1024 * 1024
+# A Retry-After beyond this is not believed: the pause is cut to it.
+MAX_RETRY_AFTER_S = 3600.0
 MAX_MESSAGE_CHARS = 400
 # Statuses that will not change on a retry (interfaces.md §3): bad request, bad key, no
 # credits, moderation. 404/413/422 are bad requests too (unknown model, input too large).
@@ -166,7 +175,7 @@ class AiGateway:
         with HTTP 200 (generation failed after it started) are classified like HTTP errors."""
         if self.guard is not None:
             self.guard.spend(str(body.get("model")))
-        data = await self._post("/chat/completions", body, CHAT_TIMEOUT_S)
+        data = await self._post("/chat/completions", body, CHAT_TIMEOUT_S, MAX_CHAT_BYTES)
         if isinstance(data.get("error"), Mapping):
             raise self._classify(200, data["error"], None)
         choices = data.get("choices")
@@ -178,7 +187,10 @@ class AiGateway:
             raise self._classify(200, error if isinstance(error, Mapping) else {}, None)
         message = choice.get("message")
         content = message.get("content") if isinstance(message, Mapping) else None
-        return (content if isinstance(content, str) else None), Usage.of(data)
+        if not isinstance(content, str):
+            return None, Usage.of(data)
+        # PostgreSQL stores no NUL character in text or jsonb: an answer is kept without them.
+        return content.replace("\x00", ""), Usage.of(data)
 
     async def embeddings(
         self, model: str, inputs: Sequence[str], *, dimensions: int | None = None
@@ -189,7 +201,7 @@ class AiGateway:
             body["dimensions"] = dimensions
         if self.guard is not None:
             self.guard.spend(model)
-        data = await self._post("/embeddings", body, EMBED_TIMEOUT_S)
+        data = await self._post("/embeddings", body, EMBED_TIMEOUT_S, MAX_EMBED_BYTES)
         if isinstance(data.get("error"), Mapping):
             raise self._classify(200, data["error"], None)
         items = sorted(data.get("data") or [], key=lambda item: item.get("index", 0))
@@ -201,11 +213,18 @@ class AiGateway:
             Usage.of(data),
         )
 
-    async def _post(self, path: str, body: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+    async def _post(
+        self, path: str, body: Mapping[str, Any], timeout_s: float, max_bytes: int
+    ) -> dict[str, Any]:
         await self._limiter.acquire(RATE_KEY)
         try:
-            resp = await self._http.post(
+            resp = await bounded.send(
+                self._http,
+                "POST",
                 self._url + path,
+                service="AI gateway",
+                max_bytes=max_bytes,
+                deadline_s=timeout_s + CONNECT_TIMEOUT_S,
                 json=body,
                 headers=self._headers(),
                 timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S),
@@ -217,7 +236,7 @@ class AiGateway:
         if resp.status_code >= 300:
             await self._raise_for_status(resp)
         try:
-            data = resp.json()
+            data = await bounded.json_body(resp)
         except ValueError:
             raise RetryJob("AI gateway answered with a body that is not JSON") from None
         if not isinstance(data, dict):
@@ -324,15 +343,15 @@ def _strict(node: Any, defs: Mapping[str, Any]) -> Any:
 def error_object(resp: httpx.Response) -> dict[str, Any]:
     """`{"code", "message", "metadata"}` from the OpenRouter error shape, or a stand-in built
     from a body that is not (a proxy's HTML page, say)."""
-    try:
-        data = resp.json()
+    try:  # an error body is small; a huge one is not parsed on the event loop
+        data = resp.json() if len(resp.content) < bounded.OFF_LOOP_JSON_BYTES else None
     except ValueError:
         data = None
     if isinstance(data, dict) and isinstance(data.get("error"), dict):
         return data["error"]
     if isinstance(data, dict) and isinstance(data.get("error"), str):
         return {"code": resp.status_code, "message": data["error"]}
-    text = " ".join(resp.text.split())[:200]
+    text = " ".join(resp.text[:2000].split())[:200]
     return {"code": resp.status_code, "message": text or resp.reason_phrase}
 
 
@@ -358,17 +377,20 @@ def _short(value: Any) -> str:
 
 
 def parse_retry_after(value: str | None) -> float | None:
-    """Retry-After as seconds (delta-seconds or an HTTP date); None when absent or unreadable."""
+    """Retry-After as seconds (delta-seconds or an HTTP date), at most MAX_RETRY_AFTER_S; None
+    when absent or unreadable."""
     if not value:
         return None
     try:
-        return max(float(value), 0.0)
+        seconds = float(value)
     except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    if not math.isfinite(seconds):  # "nan", "inf": not a time
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max((when - datetime.now(UTC)).total_seconds(), 0.0)
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
