@@ -24,7 +24,7 @@ from sidelinja_worker.jobs.knowledge.prompt_eval_scoring import (
     Check,
     JudgeCheck,
     Score,
-    score,
+    score_all,
 )
 from sidelinja_worker.jobs.knowledge.store import EvalRow
 from sidelinja_worker.jobs.silos import call_guard, check_planned_calls
@@ -141,7 +141,8 @@ class Lab:
             return Outcome(EvalRow(model, case.id, False, None, str(exc), [], None, 0, 0), Usage())
         latency_ms = round((time.monotonic() - started) * 1000)
         output = content or ""
-        scores = [score(c, output) for c in case.expect if not isinstance(c, JudgeCheck)]
+        # In a thread: an answer can be megabytes, and JSON parsing and matching it is CPU.
+        scores = await asyncio.to_thread(score_all, case.expect, output)
         judge_usage = Usage()
         for check in (c for c in case.expect if isinstance(c, JudgeCheck)):
             verdict, used = await self.judge(case, output, check)
