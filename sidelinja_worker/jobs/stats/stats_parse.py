@@ -10,7 +10,8 @@ import asyncio
 import hashlib
 import pickle
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from sidelinja_worker.jobs.stats.geo import country_lookup
 from sidelinja_worker.jobs.stats.logfiles import LogFile, discover, fingerprint
 from sidelinja_worker.jobs.stats.media import threshold_bytes
 from sidelinja_worker.jobs.stats.parse import FileTask, ParseResult
+from sidelinja_worker.jobs.stats.spill import Record
 from sidelinja_worker.jobs.stats.store import FileSave, ListenRow
 from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.context import JobContext
@@ -35,6 +37,11 @@ from sidelinja_worker.queue.registry import JobType, describe_validation_error
 
 # A concurrent run that committed first makes this one re-read from its offsets; a few rounds.
 COMMIT_ROUNDS = 3
+# Listeners a parse holds in memory before it spills them to a sorted file (~400 bytes each
+# with their strings): bounds the parse's memory whatever the log holds.
+SPILL_LISTENERS = 100_000
+# Listener rows per INSERT, read, hashed and sent a batch at a time.
+ROW_BATCH = 20_000
 MIN_INTERVAL_S = 60.0
 _GLOB = set("*?[")
 
@@ -113,20 +120,24 @@ async def _parse_and_commit(
         states = await stats_store.file_states(pool, ws, list(prints.values()))
         tasks, saves = plan(logs, prints, states)
         await ctx.progress(f"reading {len(tasks)} of {len(prints)} log files", None)
-        result = await parse_in_child(tasks, settings.rules())
-        thresholds = await asyncio.to_thread(_thresholds, result, media_root, settings)
-        listens = await _listen_rows(pool, ws, result, ctx.services.config.get("GEOIP_DB"))
-        async with pool.acquire() as conn:
-            added = await stats_store.commit_run(
-                conn,
-                ws,
-                {t.fingerprint: t.start for t in tasks},
-                saves
-                + [FileSave(f.fingerprint, f.name, f.offset, f.complete) for f in result.files],
-                listens,
-                thresholds,
-                datetime.now(UTC).date(),
-            )
+        with tempfile.TemporaryDirectory(prefix="sidelinja-stats-") as spill_dir:
+            result = await parse_in_child(tasks, settings.rules(), Path(spill_dir))
+            thresholds = await asyncio.to_thread(_thresholds, result, media_root, settings)
+            days = [date.fromordinal(_EPOCH + d) for d in result.days]
+            salts = await stats_store.salts(pool, ws, days)
+            country = country_lookup(ctx.services.config.get("GEOIP_DB"))
+            async with pool.acquire() as conn:
+                added = await stats_store.commit_run(
+                    conn,
+                    ws,
+                    {t.fingerprint: t.start for t in tasks},
+                    saves
+                    + [FileSave(f.fingerprint, f.name, f.offset, f.complete) for f in result.files],
+                    _row_batches(result, salts, country),
+                    days,
+                    thresholds,
+                    datetime.now(UTC).date(),
+                )
         if added is not None:
             return {
                 "files": len(prints),
@@ -134,6 +145,8 @@ async def _parse_and_commit(
                 "lines": result.lines,
                 "bad_lines": result.bad_lines,
                 "requests_counted": result.counted_requests,
+                "listeners": result.listeners,
+                "spilled": result.spill is not None,
                 "new_downloads": added,
                 "file_errors": result.errors,
             }
@@ -175,8 +188,12 @@ def plan(
     return tasks, saves
 
 
-async def parse_in_child(tasks: list[FileTask], rules: EpisodeRules) -> ParseResult:
-    """The CPU-bound parse in a child process, killed if this job is cancelled or times out."""
+async def parse_in_child(
+    tasks: list[FileTask], rules: EpisodeRules, spill_dir: Path | None = None
+) -> ParseResult:
+    """The CPU-bound parse in a child process, killed if this job is cancelled or times out.
+    With `spill_dir`, listeners past SPILL_LISTENERS go to sorted files there (memory stays
+    bounded); the caller removes the folder after reading them."""
     if not tasks:
         return ParseResult()
     proc = await asyncio.create_subprocess_exec(
@@ -188,7 +205,8 @@ async def parse_in_child(tasks: list[FileTask], rules: EpisodeRules) -> ParseRes
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        out, err = await proc.communicate(pickle.dumps((tasks, rules)))
+        spill_at = SPILL_LISTENERS if spill_dir is not None else None
+        out, err = await proc.communicate(pickle.dumps((tasks, rules, spill_dir, spill_at)))
     finally:
         if proc.returncode is None:
             proc.kill()
@@ -208,12 +226,11 @@ async def parse_in_child(tasks: list[FileTask], rules: EpisodeRules) -> ParseRes
 def _thresholds(
     result: ParseResult, media_root: Path, settings: StatsSettings
 ) -> dict[str, int | None]:
-    episodes = {key[1] for key in result.listens}
     return {
         ep: threshold_bytes(
             _media_file(media_root, settings, result.paths.get(ep)), result.sizes.get(ep)
         )
-        for ep in episodes
+        for ep in result.episodes
     }
 
 
@@ -226,39 +243,36 @@ def _media_file(media_root: Path, settings: StatsSettings, url_path: str | None)
     return path if path.is_relative_to(media_root) else None
 
 
-async def _listen_rows(
-    pool: Any, workspace_id: Any, result: ParseResult, geoip_db: str | None
-) -> list[ListenRow]:
-    """The run's listeners with the address and agent replaced by a keyed hash under the day's
-    salt: the raw IP never leaves this process's memory."""
-    days = {key[0] for key in result.listens}
-    salts = await stats_store.salts(
-        pool, workspace_id, [date.fromordinal(_EPOCH + d) for d in days]
-    )
-    return await asyncio.to_thread(_hash_rows, result, salts, country_lookup(geoip_db))
+async def _row_batches(
+    result: ParseResult, salts: dict[date, bytes], country: Callable[[str], str]
+) -> AsyncIterator[list[ListenRow]]:
+    """The run's listeners, ROW_BATCH at a time, with the address and agent replaced by a keyed
+    hash under the day's salt: the raw IP never leaves this process's memory. Read and hashed
+    in a thread, a batch at a time (a spilled parse's file is read as it goes)."""
+    chunks = result.listen_batches()
+    while True:
+        rows = await asyncio.to_thread(_hash_batch, chunks, salts, country)
+        if not rows:
+            return
+        yield rows
 
 
 _EPOCH = date(1970, 1, 1).toordinal()
 
 
-def _hash_rows(
-    result: ParseResult, salts: dict[date, bytes], country: Callable[[str], str]
+def _hash_batch(
+    chunks: Iterator[list[Record]], salts: dict[date, bytes], country: Callable[[str], str]
 ) -> list[ListenRow]:
-    rows = []
-    for (day_n, episode, ip, agent), listen in result.listens.items():
-        day = date.fromordinal(_EPOCH + day_n)
-        key = hashlib.blake2b(f"{ip}\n{agent}".encode(), digest_size=16, key=salts[day]).digest()
-        rows.append(
-            ListenRow(
-                day,
-                episode,
-                key,
-                result.families.get(agent, ""),
-                country(ip),
-                listen.bytes,
-                listen.whole,
-            )
-        )
+    rows: list[ListenRow] = []
+    for chunk in chunks:
+        for day_n, episode, ip, agent, family, sent, whole in chunk:
+            day = date.fromordinal(_EPOCH + day_n)
+            key = hashlib.blake2b(
+                f"{ip}\n{agent}".encode(), digest_size=16, key=salts[day]
+            ).digest()
+            rows.append(ListenRow(day, episode, key, family, country(ip), sent, whole))
+        if len(rows) >= ROW_BATCH:
+            break
     return rows
 
 
