@@ -70,6 +70,9 @@ def parse_srt(text: str) -> Transcript:
     without a number, a blank line inside a cue and stray markup; cues left empty by removing
     markup are dropped."""
     text = text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+    nul = text.find("\x00")
+    if nul >= 0:  # a binary file, or text PostgreSQL could not store
+        raise SrtError(text.count("\n", 0, nul) + 1, "a NUL character: not text")
     segments = []
     for number, start_ms, end_ms, lines in _cues(text.split("\n")):
         if end_ms < start_ms:
