@@ -57,8 +57,8 @@ def entry(rng: random.Random, ts: float, listener: int | None = None) -> bytes:
         if episode
         else rng.choice(OTHER_PATHS)
     )
-    method = "HEAD" if rng.random() < 0.03 else "GET"
-    start = rng.choice([0, 0, 0, 1, 1048576, 5242880])
+    method = "HEAD" if rng.random() < 0.03 and listener is None else "GET"
+    start = rng.choice([0, 0, 0, 1, 1048576, 5242880] if listener is None else [0, 1048576])
     agent = rng.choice(AGENTS) if listener is None else f"{AGENTS[0]} build/{listener}"
     headers = {
         "User-Agent": [agent],

@@ -156,7 +156,7 @@ CUE1 = "1\n00:00:01,000 --> 00:00:02,000\nHei\n\n"
             "wrong arrow '=>' in timing line",
         ),
         (CUE1 + "2\n\nx\n", 6, "a timing line is missing after the cue number"),
-        (CUE1 + "2\n", 6, "a timing line is missing after the cue number"),
+        (CUE1 + "2\n", 5, "the file ends after the cue number, without its timing line"),
         (
             CUE1 + "2\n00:00:03,000 00:00:04,000\nx\n",
             6,

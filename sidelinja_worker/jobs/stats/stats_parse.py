@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import pickle
 import sys
 import tempfile
@@ -43,6 +44,7 @@ SPILL_LISTENERS = 100_000
 # Listener rows per INSERT, read, hashed and sent a batch at a time.
 ROW_BATCH = 20_000
 MIN_INTERVAL_S = 60.0
+MAX_INTERVAL_S = 31 * 86400.0
 _GLOB = set("*?[")
 
 
@@ -68,10 +70,17 @@ class StatsSettings(BaseModel):
         return EpisodeRules(self.url_prefix, AUDIO_EXTENSIONS, self.episodes, tuple(self.hosts))
 
     def interval_s(self) -> float:
+        """Seconds between runs: at least MIN_INTERVAL_S; a value past MAX_INTERVAL_S (or not
+        finite: "inf", "nan") fails the job naming the setting."""
         try:
             seconds = parse_duration_s(str(self.interval))
         except UserError as exc:
             raise PermanentError(f"settings stats.interval: {exc}") from None
+        if not math.isfinite(seconds) or seconds > MAX_INTERVAL_S:
+            raise PermanentError(
+                f"settings stats.interval: {self.interval!r} is longer than "
+                f"{MAX_INTERVAL_S / 86400:g} days"
+            )
         return max(seconds, MIN_INTERVAL_S)
 
 

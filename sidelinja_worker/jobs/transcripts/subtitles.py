@@ -118,6 +118,10 @@ def _cues(lines: list[str]) -> list[tuple[int, int, int, list[str]]]:
         timing = _TIMING.fullmatch(line)
         if timing is None and _INDEX.fullmatch(line) and (block_start or _next_is_timing(lines, i)):
             if i >= count or not lines[i].strip():
+                if all(not rest.strip() for rest in lines[i:]):  # once, on the way out
+                    raise SrtError(
+                        number, "the file ends after the cue number, without its timing line"
+                    )
                 raise SrtError(i + 1, "a timing line is missing after the cue number")
             nxt = lines[i]
             if len(nxt) > MAX_LINE_CHARS or _TIMING.fullmatch(nxt) is None:
