@@ -3,6 +3,7 @@ embeddings, with the gateway's errors mapped to the job outcomes (RetryJob / Per
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -150,7 +151,7 @@ class AiGateway:
         body = chat_body(model, messages, answer)
         content, usage = await self.chat(body)
         try:
-            return Structured(parse_answer(answer, content), usage)
+            return Structured(await _parsed(answer, content), usage)
         except AnswerMismatch as exc:
             problem = str(exc)
         log.info(
@@ -163,7 +164,7 @@ class AiGateway:
         ]
         content, more = await self.chat(body)
         try:
-            return Structured(parse_answer(answer, content), usage + more)
+            return Structured(await _parsed(answer, content), usage + more)
         except AnswerMismatch as exc:
             raise PermanentError(
                 f"the model's answer did not match the {answer.__name__} "
@@ -292,6 +293,13 @@ def retry_instruction(problem: str) -> str:
         f"Your answer did not match the required JSON schema: {problem}. "
         "Answer again with only a JSON object that matches the schema."
     )
+
+
+async def _parsed(answer: type[M], content: str | None) -> M:
+    """`parse_answer`, in a thread for a big answer: validating megabytes of JSON is CPU."""
+    if content is not None and len(content) >= bounded.OFF_LOOP_JSON_BYTES:
+        return await asyncio.to_thread(parse_answer, answer, content)
+    return parse_answer(answer, content)
 
 
 def parse_answer(answer: type[M], content: str | None) -> M:

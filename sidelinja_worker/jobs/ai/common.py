@@ -12,6 +12,7 @@ Workspace settings read (all optional; `workspaces.settings`):
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
@@ -152,7 +153,7 @@ async def run_ai_task(ctx: JobContext, task: AiTask[M], text: str, note: str = "
     guard = call_guard(raw, (DEFAULT_MODEL,))
     guard.allow_model(settings.model)
     gateway = AiGateway.from_services(ctx.services, guard)
-    parts = split_text(text, budget_chars(settings.context_tokens))
+    parts = await asyncio.to_thread(split_text, text, budget_chars(settings.context_tokens))
     # Each part is a call and, without a local merge, combining takes at most one call fewer.
     combine = len(parts) - 1 if task.merge is None else 0
     check_planned_calls(guard, len(parts) + combine, f"a text in {len(parts)} parts")
