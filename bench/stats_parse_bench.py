@@ -152,19 +152,23 @@ def child(path: str, spill: bool) -> None:
     """Runs in a fresh process and does what the worker's child does (parse, then pickle the
     result for the worker; to /dev/null here), then prints times, peak RSS and yardsticks.
     With `spill`, also what the worker does next: every listener read back and hashed."""
-    from sidelinja_worker.jobs.stats import stats_parse
     from sidelinja_worker.jobs.stats.counting import EpisodeRules
     from sidelinja_worker.jobs.stats.logfiles import ROTATED
     from sidelinja_worker.jobs.stats.parse import FileTask, parse_files
 
     p = Path(path)
+    spill_at = None
+    if spill:  # the job's own threshold (importing the job module costs start-up time)
+        from sidelinja_worker.jobs.stats import stats_parse
+
+        spill_at = stats_parse.SPILL_LISTENERS
     spill_dir = tempfile.TemporaryDirectory() if spill else None
     began, began_cpu = time.perf_counter(), time.process_time()
     result = parse_files(
         [FileTask(p, bool(ROTATED.match(p.name)), "bench", 0)],
         EpisodeRules(),
         Path(spill_dir.name) if spill_dir else None,
-        stats_parse.SPILL_LISTENERS if spill_dir else None,
+        spill_at,
     )
     elapsed, cpu = time.perf_counter() - began, time.process_time() - began_cpu
     began_cpu = time.process_time()
