@@ -81,6 +81,15 @@ async def test_a_spilling_job_counts_what_an_in_memory_job_counts(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    spilled_runs: list[bool] = []
+    parse = stats_parse.parse_in_child
+
+    async def recording(*args: Any) -> ParseResult:
+        result = await parse(*args)
+        spilled_runs.append(result.spill is not None)
+        return result
+
+    monkeypatch.setattr(stats_parse, "parse_in_child", recording)
     daily = {}
     for spill_at in (stats_parse.SPILL_LISTENERS, 25):
         monkeypatch.setattr(stats_parse, "SPILL_LISTENERS", spill_at)
@@ -92,7 +101,6 @@ async def test_a_spilling_job_counts_what_an_in_memory_job_counts(
         await run_burst(pool, db_url, config=ServiceConfig({"MEDIA_ROOT": str(tmp_path)}))
         row = await store.get_job(pool, job_id)
         assert row is not None and row["status"] == "completed", row["error_msg"]
-        assert row["result"]["spilled"] is (spill_at == 25)
         daily[spill_at] = [
             (r.day, r.episode, r.app, r.downloads)
             for r in await stats_store.daily_downloads(pool, ws)
@@ -100,6 +108,7 @@ async def test_a_spilling_job_counts_what_an_in_memory_job_counts(
     in_memory, spilled = daily.values()
     assert sum(r[3] for r in in_memory) > 100
     assert spilled == in_memory
+    assert spilled_runs == [False, True]
 
 
 async def test_a_decompression_bomb_fails_naming_the_file(

@@ -154,8 +154,6 @@ async def _parse_and_commit(
                 "lines": result.lines,
                 "bad_lines": result.bad_lines,
                 "requests_counted": result.counted_requests,
-                "listeners": result.listeners,
-                "spilled": result.spill is not None,
                 "new_downloads": added,
                 "file_errors": result.errors,
             }
