@@ -10,6 +10,7 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
+import orjson
 import pytest
 
 from sidelinja_worker.jobs.transcripts.subtitles import vtt_time
@@ -17,6 +18,7 @@ from sidelinja_worker.queue import client
 from sidelinja_worker.queue.config import ServiceConfig
 from tests.fakes.ai_gateway_server import FakeAiGateway, ai_gateway_fixture  # noqa: F401
 from tests.fakes.fixtures import allow_models
+from tests.fakes.hostile_server import hostile_server, json_answer
 from tests.helpers import run_burst
 from tests.test_stats_job import ln
 
@@ -150,3 +152,19 @@ async def test_over_long_log_lines_are_dropped_and_the_rest_counted(
         result["requests_counted"],
         result["new_downloads"],
     ) == (3, 1, 2, 2)
+
+
+async def test_an_enormous_model_answer_is_parsed_off_the_loop_beside_a_responsive_worker(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    # 15 MB of JSON whose answer is not the schema: parsed, validated, asked again, refused.
+    content = orjson.dumps({"summary": ["x" * 50] * 250_000}).decode()
+    body = orjson.dumps({"choices": [{"message": {"content": content}}]})
+    async with hostile_server(json_answer(body)) as server:
+        job_id = await client.enqueue(pool, workspace, "meeting_summarize", {"text": "møte"})
+        config = ServiceConfig({"AI_GATEWAY_URL": server.url, "AI_GATEWAY_KEY": "k"})
+        await beside_noops(pool, db_url, workspace, job_id, config)
+        assert len(server.requests) == 2  # the answer, and the one retry with the error
+    status, attempts, error = await _error(pool, job_id)
+    assert (status, attempts) == ("error", 1)
+    assert error.startswith("the model's answer did not match the Minutes schema twice: ")
