@@ -53,7 +53,7 @@ def gateway(http: httpx.AsyncClient, url: str, pool: asyncpg.Pool) -> AiGateway:
 
 
 async def test_a_redirect_to_another_host_is_refused_and_not_followed(
-    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, tmp_path: Path
 ) -> None:
     async with hostile_server(json_answer(b'{"choices": []}')) as elsewhere:
         where = elsewhere.url.replace("127.0.0.1", "localhost") + "/steal"
@@ -71,6 +71,15 @@ async def test_a_redirect_to_another_host_is_refused_and_not_followed(
         with pytest.raises(PermanentError) as caught:
             await livekit.list_rooms(http, livekit.LiveKitServer(server.url, "k", Secret("s" * 40)))
         assert str(caught.value) == f"LiveKit {expected}"
+        audio = tmp_path / "a.wav"
+        audio.write_bytes(b"RIFF" + b"\x00" * 100)
+        with pytest.raises(PermanentError) as caught:
+            await whisper.transcribe_srt(
+                http,
+                whisper.WhisperServer(server.url),
+                whisper.TranscribeRequest(audio, "m", "no"),
+            )
+        assert str(caught.value) == f"whisper {expected}"
         assert elsewhere.requests == []  # never contacted
 
 

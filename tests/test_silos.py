@@ -23,9 +23,12 @@ from tests.fakes.fixtures import (  # noqa: F401
     allow_models,
     allow_repos,
     forgejo_fake_fixture,
+    media_root_fixture,
     service_config,
+    whisper_fake_fixture,
 )
 from tests.fakes.forgejo_server import FakeForgejo
+from tests.fakes.whisper_server import FakeWhisper
 from tests.helpers import run_burst
 
 EVAL = {
@@ -116,6 +119,28 @@ async def test_a_job_cannot_use_a_repository_its_workspace_does_not_list(
     )
     await run_burst(pool, db_url, config=service_config(forgejo=forgejo_fake))
     assert (await _outcome(pool, job_b))[0] == "completed"
+
+
+async def test_a_transcription_cannot_commit_to_a_repository_its_workspace_does_not_list(
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+) -> None:
+    target = {"owner": "other-org", "repo": "secrets", "path": "ep.srt"}
+    body = {"audio_path": "episodes/ep1.wav", "transcript_ref": "x", "forgejo": target}
+    job_id = await client.enqueue(pool, workspace, "whisper_transcribe", body)
+    config = service_config(media_root, whisper=whisper_fake, forgejo=forgejo_fake)
+    await run_burst(pool, db_url, config=config)
+    assert await _outcome(pool, job_id) == (
+        "error",
+        1,
+        "Forgejo repository 'other-org/secrets' is not allowed in this workspace "
+        "(workspace setting forgejo.repos: 1 listed)",
+    )
+    assert not whisper_fake.uploads and forgejo_fake.calls == []  # nothing paid, nothing read
 
 
 async def test_a_job_cannot_name_a_model_its_workspace_does_not_allow(
