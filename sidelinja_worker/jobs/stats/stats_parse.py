@@ -2,7 +2,13 @@
 
 Workspace settings, under `settings["stats"]` (all optional): `interval` ("1h"), `url_prefix`
 ("/"), `media_dir` ("", in the workspace media folder MEDIA_ROOT/<workspace id>), `episodes`
-({path: id}), `hosts` ([])."""
+({path: id}), `hosts` ([]); `interval` is at least 60 s and at most 31 days.
+
+Bounds on hostile logs: a line longer than logfiles.MAX_LINE_BYTES (1 MiB) is dropped; a
+compressed file expanding more than logfiles.MAX_EXPANSION_RATIO (200) times its size (beyond
+16 MiB) fails the job permanently, naming the file; past SPILL_LISTENERS listeners the parse
+spills to sorted files in the system's temporary folder (memory stays ~100 MB whatever the log
+holds; the totals are the same)."""
 
 from __future__ import annotations
 
