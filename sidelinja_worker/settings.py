@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -45,6 +45,10 @@ class Meta:
     flag: str | None = None  # None: no flag (secrets, or settings only an env var sets)
     secret: bool = False
     section: str = "worker"
+
+
+TRUE = frozenset({"1", "true", "yes", "on"})
+FALSE = frozenset({"0", "false", "no", "off"})
 
 
 def _duration(value: Any) -> float:
@@ -87,8 +91,6 @@ def _choice(*choices: str) -> Any:
     return AfterValidator(check)
 
 
-TRUE = frozenset({"1", "true", "yes", "on"})
-FALSE = frozenset({"0", "false", "no", "off"})
 Duration = Annotated[float, BeforeValidator(_duration)]
 Flag = Annotated[bool, BeforeValidator(_bool)]
 Whole = Annotated[int, BeforeValidator(_whole)]
@@ -168,7 +170,7 @@ class Settings(BaseSettings):
     log_level: Annotated[str | None, _choice("debug", "info", "warning", "error")] = _field(
         None,
         "SIDELINJA_LOG_LEVEL",
-        "`debug`, `info` (a line per job), `warning` or `error`",
+        "`debug`, `info`, `warning` or `error`",
         "info (debug with --debug)",
         commands=(GLOBAL,),
     )
@@ -404,7 +406,7 @@ class Settings(BaseSettings):
 
     # The values the engine receives
 
-    def worker_settings(self, known_types: Iterator[str] | tuple[str, ...]) -> WorkerSettings:
+    def worker_settings(self, known_types: Iterable[str]) -> WorkerSettings:
         known = set(known_types)
         types = tuple(t.strip() for t in self.types.split(",") if t.strip())
         unknown = [t for t in types if t not in known]
@@ -445,7 +447,7 @@ class Settings(BaseSettings):
         return (self.log_level or ("debug" if self.debug else "info")).upper()
 
 
-# Checks that span fields, with the message a user sees. Each names the flag and its variable.
+# Lower bounds, checked after parsing; the message names the flag and its variable.
 _LIMITS: dict[str, tuple[float, str]] = {
     "max_concurrent": (1, "at least 1"),
     "lease": (1.0, "at least 1s"),
@@ -513,14 +515,16 @@ def add_flags(parser: argparse.ArgumentParser, command: str) -> None:
             )
         target = groups.get(meta.section, parser)
         kind = Settings.model_fields[name].annotation
-        help_text = f"{meta.help} [env {meta.env}] ({meta.default_text})".replace("`", "")
+        default = "unset" if meta.default_text == "-" else meta.default_text
+        help_text = f"{meta.help} [env {meta.env}] ({default})".replace("`", "")
         if kind is bool:
             target.add_argument(
                 flag, dest=name, action="store_true", default=argparse.SUPPRESS, help=help_text
             )
         else:
+            metavar = "DURATION" if kind is float else "N" if "int" in str(kind) else "VALUE"
             target.add_argument(
-                flag, dest=name, metavar="VALUE", default=argparse.SUPPRESS, help=help_text
+                flag, dest=name, metavar=metavar, default=argparse.SUPPRESS, help=help_text
             )
 
 
