@@ -265,3 +265,14 @@ def test_booleans_and_durations_follow_one_rule_everywhere(db_url: str) -> None:
     assert "must be at least 1s" in one_line_error(
         cli("run", "--burst", "--lease=500ms", url=db_url)
     )
+
+
+async def test_limits_fair_takes_the_same_booleans(db_url: str, pool: asyncpg.Pool) -> None:
+    fair = "SELECT value FROM queue_settings WHERE name = 'fair_workspaces'"
+    assert cli("limits", "fair", "no", url=db_url).returncode == 0
+    assert await pool.fetchval(fair) is False
+    assert cli("limits", "fair", "ON", url=db_url).returncode == 0
+    assert await pool.fetchval(fair) is True
+    assert "limits fair takes on or off" in one_line_error(
+        cli("limits", "fair", "maybe", url=db_url)
+    )
