@@ -171,7 +171,7 @@ class Settings(BaseSettings):
         None,
         "SIDELINJA_LOG_LEVEL",
         "`debug`, `info`, `warning` or `error`",
-        "info (debug with --debug)",
+        "info; debug with --debug",
         commands=(GLOBAL,),
     )
     log_format: Annotated[str | None, _choice("json", "text")] = _field(

@@ -48,11 +48,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--payload", default="{}", help="the payload, a JSON object (default {})")
     p.add_argument("--priority", type=int, help="default: the job type's (see `types`)")
     when = p.add_mutually_exclusive_group()
-    when.add_argument("--in", dest="delay", metavar="DURATION", help="run after, e.g. 10m")
-    when.add_argument("--at", metavar="TIMESTAMP", help="run at, ISO 8601 (UTC if no zone)")
+    when.add_argument(
+        "--in", dest="delay", metavar="DURATION", help="run after this long, e.g. 90s, 10m, 1h"
+    )
+    when.add_argument(
+        "--at", metavar="TIMESTAMP", help="run at, ISO 8601 (UTC if no zone); a past time warns"
+    )
     p.add_argument("--max-attempts", type=int, default=3, help="default 3")
     p.add_argument("--unique-key", help="dedupe: reuse a queued/running job with this key")
-    p.add_argument("--timeout", metavar="DURATION", help="override the job type's timeout")
+    p.add_argument(
+        "--timeout",
+        metavar="DURATION",
+        help="override the job type's timeout, e.g. 5m (whole seconds, at least 1s)",
+    )
 
     p = sub.add_parser("run", help="run jobs until SIGTERM/SIGINT (or --burst)")
     settings.add_flags(p, "run")
