@@ -202,7 +202,7 @@ class Settings(BaseSettings):
     lease: Duration = _field(
         60.0,
         "SIDELINJA_LEASE",
-        "a dead worker's jobs are back in the queue within this plus one poll (at least 1s)",
+        "a dead worker's jobs are back in the queue within this plus one poll (1s to 1d)",
         "60s",
     )
     grace: Duration = _field(
@@ -447,12 +447,20 @@ class Settings(BaseSettings):
         return (self.log_level or ("debug" if self.debug else "info")).upper()
 
 
-# Lower bounds, checked after parsing; the message names the flag and its variable.
-_LIMITS: dict[str, tuple[float, str]] = {
-    "max_concurrent": (1, "at least 1"),
-    "lease": (1.0, "at least 1s"),
-    "poll_interval": (0.01, "at least 10ms"),
-    "max_timeout": (1.0, "at least 1s"),
+# Bounds, checked after parsing; the message names the flag and its variable. The upper ones
+# keep a value within what PostgreSQL's intervals and the event loop's timers take, and a lease
+# short enough that a dead worker's jobs come back the same day.
+DAY = 86400.0
+CENTURY = 100 * 365 * DAY
+_BOUNDS: dict[str, tuple[float, float, str]] = {
+    "max_concurrent": (1, 10_000, "1 to 10000"),
+    "lease": (1.0, DAY, "1s to 1d"),
+    "poll_interval": (0.01, 3600.0, "10ms to 1h"),
+    "grace": (0.0, CENTURY, "at most 36500d"),
+    "max_timeout": (1.0, CENTURY, "1s to 36500d"),
+    "keep_completed": (0.0, CENTURY, "at most 36500d"),
+    "keep_errors": (0.0, CENTURY, "at most 36500d"),
+    "metrics_port": (1, 65535, "a port, 1 to 65535"),
 }
 
 
@@ -496,8 +504,9 @@ def load(flags: Mapping[str, Any] | None = None) -> Settings:
         raise UserError(
             f"{label(name) if name in Settings.model_fields else name}{sep}{message}"
         ) from None
-    for name, (low, text) in _LIMITS.items():
-        if getattr(settings, name) < low:
+    for name, (low, high, text) in _BOUNDS.items():
+        value = getattr(settings, name)
+        if value is not None and not low <= value <= high:
             raise UserError(f"{label(name)} must be {text}")
     return settings
 

@@ -262,7 +262,7 @@ def test_booleans_and_durations_follow_one_rule_everywhere(db_url: str) -> None:
     assert "a unit is needed" in one_line_error(
         cli("run", "--burst", url=db_url, env={"SIDELINJA_GRACE": "30"})
     )
-    assert "must be at least 1s" in one_line_error(
+    assert "--lease / SIDELINJA_LEASE must be 1s to 1d" in one_line_error(
         cli("run", "--burst", "--lease=500ms", url=db_url)
     )
 

@@ -118,7 +118,7 @@ DURATIONS = ["poll_interval", "lease", "grace", "max_timeout", "keep_completed",
 
 @pytest.mark.parametrize("name", DURATIONS)
 def test_one_rule_for_every_duration(name: str) -> None:
-    assert getattr(settings.load({name: "1h30m"}), name) == 5400.0
+    assert getattr(settings.load({name: "1m30s"}), name) == 90.0
     assert getattr(settings.load({name: "1.5s"}), name) == 1.5
     with pytest.raises(UserError, match="a unit is needed, e.g. 10s or 10m"):
         settings.load({name: "10"})
@@ -128,9 +128,12 @@ def test_one_rule_for_every_duration(name: str) -> None:
 
 def test_lower_bounds_name_the_flag_and_its_variable() -> None:
     for name, value, message in [
-        ("max_concurrent", "0", "--max-concurrent / SIDELINJA_MAX_CONCURRENT must be at least 1"),
-        ("lease", "500ms", "--lease / SIDELINJA_LEASE must be at least 1s"),
-        ("poll_interval", "1ms", "--poll-interval / SIDELINJA_POLL_INTERVAL must be at least 10ms"),
+        ("max_concurrent", "0", "--max-concurrent / SIDELINJA_MAX_CONCURRENT must be 1 to 10000"),
+        ("lease", "500ms", "--lease / SIDELINJA_LEASE must be 1s to 1d"),
+        ("lease", "2d", "--lease / SIDELINJA_LEASE must be 1s to 1d"),
+        ("poll_interval", "1ms", "--poll-interval / SIDELINJA_POLL_INTERVAL must be 10ms to 1h"),
+        ("keep_errors", "99999999999999d", "--keep-errors / SIDELINJA_KEEP_ERRORS must be at most"),
+        ("metrics_port", "70000", "--metrics-port / SIDELINJA_METRICS_PORT must be a port"),
         ("log_level", "loud", "--log-level / SIDELINJA_LOG_LEVEL must be one of debug, info"),
     ]:
         with pytest.raises(UserError, match=message):
