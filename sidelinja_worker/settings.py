@@ -28,6 +28,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.durations import parse_duration_s
 from sidelinja_worker.queue.errors import UserError
+from sidelinja_worker.queue.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
 from sidelinja_worker.queue.settings import WorkerSettings
 
 GLOBAL = "global"  # every command
@@ -231,6 +232,12 @@ class Settings(BaseSettings):
     )
     metrics_port: Whole | None = _field(
         None, "SIDELINJA_METRICS_PORT", "serve Prometheus `/metrics` on this port", "off"
+    )
+    metrics_bind: str = _field(
+        DEFAULT_METRICS_HOST,
+        "SIDELINJA_METRICS_BIND",
+        "the address `/metrics` listens on (with --metrics-port)",
+        "127.0.0.1",
     )
 
     # admin

@@ -160,8 +160,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         install_stop_signals(worker)
         gctune.tune_for_serving()
         if args.settings.metrics_port:  # the server lives on this loop until the process ends
-            host = os.environ.get("SIDELINJA_METRICS_BIND") or metrics.DEFAULT_HOST
-            await metrics.serve(pool, args.settings.metrics_port, host)
+            await metrics.serve(pool, args.settings.metrics_port, args.settings.metrics_bind)
             worker.supervise_also("metrics", lambda: metrics.gauge_loop(pool))
         try:
             await worker.run()
