@@ -224,3 +224,39 @@ async def test_claim_pool_connections_come_prepared_and_claim_nothing(
         await queue_pool.close()
     assert await pool.fetchval("SELECT attempts FROM job_queue WHERE status = 'pending'") == 0
     assert await statuses(pool) == {"pending": 1}
+
+
+async def test_unique_keys_are_unique_per_workspace(pool: asyncpg.Pool, workspace: UUID) -> None:
+    other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
+    key = "stats_parse:next"
+    mine = await client.enqueue(pool, workspace, "noop", unique_key=key, delay_s=3600)
+    # Another workspace's job with the same key is its own job, not blocked by ours...
+    theirs = await client.enqueue(pool, other, "noop", unique_key=key, delay_s=3600)
+    assert theirs != mine
+    # ...and within each workspace the key still dedupes, through the client and plain SQL.
+    assert await client.enqueue(pool, workspace, "noop", unique_key=key) == mine
+    assert await client.enqueue(pool, other, "noop", unique_key=key) == theirs
+    both = await client.enqueue_many(
+        pool,
+        [
+            client.NewJob(workspace, "noop", unique_key=key),
+            client.NewJob(other, "noop", unique_key=key),
+        ],
+    )
+    assert both == [mine, theirs]
+    inserted = await pool.fetchval(
+        "WITH i AS (INSERT INTO job_queue (workspace_id, job_type, payload, unique_key)"
+        " VALUES ($1, 'noop', '{}', $2) ON CONFLICT DO NOTHING RETURNING id)"
+        " SELECT count(*) FROM i",
+        other,
+        key,
+    )
+    assert inserted == 0
+    with pytest.raises(asyncpg.UniqueViolationError, match="idx_job_queue_unique_key"):
+        await pool.execute(
+            "INSERT INTO job_queue (workspace_id, job_type, payload, unique_key)"
+            " VALUES ($1, 'noop', '{}', $2)",
+            workspace,
+            key,
+        )
+    assert await pool.fetchval("SELECT count(*) FROM job_queue") == 2

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
+import math
 import os
 import signal
 from datetime import UTC, datetime
@@ -15,7 +17,7 @@ from sidelinja_worker.cli import admin as admin_cli
 from sidelinja_worker.cli import limits as limits_cli
 from sidelinja_worker.cli.session import opened, parse_uuid
 from sidelinja_worker.jobs.catalog import REGISTRY
-from sidelinja_worker.queue import client, gctune, metrics, migrate, store
+from sidelinja_worker.queue import client, embedded, gctune, metrics, migrate, store
 from sidelinja_worker.queue.config import SETTINGS, ServiceConfig
 from sidelinja_worker.queue.db import (
     connect,
@@ -26,7 +28,7 @@ from sidelinja_worker.queue.durations import parse_duration_s
 from sidelinja_worker.queue.errors import UserError
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.why import explain
-from sidelinja_worker.queue.worker import Worker
+from sidelinja_worker.queue.worker import EXIT_WORKER_DIED, Worker, WorkerDied
 
 
 async def dispatch(args: argparse.Namespace) -> int:
@@ -144,21 +146,34 @@ def worker_settings(args: argparse.Namespace) -> WorkerSettings:
             f"unknown job types in --types: {', '.join(unknown)}; "
             f"known: {', '.join(sorted(REGISTRY))}"
         )
-    lease_s = parse_duration_s(args.lease)
+    lease_s = _duration(args.lease, "--lease", MAX_LEASE_S)
     if lease_s < 1:
         raise UserError("--lease must be at least 1s")
     return WorkerSettings(
         max_concurrent=max_concurrent,
-        poll_interval_s=max(parse_duration_s(args.poll_interval), 0.01),
+        poll_interval_s=max(_duration(args.poll_interval, "--poll-interval", 3600), 0.01),
         job_types=types,
         burst=args.burst,
         lease_s=lease_s,
-        grace_s=parse_duration_s(args.grace),
+        grace_s=_duration(args.grace, "--grace", MAX_SETTING_S),
         listen=not args.no_listen,
-        max_timeout_s=max(parse_duration_s(args.max_timeout), 0.001),
-        keep_completed_s=parse_duration_s(args.keep_completed),
-        keep_errors_s=parse_duration_s(args.keep_errors),
+        max_timeout_s=max(_duration(args.max_timeout, "--max-timeout", MAX_SETTING_S), 0.001),
+        keep_completed_s=_duration(args.keep_completed, "--keep-completed", MAX_SETTING_S),
+        keep_errors_s=_duration(args.keep_errors, "--keep-errors", MAX_SETTING_S),
     )
+
+
+MAX_LEASE_S = 86400.0  # a lease longer than a day would leave a dead worker's jobs for days
+MAX_SETTING_S = 100 * 365 * 86400.0  # beyond any sensible setting, within PostgreSQL's interval
+
+
+def _duration(text: str, flag: str, most_s: float) -> float:
+    """A duration flag, finite and at most `most_s`: NaN or 1e999s would otherwise reach SQL
+    intervals and timers and fail there, far from the flag that caused it."""
+    seconds = parse_duration_s(text)
+    if not math.isfinite(seconds) or seconds > most_s:
+        raise UserError(f"{flag} {text!r} is out of range (at most {most_s:g}s)")
+    return seconds
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
@@ -169,8 +184,18 @@ async def cmd_run(args: argparse.Namespace) -> int:
         install_stop_signals(worker)
         gctune.tune_for_serving()
         if args.metrics_port:  # the server lives on this loop until the process ends
-            await metrics.serve(pool, args.metrics_port)
-        await worker.run()
+            host = os.environ.get("SIDELINJA_METRICS_BIND") or metrics.DEFAULT_HOST
+            await metrics.serve(pool, args.metrics_port, host)
+            worker.supervise_also("metrics", lambda: metrics.gauge_loop(pool))
+        try:
+            await worker.run()
+        except WorkerDied as exc:
+            # Crash-only: out now, whatever a stuck handler or connection would make an orderly
+            # exit wait for; what the worker could give back it has, the leases cover the rest.
+            say(f"sidelinja-worker: error: {exc}; exiting with code {EXIT_WORKER_DIED}")
+            logging.shutdown()
+            embedded.release()
+            os._exit(EXIT_WORKER_DIED)
     return 0
 
 
@@ -181,6 +206,7 @@ def install_stop_signals(worker: Worker) -> None:
     def on_signal(signum: int) -> None:
         if worker.stopping:
             say(f"sidelinja-worker: second {signal.Signals(signum).name}: exiting now")
+            embedded.release()  # os._exit skips the exit handlers that would stop it
             os._exit(1)
         worker.request_stop()
 

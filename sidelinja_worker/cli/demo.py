@@ -18,7 +18,7 @@ from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.db import Database
 from sidelinja_worker.queue.settings import WorkerSettings
-from sidelinja_worker.queue.worker import Worker
+from sidelinja_worker.queue.worker import EXIT_WORKER_DIED, Worker, WorkerDied
 
 DEMO_WORKSPACE = UUID("00000000-0000-4000-8000-00000000de00")
 
@@ -57,7 +57,11 @@ async def run_demo(db: Database, pool: asyncpg.Pool, config: ServiceConfig) -> i
         WorkerSettings(max_concurrent=3, burst=True, poll_interval_s=0.2),
         config,
     )
-    await worker.run()
+    died: WorkerDied | None = None
+    try:
+        await worker.run()
+    except WorkerDied as exc:  # the summary below still shows where every sample got to
+        died = exc
     print(f"\n{'SAMPLE':<11} {'TYPE':<12} {'STATUS':<10} {'TRIES':>5}  RESULT OR ERROR")
     for (label, job_type, _payload, _opts), job_id in zip(SAMPLES, ids, strict=True):
         row = await store.get_job(pool, job_id)
@@ -67,6 +71,13 @@ async def run_demo(db: Database, pool: asyncpg.Pool, config: ServiceConfig) -> i
             f"{label:<11} {job_type:<12} {row['status']:<10} "
             f"{row['attempts']:>2}/{row['max_attempts']}  {outcome}"
         )
+    if died is not None:
+        print(
+            f"\nThe worker stopped early: {died}. Samples not finished above go back to the "
+            "queue; run the demo again, or `sidelinja-worker run`, to finish them.",
+            flush=True,
+        )
+        return EXIT_WORKER_DIED
     _print_unconfigured(config)
     print(
         "\nNext: `sidelinja-worker types` lists every job type; "

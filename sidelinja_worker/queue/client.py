@@ -19,8 +19,8 @@ SMALLINT_MAX = 32767
 @dataclass(frozen=True)
 class NewJob:
     """A job to enqueue. Give at most one of `scheduled_for` (an aware datetime) or `delay_s`.
-    `priority=None` takes the job type's default (DESIGN.md §5). A `unique_key` held by another
-    pending, retry or running job makes this job that one (dedupe)."""
+    `priority=None` takes the job type's default. A `unique_key` held by another
+    pending, retry or running job of the same workspace makes this job that one (dedupe)."""
 
     workspace_id: UUID | str
     job_type: str
@@ -117,10 +117,11 @@ async def _resolve_duplicates(
     finished between our insert and this look-up, the job is enqueued again."""
     result = list(ids)
     missing = [i for i, job_id in enumerate(ids) if job_id not in inserted]
-    holders = await store.find_by_unique_keys(conn, [jobs[i].unique_key or "" for i in missing])
+    keys = [(_uuid(jobs[i].workspace_id), jobs[i].unique_key or "") for i in missing]
+    holders = await store.find_by_unique_keys(conn, keys)
     again = []
-    for i in missing:
-        holder = holders.get(jobs[i].unique_key or "")
+    for i, key in zip(missing, keys, strict=True):
+        holder = holders.get(key)
         if holder is None:
             again.append(i)
         else:

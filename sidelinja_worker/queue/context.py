@@ -12,12 +12,28 @@ import asyncpg
 import httpx
 
 from sidelinja_worker.queue import store
+from sidelinja_worker.queue.backoff import clamp_s
 from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.db import DB_ERRORS
 from sidelinja_worker.queue.limits import RateLimiter
 
 log = logging.getLogger("sidelinja_worker.job")
+
+MAX_PROGRESS_CHARS = 500  # a progress message is a line for a live page, not a log
+
+
+def clean_text(text: object, max_chars: int) -> str:
+    """`text` fit for a text or jsonb column: a string without NUL bytes or lone surrogates
+    (PostgreSQL refuses both), cut to `max_chars`."""
+    value = text if isinstance(text, str) else str(text)
+    if len(value) > max_chars:
+        value = value[: max_chars - 1] + "…"
+    if "\x00" in value:
+        value = value.replace("\x00", "\\0")
+    if not value.isascii():
+        value = value.encode("utf-8", "replace").decode("utf-8")
+    return value
 
 
 class Services:
@@ -79,6 +95,10 @@ class JobContext:
         parts of a job (prompt_eval's cases) each report, and on separate pool connections a
         later report could commit first and leave an older one stored (seen: "5/6" left
         after "6/6")."""
+        # A service's numbers and words go into jsonb and a NOTIFY: a finite percent in
+        # [0, 100] (else none) and a short message without NUL bytes.
+        percent = clamp_s(percent, 100.0)
+        message = clean_text(message, MAX_PROGRESS_CHARS)
         if self._progress_lock is None:
             self._progress_lock = asyncio.Lock()
         async with self._progress_lock:  # FIFO: waiters acquire in the order they came

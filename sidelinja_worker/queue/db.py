@@ -159,15 +159,21 @@ async def create_pool(
             await prepare(conn)
 
     try:
-        pool = await asyncpg.create_pool(
+        pool = await BoundedPool(
             url,
             min_size=min_size,
             max_size=max_size,
+            max_queries=50000,
+            max_inactive_connection_lifetime=300.0,
+            setup=None,
             init=init,
+            reset=_reset_on_release,
+            loop=None,
+            connection_class=asyncpg.Connection,
+            record_class=asyncpg.Record,
             server_settings={**SERVER_SETTINGS, **GENERIC_PLANS}
             if generic_plans
             else SERVER_SETTINGS,
-            reset=_reset_on_release,
         )
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise UserError(
@@ -175,6 +181,21 @@ async def create_pool(
         ) from None
     assert pool is not None
     return pool
+
+
+# How long a pool waits to take a connection back. Unbounded (asyncpg's default), a statement
+# that timed out on a connection that died silently (half-open: no reset, no answer) left its
+# release waiting forever for the cancellation's answer, and the caller with it. Bounded, the
+# connection is terminated and the pool opens a new one. A healthy release takes milliseconds.
+RELEASE_TIMEOUT_S = 5.0
+
+
+class BoundedPool(asyncpg.Pool):
+    """An asyncpg pool whose release is bounded by RELEASE_TIMEOUT_S unless the caller gives a
+    timeout of its own; `pool.fetch` and friends, and `async with pool.acquire()`, included."""
+
+    async def release(self, connection: Any, *, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        await super().release(connection, timeout=RELEASE_TIMEOUT_S if timeout is None else timeout)
 
 
 async def _reset_on_release(conn: asyncpg.Connection) -> None:

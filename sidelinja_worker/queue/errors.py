@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from sidelinja_worker.queue.backoff import DEFER_MAX_S, RETRY_MAX_S, clamp_s
+
 
 class RetryJob(Exception):
     """A transient failure: retry with the seed's backoff, or after `after_s` when the service
@@ -11,7 +13,9 @@ class RetryJob(Exception):
 
     def __init__(self, message: str, *, after_s: float | None = None) -> None:
         super().__init__(message)
-        self.after_s = after_s
+        # Clamped here too, so a value from outside (a header) is a number fit for a timer
+        # wherever it is read; NaN or garbage means "use the backoff".
+        self.after_s = clamp_s(after_s, RETRY_MAX_S)
 
 
 class PermanentError(Exception):
@@ -28,7 +32,7 @@ class Defer(Exception):
         if (after_s is None) == (until is None):
             raise ValueError("Defer needs exactly one of after_s or until")
         super().__init__(reason)
-        self.after_s = after_s
+        self.after_s = None if after_s is None else clamp_s(after_s, DEFER_MAX_S, 0.0)
         self.until = until
 
 

@@ -7,14 +7,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 import orjson
 
 from sidelinja_worker.queue import logs, metrics
-from sidelinja_worker.queue.backoff import backoff_s
-from sidelinja_worker.queue.context import JobContext, Services
+from sidelinja_worker.queue.backoff import clamp_s, defer_until, retry_delay_s
+from sidelinja_worker.queue.context import JobContext, Services, clean_text
 from sidelinja_worker.queue.db import RawJson
 from sidelinja_worker.queue.errors import Defer, PermanentError, RetryJob
 from sidelinja_worker.queue.jobs import ClaimedJob
@@ -30,10 +29,20 @@ SHUTDOWN = "shutdown"
 TIMED_OUT = "timed-out"
 
 
+# A result bigger than this (encoded JSON) is refused: the job ends in `error` saying so. Big
+# enough for any transcript or analysis, small enough that a runaway result cannot take the
+# worker's memory or a batch write down with it.
+MAX_RESULT_BYTES = 16 * 1024 * 1024
+# An error message is cut to this many characters before it is stored.
+MAX_MESSAGE_CHARS = 4000
+
+
 def timeout_for(job: ClaimedJob, jt: JobType | None, max_timeout_s: float) -> float:
-    """The job's own timeout (`timeout_s`), else its type's, never above the worker's cap."""
-    if job.timeout_s:
-        return min(float(job.timeout_s), max_timeout_s)
+    """The job's own timeout (`timeout_s`), else its type's, never above the worker's cap. A
+    row's value is the web app's: one that is not a positive number is ignored."""
+    own = clamp_s(job.timeout_s, max_timeout_s)
+    if own:
+        return own
     return timeout_for_type(jt, max_timeout_s)
 
 
@@ -92,9 +101,9 @@ async def execute(
     except PermanentError as exc:
         _fail(writer, job, "permanent", str(exc), permanent=True)
     except Defer as exc:
-        until = exc.until or datetime.now(UTC) + timedelta(seconds=exc.after_s or 0)
+        until = defer_until(exc.after_s, exc.until)
         log.info("job %s deferred until %s: %s", job.id, until.isoformat(), exc)
-        writer.released(Release(job.id, until, str(exc)))
+        writer.released(Release(job.id, until, clean_message(str(exc))))
     except asyncio.CancelledError:
         asyncio.current_task().uncancel()  # type: ignore[union-attr]
         reason = cancel_reasons.get(job.id)
@@ -117,9 +126,21 @@ class RawResultError(Exception):
 
 def _encode_result(result: object) -> RawJson:
     try:
-        return RawJson(orjson.dumps(result))
+        raw = orjson.dumps(result)
     except TypeError as exc:
         raise RawResultError(f"handler returned a result that is not JSON: {exc}") from None
+    if len(raw) > MAX_RESULT_BYTES:
+        raise RawResultError(
+            f"handler returned a result of {len(raw):,} bytes of JSON, over the cap of "
+            f"{MAX_RESULT_BYTES:,}: store big output elsewhere and return a reference"
+        )
+    return RawJson(raw)
+
+
+def clean_message(message: str) -> str:
+    """A message fit for a text column (see `clean_text`): an outside service's answer may hold
+    NUL bytes, and a refused failure must not keep the job from its outcome."""
+    return clean_text(message, MAX_MESSAGE_CHARS)
 
 
 def _fail(
@@ -132,8 +153,9 @@ def _fail(
     after_s: float | None = None,
 ) -> None:
     metrics.failed(job.job_type)
-    delay_s = after_s if after_s is not None else backoff_s(job.attempt)
-    writer.failed(Failure(job.id, kind, message or kind, permanent, delay_s))
+    delay_s = retry_delay_s(after_s, job.attempt)
+    message = clean_message(message) if message else kind
+    writer.failed(Failure(job.id, kind, message, permanent, delay_s))
     if permanent or job.attempt >= job.max_attempts:
         log.warning(
             "job %s %s failed for good (attempt %d/%d, %s): %s",

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import asyncpg
 
 from sidelinja_worker.queue import store
+from sidelinja_worker.queue.backoff import RETRY_MAX_S, clamp_s
 from sidelinja_worker.queue.db import DB_ERRORS
 from sidelinja_worker.queue.errors import Defer
 
@@ -84,7 +85,11 @@ class RateLimiter:
             await asyncio.sleep(wait_s)
 
     async def pause(self, key: str, seconds: float) -> None:
-        """A 429 with Retry-After: every worker holds its calls to `key` for `seconds`."""
+        """A 429 with Retry-After: every worker holds its calls to `key` for `seconds`, at most
+        RETRY_MAX_S (a NaN or negative pause is none)."""
+        seconds = clamp_s(seconds, RETRY_MAX_S, 0.0) or 0.0
+        if seconds <= 0:
+            return
         await store.rate_pause(self._pool, key, seconds)
         await self._cache.load()  # this worker at once; the others by notification
         log.warning("%s answered 429: all workers pause it for %.0f s", key, seconds)

@@ -1,5 +1,7 @@
 """Worker metrics in Prometheus format (`run --metrics-port`): in-process counters and
-histograms fed by one-line hooks, and queue gauges read from the database at scrape time."""
+histograms fed by one-line hooks, the event loop's lag, and queue gauges refreshed from the
+database by one task every GAUGE_REFRESH_S, so a scrape (or a flood of them) never runs a query:
+it answers from that cache."""
 
 from __future__ import annotations
 
@@ -23,6 +25,16 @@ RUN_BOUNDS_S = (0.001, 0.01, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0, 3600.0)
 PICKUP_BOUNDS_S = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0)
 JOBS = Gauge("sidelinja_jobs", "Jobs in the queue by status and type", ["status", "job_type"])
 OLDEST_DUE = Gauge("sidelinja_oldest_due_job_age_seconds", "Age of the oldest due waiting job")
+LOOP_LAG = Gauge(
+    "sidelinja_event_loop_lag_seconds",
+    "How late the worker's event loop ran a timer, last measured (a blocking handler shows here)",
+)
+GAUGES_AGE = Gauge(
+    "sidelinja_queue_gauges_age_seconds", "Seconds since the queue gauges were last refreshed"
+)
+GAUGE_REFRESH_S = 5.0  # the queue gauges are at most this old (plus one query)
+REQUEST_TIMEOUT_S = 5.0  # a client that has not sent its request by then is dropped
+DEFAULT_HOST = "127.0.0.1"  # not reachable from other machines unless asked for
 
 
 class _TypeStats:
@@ -110,23 +122,51 @@ async def _refresh_gauges(pool: asyncpg.Pool) -> None:
     OLDEST_DUE.set(oldest)
 
 
-async def serve(pool: asyncpg.Pool, port: int, host: str = "0.0.0.0") -> asyncio.Server:
-    """A minimal HTTP server on the worker's own loop: any GET answers with the metrics."""
+async def lag_loop(tick_s: float) -> None:
+    """Measures how late the event loop wakes a `tick_s` sleep: the lag every job's pickup and
+    every heartbeat pays. Runs for the worker's life, supervised with its other tasks."""
+    loop = asyncio.get_running_loop()
+    while True:
+        start = loop.time()
+        await asyncio.sleep(tick_s)
+        LOOP_LAG.set(max(loop.time() - start - tick_s, 0.0))
+
+
+async def gauge_loop(pool: asyncpg.Pool, every_s: float = GAUGE_REFRESH_S) -> None:
+    """Refreshes the queue gauges every `every_s`: the only place the metrics query the
+    database, whatever the number of scrapes."""
+    loop = asyncio.get_running_loop()
+    refreshed = loop.time()
+    while True:
+        try:
+            await asyncio.wait_for(_refresh_gauges(pool), every_s)
+            refreshed = loop.time()
+        except (*DB_ERRORS, asyncpg.PostgresError) as exc:  # stale gauges beat none
+            log.warning("metrics: queue gauges not refreshed (%s)", exc)
+        GAUGES_AGE.set(loop.time() - refreshed)
+        await asyncio.sleep(every_s)
+
+
+async def serve(pool: asyncpg.Pool, port: int, host: str = DEFAULT_HOST) -> asyncio.Server:
+    """A minimal HTTP server on the worker's own loop: any GET answers with the metrics, from
+    memory; the gauges are read once now, then by `gauge_loop`. A client that sends no request
+    within REQUEST_TIMEOUT_S, or does not read the answer within it, is dropped."""
+    try:
+        await asyncio.wait_for(_refresh_gauges(pool), REQUEST_TIMEOUT_S)
+    except (*DB_ERRORS, asyncpg.PostgresError) as exc:
+        log.warning("metrics: queue gauges not read yet (%s)", exc)
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            await reader.readuntil(b"\r\n\r\n")
-            try:
-                await asyncio.wait_for(_refresh_gauges(pool), 5)
-            except (*DB_ERRORS, asyncpg.PostgresError) as exc:  # stale gauges beat none
-                log.warning("metrics: queue gauges not refreshed (%s)", exc)
-            body = generate_latest(REGISTRY)
-            writer.write(
-                b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
-            )
-            await writer.drain()
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                await reader.readuntil(b"\r\n\r\n")
+                body = generate_latest(REGISTRY)
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                    b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
+                )
+                await writer.drain()
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             pass
         finally:
             writer.close()

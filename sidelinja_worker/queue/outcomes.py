@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 from uuid import UUID
 
 import asyncpg
+from asyncpg.exceptions._base import DataError as ArgumentError
 
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.client import NewJob, enqueue_many
@@ -22,6 +25,7 @@ log = logging.getLogger("sidelinja_worker.outcomes")
 
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 5.0
+FLUSH_TIMEOUT_S = 60.0  # a flush that takes longer is treated as a lost connection, and retried
 
 
 class OutcomeWriter:
@@ -96,6 +100,11 @@ class OutcomeWriter:
     def pending(self) -> int:
         return len(self._done) + len(self._failed) + len(self._released) + len(self._cancelled)
 
+    def unwritten(self) -> bool:
+        """Whether any outcome is buffered or being written (not yet committed): a completion
+        in flight may carry follow-up jobs that are not in the table yet."""
+        return bool(self.pending() or self._inflight)
+
     async def run(self) -> None:
         """Flushes until cancelled; cancel it only after `drain`."""
         delay = RETRY_FIRST_S
@@ -103,7 +112,10 @@ class OutcomeWriter:
             await self._arrived.wait()
             self._arrived.clear()
             try:
-                await self._flush()
+                # Every statement of a flush is bounded (store.STATEMENT_TIMEOUT_S) but the
+                # follow-up enqueue, which runs in the completion's transaction: this bounds it.
+                async with asyncio.timeout(FLUSH_TIMEOUT_S):
+                    await self._flush()
                 delay = RETRY_FIRST_S
             except DB_ERRORS as exc:
                 log.warning(
@@ -139,16 +151,16 @@ class OutcomeWriter:
         try:
             async with self._pool.acquire() as conn:
                 if done:
-                    await self._complete(conn, done)
+                    await self._isolated(conn, "result", done, self._complete, _done_id)
                     done = []
                 if failed:
-                    await store.fail(conn, self.worker_id, failed)
+                    await self._isolated(conn, "failure", failed, self._fail, _failure_id)
                     failed = []
                 if released:
-                    await store.release(conn, self.worker_id, released)
+                    await self._isolated(conn, "deferral", released, self._release, _release_id)
                     released = []
                 if cancelled:
-                    await store.mark_cancelled(conn, self.worker_id, cancelled)
+                    await self._isolated(conn, "cancellation", cancelled, self._cancel, _same_id)
                     cancelled = []
         finally:
             self._inflight = set()
@@ -159,3 +171,96 @@ class OutcomeWriter:
             self._cancelled[:0] = cancelled
             if not self.pending():
                 self._empty.set()
+
+    async def _fail(self, conn: asyncpg.Connection, failed: list[Failure]) -> None:
+        await store.fail(conn, self.worker_id, failed)
+
+    async def _release(self, conn: asyncpg.Connection, released: list[Release]) -> None:
+        await store.release(conn, self.worker_id, released)
+
+    async def _cancel(self, conn: asyncpg.Connection, cancelled: list[UUID]) -> None:
+        await store.mark_cancelled(conn, self.worker_id, cancelled)
+
+    async def _isolated(
+        self,
+        conn: asyncpg.Connection,
+        what: str,
+        batch: list[T],
+        write: Callable[[asyncpg.Connection, list[T]], Awaitable[None]],
+        job_id: Callable[[T], UUID],
+    ) -> None:
+        """Writes `batch` in one statement; if PostgreSQL refuses it for its values (a NUL in
+        text, `\\u0000` in JSON, a number out of range, a value too big), writes it row by
+        row, and each row refused again ends its job in `error` saying what was wrong with its
+        outcome. So one bad outcome never holds up the others, nor stops this writer. A lost
+        connection is not a bad value: it raises, and the whole flush is tried again."""
+        try:
+            await write(conn, batch)
+            return
+        except Exception as exc:
+            if not refused_value(exc):
+                raise
+            log.warning(
+                "a batch of %d job outcomes was refused (%s); writing them one by one",
+                len(batch),
+                one_line(exc),
+            )
+        refused: list[Failure] = []
+        for item in batch:
+            try:
+                await write(conn, [item])
+            except Exception as exc:
+                if not refused_value(exc):
+                    raise
+                message = f"its {what} could not be stored: {one_line(exc)}"
+                log.error("job %s: %s", job_id(item), message)
+                self._follow_ups.pop(job_id(item), None)
+                refused.append(Failure(job_id(item), "bad_outcome", clean(message), True, 0.0))
+        for failure in refused:  # the stand-in outcome is ours, plain text: refused, give up
+            try:
+                await store.fail(conn, self.worker_id, [failure])
+            except Exception as exc:
+                if not refused_value(exc):
+                    raise
+                log.error(
+                    "job %s: not even its error could be stored (%s); the lease rescues it",
+                    failure.job_id,
+                    one_line(exc),
+                )
+
+
+T = TypeVar("T")
+
+
+def _done_id(item: tuple[UUID, RawJson]) -> UUID:
+    return item[0]
+
+
+def _failure_id(item: Failure) -> UUID:
+    return item.job_id
+
+
+def _release_id(item: Release) -> UUID:
+    return item.job_id
+
+
+def _same_id(item: UUID) -> UUID:
+    return item
+
+
+def refused_value(exc: BaseException) -> bool:
+    """Whether a write failed because of the values sent, not the connection: PostgreSQL's
+    own errors (a data exception, a limit exceeded, ...) other than a lost or shut-down
+    server, and asyncpg's refusal to encode an argument."""
+    if isinstance(exc, ArgumentError):
+        return True
+    return isinstance(exc, asyncpg.PostgresError) and not isinstance(exc, DB_ERRORS)
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())[:300]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def clean(message: str) -> str:
+    return message.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")

@@ -15,6 +15,13 @@ from sidelinja_worker.queue.db import Conn
 from sidelinja_worker.queue.jobs import ClaimedJob
 from sidelinja_worker.queue.queries import QUERIES as Q
 
+# Every statement here but the enqueue (which runs in the caller's transaction) gives up after
+# this long: on a connection that died silently (a half-open TCP path: no reset, no answer)
+# it would otherwise wait forever, and with it the claim loop, the heartbeat or the outcome
+# writer. The pools' release is bounded too (db.RELEASE_TIMEOUT_S), so such a connection is
+# terminated, not returned to the pool. The engine's statements take milliseconds.
+STATEMENT_TIMEOUT_S = 10.0
+
 
 @dataclass(frozen=True, slots=True)
 class Failure:
@@ -51,7 +58,7 @@ class EnqueueRows:
 async def claim(
     conn: Conn, worker_id: UUID, limit: int, job_types: Sequence[str] | None
 ) -> list[ClaimedJob]:
-    rows = await conn.fetch(Q["claim"], worker_id, limit, job_types)
+    rows = await conn.fetch(Q["claim"], worker_id, limit, job_types, timeout=STATEMENT_TIMEOUT_S)
     return [ClaimedJob(*r) for r in rows]
 
 
@@ -66,10 +73,19 @@ async def claim_with_limits(
     """The fair and/or capped claim; with `capped`, under the cluster-wide claim lock."""
     if capped:
         async with conn.transaction():
-            await conn.execute(Q["lock_limited_claims"])
-            rows = await conn.fetch(Q["claim_fair"], worker_id, limit, list(job_types), fair)
+            await conn.execute(Q["lock_limited_claims"], timeout=STATEMENT_TIMEOUT_S)
+            rows = await conn.fetch(
+                Q["claim_fair"],
+                worker_id,
+                limit,
+                list(job_types),
+                fair,
+                timeout=STATEMENT_TIMEOUT_S,
+            )
     else:
-        rows = await conn.fetch(Q["claim_fair"], worker_id, limit, list(job_types), fair)
+        rows = await conn.fetch(
+            Q["claim_fair"], worker_id, limit, list(job_types), fair, timeout=STATEMENT_TIMEOUT_S
+        )
     return [ClaimedJob(*r) for r in rows]
 
 
@@ -86,20 +102,34 @@ async def prepare_hot_path(conn: asyncpg.Connection, job_types: Sequence[str]) -
     use. Left to that first use, it cost the job it carried ~5 ms of parse and planning: the
     slowest pickup of the benchmark's 200 when the claim pool's second connection first
     claimed. No worker has the nil id, so the claims take nothing; limit 0 besides."""
-    await conn.fetch(Q["claim"], NIL_WORKER, 0, list(job_types))
-    await conn.fetch(Q["claim_fair"], NIL_WORKER, 0, list(job_types), True)
-    await conn.execute(COMPLETE_QUIET, [], [], NIL_WORKER)
+    await conn.fetch(Q["claim"], NIL_WORKER, 0, list(job_types), timeout=STATEMENT_TIMEOUT_S)
+    await conn.fetch(
+        Q["claim_fair"], NIL_WORKER, 0, list(job_types), True, timeout=STATEMENT_TIMEOUT_S
+    )
+    await conn.execute(COMPLETE_QUIET, [], [], NIL_WORKER, timeout=STATEMENT_TIMEOUT_S)
 
 
 async def complete(conn: Conn, worker_id: UUID, done: Sequence[tuple[UUID, Any]]) -> set[UUID]:
     """Marks the jobs completed; returns those that were still ours to complete."""
-    rows = await conn.fetch(Q["complete"], [d[0] for d in done], [d[1] for d in done], worker_id)
+    rows = await conn.fetch(
+        Q["complete"],
+        [d[0] for d in done],
+        [d[1] for d in done],
+        worker_id,
+        timeout=STATEMENT_TIMEOUT_S,
+    )
     return {r[0] for r in rows}
 
 
 async def complete_quietly(conn: Conn, worker_id: UUID, done: Sequence[tuple[UUID, Any]]) -> None:
     """`complete`, not saying which jobs were still ours."""
-    await conn.execute(COMPLETE_QUIET, [d[0] for d in done], [d[1] for d in done], worker_id)
+    await conn.execute(
+        COMPLETE_QUIET,
+        [d[0] for d in done],
+        [d[1] for d in done],
+        worker_id,
+        timeout=STATEMENT_TIMEOUT_S,
+    )
 
 
 async def fail(conn: Conn, worker_id: UUID, failures: Sequence[Failure]) -> None:
@@ -111,6 +141,7 @@ async def fail(conn: Conn, worker_id: UUID, failures: Sequence[Failure]) -> None
         [f.permanent for f in failures],
         [f.delay_s for f in failures],
         worker_id,
+        timeout=STATEMENT_TIMEOUT_S,
     )
 
 
@@ -121,11 +152,12 @@ async def release(conn: Conn, worker_id: UUID, releases: Sequence[Release]) -> N
         [r.run_at for r in releases],
         [r.reason for r in releases],
         worker_id,
+        timeout=STATEMENT_TIMEOUT_S,
     )
 
 
 async def mark_cancelled(conn: Conn, worker_id: UUID, job_ids: Sequence[UUID]) -> None:
-    await conn.execute(Q["cancelled"], list(job_ids), worker_id)
+    await conn.execute(Q["cancelled"], list(job_ids), worker_id, timeout=STATEMENT_TIMEOUT_S)
 
 
 async def enqueue(conn: Conn, rows: EnqueueRows) -> set[UUID]:
@@ -167,9 +199,12 @@ async def copy_jobs(conn: Conn, rows: EnqueueRows, with_schedule: bool) -> None:
     await conn.copy_records_to_table("job_queue", records=records, columns=columns)
 
 
-async def find_by_unique_keys(conn: Conn, keys: Sequence[str]) -> dict[str, UUID]:
-    rows = await conn.fetch(Q["find_by_unique_keys"], list(keys))
-    return {r[0]: r[1] for r in rows}
+async def find_by_unique_keys(
+    conn: Conn, keys: Sequence[tuple[UUID, str]]
+) -> dict[tuple[UUID, str], UUID]:
+    """(workspace, unique key) -> the job holding it, for the pairs that are held."""
+    rows = await conn.fetch(Q["find_by_unique_keys"], [k[0] for k in keys], [k[1] for k in keys])
+    return {(r[0], r[1]): r[2] for r in rows}
 
 
 async def register_worker(
@@ -187,59 +222,88 @@ async def register_worker(
         pid,
         list(job_types) if job_types else None,
         lease_s,
+        timeout=STATEMENT_TIMEOUT_S,
     )
 
 
 async def heartbeat(conn: Conn, worker_id: UUID, lease_s: float) -> bool:
     """Renews the lease; False if this worker was declared dead meanwhile."""
-    return await conn.fetchval(Q["heartbeat"], worker_id, lease_s) is not None
+    return (
+        await conn.fetchval(Q["heartbeat"], worker_id, lease_s, timeout=STATEMENT_TIMEOUT_S)
+        is not None
+    )
 
 
 async def held_jobs(conn: Conn, worker_id: UUID) -> dict[UUID, bool]:
     """Job id -> cancel requested, for every job the database has running under this worker."""
-    return {r[0]: r[1] for r in await conn.fetch(Q["held_jobs"], worker_id)}
+    return {
+        r[0]: r[1] for r in await conn.fetch(Q["held_jobs"], worker_id, timeout=STATEMENT_TIMEOUT_S)
+    }
+
+
+async def cancel_requested(conn: Conn, job_id: UUID, worker_id: UUID) -> bool:
+    return bool(
+        await conn.fetchval(Q["cancel_requested"], job_id, worker_id, timeout=STATEMENT_TIMEOUT_S)
+    )
 
 
 async def release_held(conn: Conn, worker_id: UUID) -> list[UUID]:
-    return [r[0] for r in await conn.fetch(Q["release_held"], worker_id)]
+    return [
+        r[0] for r in await conn.fetch(Q["release_held"], worker_id, timeout=STATEMENT_TIMEOUT_S)
+    ]
+
+
+async def abandon_worker(conn: Conn, worker_id: UUID, reason: str) -> list[UUID]:
+    return [
+        r[0]
+        for r in await conn.fetch(
+            Q["abandon_worker"], worker_id, reason, timeout=STATEMENT_TIMEOUT_S
+        )
+    ]
 
 
 async def unregister_worker(conn: Conn, worker_id: UUID) -> None:
-    await conn.execute(Q["unregister_worker"], worker_id)
+    await conn.execute(Q["unregister_worker"], worker_id, timeout=STATEMENT_TIMEOUT_S)
 
 
 async def rescue(conn: Conn, orphan_after_s: float) -> list[UUID]:
-    return [r[0] for r in await conn.fetch(Q["rescue"], orphan_after_s)]
+    return [
+        r[0] for r in await conn.fetch(Q["rescue"], orphan_after_s, timeout=STATEMENT_TIMEOUT_S)
+    ]
 
 
 async def prune(conn: Conn, completed_after_s: float, error_after_s: float, batch: int) -> int:
-    status = await conn.execute(Q["prune"], completed_after_s, error_after_s, batch)
+    status = await conn.execute(
+        Q["prune"], completed_after_s, error_after_s, batch, timeout=STATEMENT_TIMEOUT_S
+    )
     return int(status.split()[-1])
 
 
 async def request_cancel(conn: Conn, job_id: UUID) -> tuple[str | None, str | None]:
     """(status after, status before); (None, None) when there is no such job."""
-    row = await conn.fetchrow(Q["request_cancel"], job_id)
+    row = await conn.fetchrow(Q["request_cancel"], job_id, timeout=STATEMENT_TIMEOUT_S)
     return (row[0], row[1]) if row else (None, None)
 
 
 async def get_job(conn: Conn, job_id: UUID) -> asyncpg.Record | None:
-    return await conn.fetchrow(Q["get_job"], job_id)
+    return await conn.fetchrow(Q["get_job"], job_id, timeout=STATEMENT_TIMEOUT_S)
 
 
 async def queue_state(conn: Conn, job_types: Sequence[str]) -> tuple[bool, int]:
     """(any due job of these types, how many of them run cluster-wide)."""
-    row = await conn.fetchrow(Q["queue_state"], list(job_types))
+    row = await conn.fetchrow(Q["queue_state"], list(job_types), timeout=STATEMENT_TIMEOUT_S)
     assert row is not None
     return bool(row[0]), int(row[1])
 
 
 async def ensure_workspace(conn: Conn, workspace_id: UUID, name: str) -> None:
-    await conn.execute(Q["ensure_workspace"], workspace_id, name)
+    await conn.execute(Q["ensure_workspace"], workspace_id, name, timeout=STATEMENT_TIMEOUT_S)
 
 
 async def workspace_exists(conn: Conn, workspace_id: UUID) -> bool:
-    return bool(await conn.fetchval(Q["workspace_exists"], workspace_id))
+    return bool(
+        await conn.fetchval(Q["workspace_exists"], workspace_id, timeout=STATEMENT_TIMEOUT_S)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,72 +315,78 @@ class Limits:
 
 
 async def limits(conn: Conn) -> Limits:
-    row = await conn.fetchrow(Q["limits"])
+    row = await conn.fetchrow(Q["limits"], timeout=STATEMENT_TIMEOUT_S)
     assert row is not None
     return Limits(dict(row[0]), int(row[1]), bool(row[2]), dict(row[3]))
 
 
 async def rate_acquire(conn: Conn, key: str, margin_s: float) -> tuple[bool, float]:
-    row = await conn.fetchrow(Q["rate_acquire"], key, margin_s)
+    row = await conn.fetchrow(Q["rate_acquire"], key, margin_s, timeout=STATEMENT_TIMEOUT_S)
     assert row is not None
     return bool(row[0]), float(row[1])
 
 
 async def rate_pause(conn: Conn, key: str, seconds: float) -> None:
-    await conn.execute(Q["rate_pause"], key, seconds)
+    await conn.execute(Q["rate_pause"], key, seconds, timeout=STATEMENT_TIMEOUT_S)
 
 
 async def set_type_limit(conn: Conn, job_type: str, max_running: int | None) -> None:
     if max_running is None:
-        await conn.execute(Q["clear_type_limit"], job_type)
+        await conn.execute(Q["clear_type_limit"], job_type, timeout=STATEMENT_TIMEOUT_S)
     else:
-        await conn.execute(Q["set_type_limit"], job_type, max_running)
+        await conn.execute(Q["set_type_limit"], job_type, max_running, timeout=STATEMENT_TIMEOUT_S)
 
 
 async def set_workspace_limit(conn: Conn, workspace_id: UUID, max_running: int | None) -> None:
     if max_running is None:
-        await conn.execute(Q["clear_workspace_limit"], workspace_id)
+        await conn.execute(Q["clear_workspace_limit"], workspace_id, timeout=STATEMENT_TIMEOUT_S)
     else:
-        await conn.execute(Q["set_workspace_limit"], workspace_id, max_running)
+        await conn.execute(
+            Q["set_workspace_limit"], workspace_id, max_running, timeout=STATEMENT_TIMEOUT_S
+        )
 
 
 async def set_rate_limit(
     conn: Conn, key: str, max_requests: int | None, per_s: float | None
 ) -> None:
     if max_requests is None:
-        await conn.execute(Q["clear_rate_limit"], key)
+        await conn.execute(Q["clear_rate_limit"], key, timeout=STATEMENT_TIMEOUT_S)
     else:
-        await conn.execute(Q["set_rate_limit"], key, max_requests, per_s)
+        await conn.execute(
+            Q["set_rate_limit"], key, max_requests, per_s, timeout=STATEMENT_TIMEOUT_S
+        )
 
 
 async def set_queue_setting(conn: Conn, name: str, value: Any) -> None:
-    await conn.execute(Q["set_queue_setting"], name, value)
+    await conn.execute(Q["set_queue_setting"], name, value, timeout=STATEMENT_TIMEOUT_S)
 
 
 async def list_limits(conn: Conn) -> list[asyncpg.Record]:
-    return await conn.fetch(Q["list_limits"])
+    return await conn.fetch(Q["list_limits"], timeout=STATEMENT_TIMEOUT_S)
 
 
 async def report_progress(
     conn: Conn, job_id: UUID, worker_id: UUID, message: str, percent: float | None
 ) -> None:
-    await conn.execute(Q["report_progress"], job_id, worker_id, message, percent)
+    await conn.execute(
+        Q["report_progress"], job_id, worker_id, message, percent, timeout=STATEMENT_TIMEOUT_S
+    )
 
 
 async def workspace_settings(conn: Conn, workspace_id: UUID) -> dict[str, Any]:
-    value = await conn.fetchval(Q["workspace_settings"], workspace_id)
+    value = await conn.fetchval(Q["workspace_settings"], workspace_id, timeout=STATEMENT_TIMEOUT_S)
     return dict(value or {})
 
 
 async def why_facts(conn: Conn, job_id: UUID) -> asyncpg.Record | None:
-    return await conn.fetchrow(Q["why_facts"], job_id)
+    return await conn.fetchrow(Q["why_facts"], job_id, timeout=STATEMENT_TIMEOUT_S)
 
 
 async def counts(conn: Conn) -> list[asyncpg.Record]:
     """Jobs by status and job type."""
-    return await conn.fetch(Q["counts"])
+    return await conn.fetch(Q["counts"], timeout=STATEMENT_TIMEOUT_S)
 
 
 async def oldest_due_s(conn: Conn) -> float:
     """Seconds the oldest due job has waited (0 with none)."""
-    return float(await conn.fetchval(Q["oldest_due_s"]))
+    return float(await conn.fetchval(Q["oldest_due_s"], timeout=STATEMENT_TIMEOUT_S))

@@ -8,14 +8,15 @@ import os
 import socket
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 from uuid import UUID, uuid4
 
 import asyncpg
 
 from sidelinja_worker.queue import executor, metrics, store
 from sidelinja_worker.queue.config import ServiceConfig
-from sidelinja_worker.queue.context import Services
+from sidelinja_worker.queue.context import Services, clean_text
 from sidelinja_worker.queue.db import DB_ERRORS, create_pool
 from sidelinja_worker.queue.errors import UserError
 from sidelinja_worker.queue.jobs import ClaimedJob
@@ -51,6 +52,29 @@ CLAIM_MAX = 1000
 TIMEOUT_TICK_S = 0.05  # how late a timeout may fire
 DRAIN_AT_EXIT_S = 10.0
 LOST_LEASE = "lost-lease"
+# After an internal task dies, the worker gives back what it can within this and raises
+# WorkerDied: the process exits non-zero within ~5 s and its process manager restarts it.
+DIE_WITHIN_S = 4.0
+LAG_TICK_S = 0.5  # how often the event loop's lag is measured
+# Exit codes (README, "Exit codes"): 0 stopped or drained, 1 a second stop signal, 2 bad input
+# or no database, 3 an internal task of the worker died (restart it: the leases rescue its jobs).
+EXIT_WORKER_DIED = 3
+
+
+class WorkerDied(Exception):
+    """An internal task of the worker (claim loop, outcome writer, heartbeat, listener,
+    watchdog, maintenance) ended with an unexpected error. The worker stopped heartbeating at
+    once, gave back the jobs it had claimed but not started, handed the rest to the lease
+    rescue and stopped: crash-only. `run` exits with code 3."""
+
+    def __init__(self, task: str, error: BaseException) -> None:
+        detail = " ".join(str(error).split())[:300]
+        super().__init__(
+            f"internal task {task!r} died: {type(error).__name__}"
+            + (f": {detail}" if detail else "")
+        )
+        self.task = task
+        self.error = error
 
 
 async def open_claim_pool(url: str, job_types: Sequence[str]) -> asyncpg.Pool:
@@ -116,6 +140,18 @@ class Worker:
         self._services: Services | None = None
         self.claimed_total = 0
         self._blocked_checks = 0
+        # Supervision: every internal task, and the first unexpected death among them.
+        self._tasks: list[asyncio.Task[None]] = []
+        self._fatal: WorkerDied | None = None
+        self._died = asyncio.Event()
+        self._extra: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
+        self._cancel_checks: set[UUID] = set()  # jobs whose row is being read for a cancel
+        self._checks: set[asyncio.Task[None]] = set()
+
+    def supervise_also(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """One more task to run, under the same supervision, while the worker runs (the
+        metrics server's gauge refresh, say)."""
+        self._extra.append((name, factory))
 
     # -- control ---------------------------------------------------------------------------
 
@@ -167,24 +203,103 @@ class Worker:
     async def _run(self) -> None:
         await self._register()
         loop_tasks = [
-            asyncio.create_task(self._limits.run(), name="limits"),
-            asyncio.create_task(self._writer.run(), name="outcomes"),
-            asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
-            asyncio.create_task(self._timeout_watchdog(), name="timeouts"),
-            asyncio.create_task(rescue_loop(self._pool, self.settings), name="rescue"),
-            asyncio.create_task(prune_loop(self._pool, self.settings), name="prune"),
+            self._supervise(self._limits.run(), "limits"),
+            self._supervise(self._writer.run(), "outcomes"),
+            self._supervise(self._heartbeat_loop(), "heartbeat"),
+            self._supervise(self._timeout_watchdog(), "timeouts"),
+            self._supervise(rescue_loop(self._pool, self.settings), "rescue"),
+            self._supervise(prune_loop(self._pool, self.settings), "prune"),
+            self._supervise(metrics.lag_loop(LAG_TICK_S), "loop-lag"),
         ]
+        loop_tasks += [self._supervise(factory(), name) for name, factory in self._extra]
         if self.settings.listen:
             listener = Listener(self._url, self.wake, self._on_cancel_notice, self._limits.changed)
-            loop_tasks.append(asyncio.create_task(listener.run(), name="listen"))
+            loop_tasks.append(self._supervise(listener.run(), "listen"))
         slots = [
-            asyncio.create_task(self._slot(), name=f"slot-{i}")
-            for i in range(self.settings.max_concurrent)
+            self._supervise(self._slot(), f"slot-{i}") for i in range(self.settings.max_concurrent)
         ]
+        claim = self._supervise(self._claim_loop(), "claim")
+        died = asyncio.ensure_future(self._died.wait())
         try:
-            await self._claim_loop()
+            await asyncio.wait([claim, died], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            await self._shutdown(slots, loop_tasks)
+            died.cancel()
+            if self._fatal is None:
+                await self._shutdown(slots, loop_tasks)
+        if self._fatal is not None:
+            await self._die(slots, [*loop_tasks, claim])
+            raise self._fatal
+
+    def _supervise(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro, name=name)
+        task.add_done_callback(self._task_ended)
+        self._tasks.append(task)
+        return task
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        """Every internal task runs until the worker stops; the claim loop and the slots end
+        on a stop (or a drained burst). Any other end is a death: one error line, no more
+        heartbeats from this moment, and the worker winds down (`_die`)."""
+        if task.cancelled() or self._fatal is not None:
+            return
+        error = task.exception()
+        if error is None:
+            name = task.get_name()
+            if name == "claim" or (name.startswith("slot-") and self._stop.is_set()):
+                return
+            error = RuntimeError("ended unexpectedly")
+        self._fatal = WorkerDied(task.get_name(), error)
+        log.error(
+            "%s; giving back its jobs and exiting", self._fatal, exc_info=(type(error), error, None)
+        )
+        for other in self._tasks:
+            if other.get_name() == "heartbeat":
+                other.cancel()  # the lease must run out: this worker cannot finish jobs
+        self._lease_deadline = 0.0  # starts nothing more
+        self._stop.set()
+        self._wake.set()
+        self._job_ready.set()
+        self._slot_freed.set()
+        self._died.set()
+
+    async def _die(self, slots: list[asyncio.Task[None]], others: list[asyncio.Task[None]]) -> None:
+        """After a death: stop every task, cancel the handlers (they give their jobs back
+        through the outcome writer, if it lives, which writes what it still can), give back
+        the jobs claimed but not started (their attempt returned), and hand whatever still
+        runs under this worker to the queue at once, counted as an attempt (so a job that kills
+        workers ends in `error` after max_attempts). Bounded by DIE_WITHIN_S; whatever is not
+        given back by then is rescued when the lease expires. A handler that ignores its
+        cancellation is not waited for."""
+        writer = next((t for t in others if t.get_name() == "outcomes"), None)
+        for task in others:
+            if task is not writer:
+                task.cancel()
+        for job_id, task in list(self._running.items()):
+            self._cancel_reasons.setdefault(job_id, executor.SHUTDOWN)
+            task.cancel()
+        ready = [Release(job.id, None) for job in self._ready]
+        self._ready.clear()
+        try:
+            async with asyncio.timeout(DIE_WITHIN_S):
+                if slots:
+                    await asyncio.wait(slots, timeout=DIE_WITHIN_S / 4)
+                if writer is not None and not writer.done():
+                    await self._writer.drain(DIE_WITHIN_S / 4)
+                if ready:
+                    await store.release(self._pool, self.id, ready)
+                abandoned = await store.abandon_worker(
+                    self._pool, self.id, clean_text(str(self._fatal), 500)
+                )
+                if abandoned:
+                    log.warning("handed %d running jobs to the rescue", len(abandoned))
+        except (TimeoutError, *DB_ERRORS, asyncpg.PostgresError) as exc:
+            log.warning("could not give everything back (%s); the lease covers the rest", exc)
+        finally:
+            if writer is not None:
+                writer.cancel()
+            unfinished = [t for t in (*slots, *others) if not t.done()]
+            if unfinished:
+                await asyncio.wait(unfinished, timeout=0.5)
 
     # -- claiming --------------------------------------------------------------------------
 
@@ -211,8 +326,10 @@ class Worker:
                 # Drained in burst mode, once nothing we hold was lost on the way here (if it
                 # was, it is due again now: run it rather than strand it).
                 if self.settings.burst and not jobs and not self._running and not self._ready:
-                    if self._writer.pending():  # a completion may carry follow-up jobs
-                        await self._writer.drain(DRAIN_AT_EXIT_S)
+                    # A completion buffered or being written may carry follow-up jobs that
+                    # are not in the table yet: drained only once it has committed.
+                    if self._writer.unwritten():
+                        await self._drain_unless_dead(DRAIN_AT_EXIT_S)
                         continue
                     if (await self._give_back_lost())[0]:
                         continue
@@ -434,8 +551,8 @@ class Worker:
         a job whose cancellation was requested is cancelled."""
         _, held = await self._give_back_lost()
         for job_id, cancel_requested in held.items():
-            if cancel_requested:
-                self._on_cancel_notice(job_id)
+            if cancel_requested:  # read from the row just now
+                self._cancel(job_id)
 
     async def _give_back_lost(self) -> tuple[int, dict[UUID, bool]]:
         """Releases held-but-unknown jobs. Returns how many, and the jobs still held (with
@@ -470,6 +587,27 @@ class Worker:
         await self._register()
 
     def _on_cancel_notice(self, job_id: UUID) -> None:
+        """A notification on the cancel channel: a hint, never a command (any role may NOTIFY
+        any channel). If the job is ours, its row is read, and only a row that says so
+        (`cancel_requested_at`, still running under this worker) cancels it."""
+        ours = job_id in self._running or any(j.id == job_id for j in self._ready)
+        if ours and job_id not in self._cancel_checks:
+            self._cancel_checks.add(job_id)
+            check = asyncio.create_task(self._check_cancel(job_id), name="cancel-check")
+            self._checks.add(check)
+            check.add_done_callback(self._checks.discard)
+
+    async def _check_cancel(self, job_id: UUID) -> None:
+        try:
+            if await store.cancel_requested(self._pool, job_id, self.id):
+                self._cancel(job_id)
+        except DB_ERRORS as exc:  # the heartbeat's reconciliation reads it again
+            log.debug("job %s: cancel not checked (%s)", job_id, exc)
+        finally:
+            self._cancel_checks.discard(job_id)
+
+    def _cancel(self, job_id: UUID) -> None:
+        """Cancels a job whose row says its cancellation was requested."""
         held = next((j for j in self._ready if j.id == job_id), None)
         if held is not None:  # claimed ahead, never started: just record the cancel
             self._ready.remove(held)
@@ -481,6 +619,18 @@ class Worker:
             self._cancel_reasons[job_id] = executor.CANCEL_REQUESTED
             task.cancel()
 
+    async def _drain_unless_dead(self, timeout_s: float) -> bool:
+        """The outcome writer's drain, given up at once if a task dies meanwhile."""
+        drain = asyncio.ensure_future(self._writer.drain(timeout_s))
+        died = asyncio.ensure_future(self._died.wait())
+        try:
+            await asyncio.wait([drain, died], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            died.cancel()
+            if not drain.done():
+                drain.cancel()
+        return drain.done() and not drain.cancelled() and drain.result()
+
     # -- stopping --------------------------------------------------------------------------
 
     async def _shutdown(
@@ -488,6 +638,8 @@ class Worker:
     ) -> None:
         self._stop.set()
         self._job_ready.set()  # idle slots see the stop and end
+        for check in list(self._checks):  # a row read for a cancel matters no more
+            check.cancel()
         while self._ready:  # claimed ahead, never started: straight back to the queue
             self._writer.released(Release(self._ready.popleft().id, None))
         if not await self._jobs_done(self.settings.grace_s):
@@ -498,10 +650,12 @@ class Worker:
                 self._cancel_reasons.setdefault(job_id, executor.SHUTDOWN)
                 task.cancel()
         await asyncio.gather(*slots, return_exceptions=True)
-        drained = await self._writer.drain(DRAIN_AT_EXIT_S)
+        drained = await self._drain_unless_dead(DRAIN_AT_EXIT_S)
         for task in loop_tasks:
             task.cancel()
         await asyncio.gather(*loop_tasks, return_exceptions=True)
+        if self._fatal is not None:
+            return  # _die gives back what it can
         if not drained:
             log.error(
                 "could not write %d job outcomes before exit; those jobs will be "

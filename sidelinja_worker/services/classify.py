@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 import httpx
 
+from sidelinja_worker.queue.backoff import RETRY_MAX_S, clamp_s
 from sidelinja_worker.queue.errors import PermanentError, RetryJob
 
 MAX_DETAIL_CHARS = 300
@@ -15,17 +17,31 @@ MAX_DETAIL_CHARS = 300
 
 def retry_after_s(response: httpx.Response) -> float | None:
     """Retry-After as seconds (delta or HTTP date), None when absent or unreadable."""
-    value = response.headers.get("retry-after")
+    return parse_retry_after(response.headers.get("retry-after"))
+
+
+# A delta is 1*DIGIT (RFC 9110 §10.2.3); a fraction is tolerated, signs and exponents are not.
+_DELTA = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """A Retry-After value as seconds in [0, RETRY_MAX_S] (6 h: a retry is never scheduled
+    further out, whatever a service asks), or None when absent or unreadable (NaN, a sign, an
+    exponent, garbage), which leaves the job to the worker's backoff. A date in the past is 0.
+    Never raises: the header comes from outside."""
     if not value:
         return None
+    text = value.strip()
+    if _DELTA.fullmatch(text):
+        return min(float(text), RETRY_MAX_S)
     try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds())
-    except (TypeError, ValueError):
+        when = parsedate_to_datetime(text)
+        if when.tzinfo is None:  # "-0000": the RFC's way of saying UTC with no zone known
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
+    return clamp_s(seconds, RETRY_MAX_S)
 
 
 def detail(response: httpx.Response, keys: Iterable[str], secrets: Iterable[str] = ()) -> str:

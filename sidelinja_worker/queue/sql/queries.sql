@@ -406,8 +406,8 @@ WHERE j.id = ANY($1::uuid[])
 -- name: enqueue
 -- One round trip for any number of jobs. Ids are made by the client so that the caller gets them
 -- back in its own order. A job whose unique key is already held by a pending/retry/running job
--- is not inserted (the unique index decides, for every writer); the caller then looks up the
--- holder with `find_by_unique_keys`.
+-- of its workspace is not inserted (the unique index decides, for every writer); the caller
+-- then looks up the holder with `find_by_unique_keys`.
 INSERT INTO job_queue (id, workspace_id, job_type, payload, priority, scheduled_for,
                        max_attempts, unique_key, timeout_s)
 SELECT j.id, j.workspace_id, j.job_type, j.payload, j.priority,
@@ -417,15 +417,18 @@ FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::jsonb[], $5::smallint[],
             $6::timestamptz[], $7::float8[], $8::smallint[], $9::text[], $10::integer[])
      AS j(id, workspace_id, job_type, payload, priority, scheduled_for, delay_s,
           max_attempts, unique_key, timeout_s)
-ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND status IN ('pending', 'retry', 'running')
+ON CONFLICT (workspace_id, unique_key)
+    WHERE unique_key IS NOT NULL AND status IN ('pending', 'retry', 'running')
 DO NOTHING
 RETURNING id;
 
 -- name: find_by_unique_keys
-SELECT unique_key, id
-FROM job_queue
-WHERE unique_key = ANY($1::text[])
-  AND status IN ('pending', 'retry', 'running');
+-- The holders of (workspace, key) pairs: a key is unique within its workspace only.
+SELECT j.workspace_id, j.unique_key, j.id
+FROM job_queue j
+JOIN unnest($1::uuid[], $2::text[]) AS k(workspace_id, unique_key)
+  ON j.workspace_id = k.workspace_id AND j.unique_key = k.unique_key
+WHERE j.status IN ('pending', 'retry', 'running');
 
 -- name: register_worker
 INSERT INTO job_workers (id, hostname, pid, job_types, expires_at)
@@ -586,3 +589,32 @@ ORDER BY 1, 2;
 SELECT coalesce(extract(epoch FROM now() - min(scheduled_for)), 0)::float8
 FROM job_queue
 WHERE status IN ('pending', 'retry') AND scheduled_for <= now();
+
+-- name: abandon_worker
+-- A worker whose internal task died (crash-only): it leaves the workers table and its running
+-- jobs go back to the queue at once, each counted as an attempt (so a job that kills every
+-- worker it reaches ends in `error` after max_attempts instead of looping), rather than after
+-- its lease. $2 says why, in `errors`.
+WITH gone AS (
+    DELETE FROM job_workers WHERE id = $1
+)
+UPDATE job_queue j
+SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'error' ELSE 'retry' END::job_status,
+    scheduled_for = now(),
+    completed_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
+    error_msg = 'abandoned by worker ' || $1::text || ': ' || $2::text,
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', j.attempts, 'at', now(), 'class', 'rescued',
+        'message', 'abandoned by worker ' || $1::text || ': ' || $2::text)),
+    worker_id = NULL
+WHERE j.worker_id = $1
+  AND j.status = 'running'
+RETURNING j.id;
+
+-- name: cancel_requested
+-- Whether the row of a job this worker runs asks for its cancellation: a notification on the
+-- cancel channel only makes the worker look here (anyone may send one).
+SELECT EXISTS (
+    SELECT 1 FROM job_queue
+    WHERE id = $1 AND worker_id = $2 AND status = 'running' AND cancel_requested_at IS NOT NULL
+);

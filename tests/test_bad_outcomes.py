@@ -1,0 +1,224 @@
+"""One bad outcome never blocks the others, and values from outside are clamped before they
+reach SQL or a timer: a batch PostgreSQL refuses for one job's values is written row by row, the
+offender ends in `error` saying what was wrong, every other job completes."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sidelinja_worker.cli.commands import worker_settings
+from sidelinja_worker.cli.main import build_parser
+from sidelinja_worker.queue import store
+from sidelinja_worker.queue.backoff import DEFER_MAX_S, RETRY_MAX_S, clamp_s, defer_until
+from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.db import RawJson
+from sidelinja_worker.queue.errors import Defer, RetryJob, UserError
+from sidelinja_worker.queue.executor import MAX_RESULT_BYTES, timeout_for
+from sidelinja_worker.queue.jobs import ClaimedJob
+from sidelinja_worker.queue.outcomes import OutcomeWriter
+from sidelinja_worker.queue.registry import Registry
+from sidelinja_worker.queue.store import Failure, Release
+from sidelinja_worker.services.classify import parse_retry_after
+from tests.helpers import job_type, run_burst
+
+
+async def _claimed(pool: asyncpg.Pool, workspace: UUID, n: int) -> tuple[UUID, list[UUID]]:
+    """A registered worker holding `n` running jobs."""
+    worker_id = UUID(int=99)
+    await store.register_worker(pool, worker_id, "test", 1, None, 60)
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload)"
+        " SELECT $1, 'noop', '{}' FROM generate_series(1, $2)",
+        workspace,
+        n,
+    )
+    jobs = await store.claim(pool, worker_id, n, None)
+    return worker_id, [j.id for j in jobs]
+
+
+async def test_a_refused_value_in_a_batch_fails_only_its_job(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    worker_id, ids = await _claimed(pool, workspace, 14)
+    writer = OutcomeWriter(pool, worker_id)
+    good_done, bad_done = ids[:4], ids[4:6]
+    good_failed, bad_failed = ids[6:8], ids[8:11]
+    good_released, bad_released = ids[11], ids[12:14]
+    for job_id in good_done:
+        writer.completed(job_id, RawJson(b'{"ok": true}'))
+    writer.completed(bad_done[0], RawJson(b'{"text": "a\\u0000b"}'))  # JSON jsonb cannot hold
+    writer.completed(bad_done[1], RawJson(b"1e1000000"))  # a number out of numeric's range
+    for job_id in good_failed:
+        writer.failed(Failure(job_id, "transient", "fine", False, 30.0))
+    writer.failed(Failure(bad_failed[0], "transient", "NUL \x00 in text", False, 30.0))
+    writer.failed(Failure(bad_failed[1], "transient", "lone \ud800 surrogate", False, 30.0))
+    writer.failed(Failure(bad_failed[2], "transient", "far out", False, 1e300))
+    writer.released(Release(good_released, None, "later"))
+    writer.released(Release(bad_released[0], None, "NUL \x00 reason"))
+    writer.released(Release(bad_released[1], datetime.now(UTC), "\ud800"))
+    await writer._flush()  # raises if one bad value stops the writer
+
+    rows = {
+        r["id"]: r for r in await pool.fetch("SELECT id, status::text, error_msg FROM job_queue")
+    }
+    assert {rows[i]["status"] for i in good_done} == {"completed"}
+    assert {rows[i]["status"] for i in good_failed} == {"retry"}
+    assert rows[good_released]["status"] == "pending"
+    for job_id in bad_done:
+        assert rows[job_id]["status"] == "error"
+        assert rows[job_id]["error_msg"].startswith("its result could not be stored:")
+    assert "unsupported Unicode escape" in rows[bad_done[0]]["error_msg"]
+    assert "overflows numeric" in rows[bad_done[1]]["error_msg"]
+    for job_id in bad_failed:
+        assert rows[job_id]["status"] == "error"
+        assert rows[job_id]["error_msg"].startswith("its failure could not be stored:")
+    for job_id in bad_released:
+        assert rows[job_id]["status"] == "error"
+        assert rows[job_id]["error_msg"].startswith("its deferral could not be stored:")
+    assert writer.pending() == 0 and not writer.unwritten()
+
+
+async def _bad(ctx: JobContext, payload: Any) -> Any:
+    kind = payload.kind
+    if kind == "nul_result":
+        return {"text": "a\x00b"}
+    if kind == "huge_result":
+        return {"text": "x" * (MAX_RESULT_BYTES + 1)}
+    if kind == "nul_message":
+        raise RetryJob("the service said \x00\ud800", after_s=float("nan"))
+    if kind == "huge_retry":
+        raise RetryJob("slow down", after_s=1e300)
+    if kind == "bad_defer":
+        raise Defer("not now \x00", after_s=float("inf"))
+    if kind == "bad_progress":
+        await ctx.progress("half \x00 way", float("nan"))
+        await ctx.progress("x" * 10_000, 1e300)
+    return {"ok": True}
+
+
+async def test_bad_values_from_handlers_fail_or_clamp_only_their_own_job(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    kinds = ["nul_result", "huge_result", "nul_message", "huge_retry", "bad_defer", "bad_progress"]
+    ids = {}
+    for kind in [*kinds, *["ok"] * 20]:
+        ids.setdefault(kind, []).append(
+            await pool.fetchval(
+                "INSERT INTO job_queue (workspace_id, job_type, payload)"
+                " VALUES ($1, 'bad', jsonb_build_object('kind', $2::text)) RETURNING id",
+                workspace,
+                kind,
+            )
+        )
+    started = datetime.now(UTC)
+    await run_burst(pool, db_url, Registry([job_type("bad", _bad)]), max_concurrent=8)
+    rows = {
+        r["id"]: r
+        for r in await pool.fetch(
+            "SELECT id, status::text, error_msg, scheduled_for, progress FROM job_queue"
+        )
+    }
+
+    def one(kind: str) -> asyncpg.Record:
+        return rows[ids[kind][0]]
+
+    assert {rows[i]["status"] for i in ids["ok"]} == {"completed"}
+    assert one("nul_result")["status"] == "error"  # orjson writes \u0000, which jsonb refuses
+    assert one("nul_result")["error_msg"].startswith("its result could not be stored:")
+    assert one("huge_result")["status"] == "error"
+    assert "over the cap" in one("huge_result")["error_msg"]
+    assert one("nul_message")["status"] == "retry"
+    assert "\x00" not in one("nul_message")["error_msg"]
+    # NaN means "no Retry-After": the backoff's 30 s.
+    assert one("nul_message")["scheduled_for"] - started < timedelta(seconds=40)
+    assert one("huge_retry")["status"] == "retry"
+    assert one("huge_retry")["scheduled_for"] - started <= timedelta(seconds=RETRY_MAX_S + 60)
+    assert one("bad_defer")["status"] == "pending"
+    assert one("bad_defer")["scheduled_for"] - started <= timedelta(seconds=DEFER_MAX_S + 60)
+    assert one("bad_progress")["status"] == "completed"
+    progress = one("bad_progress")["progress"]
+    assert progress["percent"] == 100.0 and len(progress["message"]) <= 500
+
+
+@given(st.one_of(st.text(max_size=40), st.none(), st.binary(max_size=20).map(repr)))
+def test_retry_after_parser_never_raises_and_is_capped(value: str | None) -> None:
+    seconds = parse_retry_after(value)
+    assert seconds is None or (math.isfinite(seconds) and 0 <= seconds <= RETRY_MAX_S)
+
+
+@given(
+    st.one_of(
+        st.integers(min_value=-(10**30), max_value=10**30).map(str),
+        st.floats(allow_nan=True, allow_infinity=True).map(str),
+        st.datetimes(timezones=st.just(UTC)).map(lambda d: d.strftime("%a, %d %b %Y %H:%M:%S GMT")),
+    )
+)
+def test_retry_after_numbers_and_dates(value: str) -> None:
+    seconds = parse_retry_after(value)
+    assert seconds is None or (math.isfinite(seconds) and 0 <= seconds <= RETRY_MAX_S)
+    if value.isdigit():  # a delta: itself, or the cap
+        assert seconds == min(float(value), RETRY_MAX_S)
+
+
+def test_retry_after_examples() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    assert parse_retry_after("120") == 120
+    assert parse_retry_after("Thu, 01 Jan 2026 00:02:00 GMT", now) == 120
+    assert parse_retry_after("Wed, 31 Dec 2025 00:00:00 GMT", now) == 0  # in the past
+    assert parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", now) == RETRY_MAX_S
+    assert parse_retry_after("99999999999999999999") == RETRY_MAX_S
+    for garbage in ("-5", "nan", "inf", "1e9", "soon", "", "0x10", "Mon", "١٢"):
+        assert parse_retry_after(garbage) is None, garbage
+
+
+@given(
+    st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.integers(min_value=-(10**400), max_value=10**400),
+        st.none(),
+        st.text(max_size=5),
+        st.booleans(),
+    )
+)
+def test_clamps_give_a_finite_delay_within_the_caps(value: Any) -> None:
+    delay = clamp_s(value, RETRY_MAX_S)
+    assert delay is None or (math.isfinite(delay) and 0 <= delay <= RETRY_MAX_S)
+    after = RetryJob("x", after_s=value).after_s
+    assert after is None or 0 <= after <= RETRY_MAX_S
+    now = datetime.now(UTC)
+    until = defer_until(value, None, now)
+    assert now <= until <= now + timedelta(seconds=DEFER_MAX_S)
+    job = ClaimedJob(UUID(int=1), UUID(int=2), "t", {}, 0, 1, 3, value)
+    timeout = timeout_for(job, None, 60.0)
+    assert 0 < timeout <= 60.0
+
+
+@given(st.datetimes(timezones=st.just(UTC)) | st.datetimes())
+def test_defer_until_is_capped_and_aware(until: datetime) -> None:
+    now = datetime.now(UTC)
+    when = defer_until(None, until, now)
+    assert when.tzinfo is not None and when <= now + timedelta(seconds=DEFER_MAX_S)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--lease", "nan"),
+        ("--lease", "1e999"),
+        ("--poll-interval", "inf"),
+        ("--grace", "1e400"),
+        ("--keep-errors", "99999999999d"),
+    ],
+)
+def test_duration_settings_must_be_finite_and_bounded(flag: str, value: str) -> None:
+    args = build_parser().parse_args(["run", flag, value])
+    with pytest.raises(UserError, match="out of range"):
+        worker_settings(args)

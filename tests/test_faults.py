@@ -1,0 +1,221 @@
+"""The fault suite: real worker processes under a supervisor loop of the test's own (it
+restarts a worker that exits), while the database connections are killed, cut, held half-open
+and the worker is killed with -9 in the middle of writing outcomes. Afterwards every job is
+completed, none is stuck, none ran more often than at-least-once allows (a second attempt only
+for the jobs a killed worker held), and no process is left behind. Each case is bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from urllib.parse import parse_qs, urlsplit
+from uuid import UUID
+
+import asyncpg
+import pytest
+
+from tests.helpers import SPAWNED, Spawned, insert_jobs, spawn, statuses
+from tests.tcp_proxy import TcpProxy
+
+pytestmark = pytest.mark.timeout(90)  # each case is bounded; each takes well under a minute
+
+KILL_BACKENDS = (
+    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+    " WHERE application_name = 'sidelinja-worker' AND datname = current_database()"
+)
+
+
+async def _until(probe: Callable[[], Awaitable[object]], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await probe():
+        assert time.monotonic() < deadline, f"not in {timeout_s:g} s: {what}"
+        await asyncio.sleep(0.05)
+
+
+class Fleet:
+    """Worker processes kept running: one that exits is restarted (its exit code noted), the
+    way a process manager would."""
+
+    def __init__(self, pool: asyncpg.Pool, url: str, n: int, *args: str) -> None:
+        self._pool = pool
+        self._url = url
+        self._args = ["run", "--max-concurrent", "8", "--poll-interval", "200ms", *args]
+        self.procs: list[Spawned] = [spawn(*self._args, url=url) for _ in range(n)]
+        self.exits: list[tuple[int, str]] = []
+        self._task = asyncio.create_task(self._supervise())
+
+    async def _supervise(self) -> None:
+        while True:
+            for i, proc in enumerate(self.procs):
+                if proc.poll() is not None:
+                    _out, err = proc.communicate()
+                    self.exits.append((proc.returncode or 0, err[-3000:]))
+                    self.procs[i] = spawn(*self._args, url=self._url)
+            await asyncio.sleep(0.1)
+
+    async def stop(self) -> None:
+        """SIGTERM to every worker once it is up (a process killed while it starts has nothing
+        to give back, and says nothing); each must exit 0, and none may be left running."""
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        for i, proc in enumerate(self.procs):
+            if proc.poll() is not None:  # died after the supervisor's last look
+                _out, err = proc.communicate()
+                self.exits.append((proc.returncode or 0, err[-3000:]))
+                self.procs[i] = spawn(*self._args, url=self._url)
+        pids = [p.proc.pid for p in self.procs]
+        await _until(
+            lambda: self._pool.fetchval(
+                "SELECT count(*) = $2 FROM job_workers WHERE pid = ANY($1::int[])", pids, len(pids)
+            ),
+            30,
+            "every worker up before it is stopped",
+        )
+        for proc in self.procs:
+            proc.send_signal(signal.SIGTERM)
+        outputs = [await asyncio.to_thread(p.communicate, timeout=30) for p in self.procs]
+        codes = [p.returncode for p in self.procs]
+        assert codes == [0] * len(codes), ([err[-3000:] for _, err in outputs], self.exits)
+        assert all(p.poll() is not None for p in SPAWNED)
+
+
+async def _producer(pool: asyncpg.Pool, workspace: UUID, total: int, batch: int) -> None:
+    for _ in range(total // batch):
+        await insert_jobs(pool, workspace, batch, '{"sleep_ms": 1}')
+        await asyncio.sleep(0.05)
+
+
+async def _all_completed(pool: asyncpg.Pool, total: int, timeout_s: float) -> None:
+    async def done() -> bool:
+        return await statuses(pool) == {"completed": total}
+
+    try:
+        await _until(done, timeout_s, f"all {total} jobs completed")
+    except AssertionError:
+        raise AssertionError(f"{await statuses(pool)} of {total}") from None
+
+
+async def test_backends_killed_again_and_again_while_two_workers_drain_and_a_producer_inserts(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    total = 2000
+    fleet = Fleet(pool, db_url, 2)
+    try:
+        await _until(
+            lambda: pool.fetchval("SELECT count(*) = 2 FROM job_workers"), 30, "workers up"
+        )
+        producer = asyncio.create_task(_producer(pool, workspace, total, 50))
+        # Three rounds of "the server dropped every connection of the workers", as a restart
+        # does to its clients, while jobs are running.
+        for _ in range(3):
+            await _until(
+                lambda: pool.fetchval(
+                    "SELECT count(*) > 0 FROM job_queue WHERE status = 'running'"
+                ),
+                30,
+                "jobs running",
+            )
+            assert await pool.fetchval(KILL_BACKENDS) > 0
+            await asyncio.sleep(0.3)
+        await producer
+        await _all_completed(pool, total, 45)
+        # Nothing was lost and nothing waited for a lease: no worker died, so no job ran twice.
+        assert await pool.fetchval("SELECT max(attempts) FROM job_queue") == 1
+    finally:
+        await fleet.stop()
+    assert fleet.exits == []
+
+
+async def test_connections_held_half_open_past_the_health_interval(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """The worker's connections go silent (no reset, no answer: a dead network path) for good;
+    new connections work. The statement and release bounds notice it within ~15 s (the listener
+    within its 10 s health interval + 5 s), and the worker goes on with new connections."""
+    target = urlsplit(db_url)
+    socket_dir = parse_qs(target.query).get("host", [None])[0]  # the embedded server's
+    proxy = await TcpProxy(
+        socket_dir or target.hostname or "127.0.0.1", target.port or 5432
+    ).start()
+    via_proxy = target._replace(
+        netloc=f"{target.username}@127.0.0.1:{proxy.port}", query=""
+    ).geturl()
+    fleet = Fleet(pool, via_proxy, 1)
+    try:
+        await _until(lambda: pool.fetchval("SELECT count(*) = 1 FROM job_workers"), 30, "up")
+        await insert_jobs(pool, workspace, 200, '{"sleep_ms": 1}')
+        await _until(
+            lambda: pool.fetchval(
+                "SELECT count(*) = 200 FROM job_queue WHERE status = 'completed'"
+            ),
+            30,
+            "first jobs done",
+        )
+        held = proxy.black_hole()
+        assert held >= 3  # the claim pool, the shared pool and the LISTEN connection
+        await insert_jobs(pool, workspace, 300, '{"sleep_ms": 1}')
+        await _all_completed(pool, 500, 50)
+        assert await pool.fetchval("SELECT max(attempts) FROM job_queue") == 1
+    finally:
+        await fleet.stop()
+        proxy.release_held()
+        await proxy.close()
+    assert fleet.exits == []
+
+
+async def test_kill_9_during_the_outcome_flush(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """The outcome writer's completion is held on a row lock the test takes, so the worker is
+    killed while its flush is in flight, deterministically, with more jobs running and their
+    outcomes waiting behind it."""
+    total = 200
+    fleet = Fleet(pool, db_url, 1, "--lease", "3s")
+    blocker = None
+    try:
+        await _until(lambda: pool.fetchval("SELECT count(*) = 1 FROM job_workers"), 30, "up")
+        slow = await pool.fetchval(
+            "INSERT INTO job_queue (workspace_id, job_type, payload)"
+            " VALUES ($1, 'noop', '{\"sleep_ms\": 1500}') RETURNING id",
+            workspace,
+        )
+        await _until(
+            lambda: pool.fetchval("SELECT status = 'running' FROM job_queue WHERE id = $1", slow),
+            30,
+            "the slow job running",
+        )
+        blocker = await pool.acquire()
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute("SELECT 1 FROM job_queue WHERE id = $1 FOR UPDATE", slow)
+        await insert_jobs(pool, workspace, total - 1, '{"sleep_ms": 100}')
+        await _until(
+            lambda: pool.fetchval(
+                "SELECT count(*) > 0 FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name = 'sidelinja-worker' AND wait_event_type = 'Lock'"
+                " AND query LIKE '%completed%'"
+            ),
+            30,
+            "the completion waiting on the lock",
+        )
+        victim = fleet.procs[0]
+        held = await pool.fetchval(
+            "SELECT count(*) FROM job_queue WHERE status = 'running' AND worker_id IS NOT NULL"
+        )
+        victim.proc.kill()  # kill -9
+        await asyncio.to_thread(victim.proc.wait, 10)
+        await tx.rollback()
+        await _all_completed(pool, total, 45)
+        # At least once: a second attempt only for the jobs the killed worker held.
+        twice = await pool.fetchval("SELECT count(*) FROM job_queue WHERE attempts > 1")
+        assert await pool.fetchval("SELECT max(attempts) FROM job_queue") <= 2
+        assert 0 < twice <= held
+    finally:
+        if blocker is not None:
+            await pool.release(blocker)
+        await fleet.stop()
+    assert [code for code, _ in fleet.exits] == [-signal.SIGKILL]

@@ -1,0 +1,95 @@
+"""/metrics is safe by default: it binds 127.0.0.1, answers from gauges one task refreshes (no
+query per scrape), drops a client that sends nothing; the event loop's lag is a gauge."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import pytest
+
+from sidelinja_worker.queue import metrics
+from tests.helpers import insert_jobs, metrics_text
+
+
+async def _until(probe: Any, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await probe():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_loop_lag_is_measured() -> None:
+    task = asyncio.create_task(metrics.lag_loop(0.02))
+    try:
+        await asyncio.sleep(0.05)
+        time.sleep(0.3)  # noqa: ASYNC251  (the point: a handler that blocks the loop)
+
+        async def lagged() -> bool:
+            return metrics.LOOP_LAG._value.get() >= 0.2
+
+        await _until(lagged)
+        assert "sidelinja_event_loop_lag_seconds" in (await _scrape_once())
+    finally:
+        task.cancel()
+
+
+async def _scrape_once() -> str:
+    return metrics.generate_latest(metrics.REGISTRY).decode()
+
+
+async def test_scrapes_answer_from_the_cache_refreshed_by_one_task(
+    pool: asyncpg.Pool, workspace: UUID, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = 0
+    counts = metrics.store.counts
+
+    async def counting(conn: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return await counts(conn)
+
+    monkeypatch.setattr(metrics.store, "counts", counting)
+    await insert_jobs(pool, workspace, 2)
+    server = await metrics.serve(pool, 0)
+    host, port = server.sockets[0].getsockname()[:2]
+    assert host == "127.0.0.1"  # not reachable from other machines unless asked for
+    refresher = None
+    try:
+        for _ in range(30):
+            body = await metrics_text(port)
+            assert body is not None and 'status="pending"} 2.0' in body
+        assert calls == 1  # the read at start; thirty scrapes ran no query
+        refresher = asyncio.create_task(metrics.gauge_loop(pool, 0.1))
+        await insert_jobs(pool, workspace, 3)
+
+        async def refreshed() -> bool:
+            return 'status="pending"} 5.0' in (await metrics_text(port) or "")
+
+        await _until(refreshed)
+        assert calls < 30
+    finally:
+        if refresher is not None:
+            refresher.cancel()
+        server.close()
+
+
+async def test_a_client_that_sends_nothing_is_dropped(
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(metrics, "REQUEST_TIMEOUT_S", 0.3)
+    server = await metrics.serve(pool, 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        began = time.monotonic()
+        # Meanwhile another client is served.
+        assert (await metrics_text(port) or "").startswith("HTTP/1.1 200")
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
+        assert time.monotonic() - began < 3
+        writer.close()
+    finally:
+        server.close()

@@ -1,0 +1,166 @@
+"""Crash-only supervision: an internal task of the worker that dies takes the worker down
+within 5 s, with one error line naming it; the worker stops heartbeating at once and gives its
+jobs back, and `run --burst` exits with code 3 saying why."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import pytest
+
+from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.registry import Registry
+from sidelinja_worker.queue.settings import WorkerSettings
+from sidelinja_worker.queue.worker import EXIT_WORKER_DIED, Worker, WorkerDied
+from tests.helpers import insert_jobs, job_type
+
+
+async def _quick(ctx: JobContext, payload: Any) -> dict[str, bool]:
+    return {"ok": True}
+
+
+async def test_a_dead_outcome_writer_stops_the_worker_and_its_heartbeat(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, caplog: pytest.LogCaptureFixture
+) -> None:
+    long_started = asyncio.Event()
+
+    async def long(ctx: JobContext, payload: Any) -> None:
+        long_started.set()
+        await asyncio.sleep(60)
+
+    await insert_jobs(pool, workspace, 1, job_type_name="long")
+    worker = Worker(
+        pool,
+        db_url,
+        Registry([job_type("quick", _quick), job_type("long", long)]),
+        WorkerSettings(poll_interval_s=0.05, max_concurrent=4, lease_s=3),
+    )
+
+    async def broken_flush() -> None:
+        raise RuntimeError("injected fault")
+
+    worker._writer._flush = broken_flush  # type: ignore[method-assign]
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait_for(long_started.wait(), 10)
+    caplog.clear()
+    await insert_jobs(pool, workspace, 1, job_type_name="quick")  # its outcome kills the writer
+    began = time.monotonic()
+    with pytest.raises(WorkerDied) as died:
+        await asyncio.wait_for(task, 10)
+    assert time.monotonic() - began < 5
+    assert died.value.task == "outcomes" and "injected fault" in str(died.value)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "'outcomes' died: RuntimeError: injected fault" in errors[0].message
+    # No lease left to renew, and no job left running under the dead worker: both went back to
+    # the queue at once, each with its attempt counted.
+    assert await pool.fetchval("SELECT count(*) FROM job_workers") == 0
+    rows = await pool.fetch("SELECT job_type, status::text, attempts, error_msg FROM job_queue")
+    assert {(r[0], r[1], r[2]) for r in rows} == {("long", "retry", 1), ("quick", "retry", 1)}
+    assert all("abandoned by worker" in r[3] for r in rows)
+
+
+INJECT = """
+import sys
+from sidelinja_worker.queue import worker
+
+async def broken(pool, settings):
+    raise RuntimeError("injected fault")
+
+worker.rescue_loop = broken
+from sidelinja_worker.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+async def test_run_burst_reports_a_dead_task_and_exits_3(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    await insert_jobs(pool, workspace, 3)
+    env = {**os.environ, "DATABASE_URL": db_url, "SIDELINJA_LOG_FORMAT": "text"}
+    began = time.monotonic()
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", INJECT, "run", "--burst"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert time.monotonic() - began < 30
+    assert proc.returncode == EXIT_WORKER_DIED, proc.stderr
+    assert "internal task 'rescue' died: RuntimeError: injected fault" in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("sidelinja-worker: error:") and "exiting with code 3" in last
+    assert await pool.fetchval("SELECT count(*) FROM job_workers") == 0
+    assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE status = 'running'") == 0
+
+
+STUCK = """
+import asyncio, dataclasses, sys
+from sidelinja_worker.jobs.catalog import REGISTRY
+from sidelinja_worker.queue import worker
+
+async def stubborn(ctx, payload):
+    while True:  # a handler that ignores its cancellation
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            pass
+
+REGISTRY._types["noop"] = dataclasses.replace(REGISTRY["noop"], handler=stubborn)
+
+async def broken(pool, settings):
+    await asyncio.sleep(1.0)  # the handler is running by then
+    raise RuntimeError("injected fault")
+
+worker.rescue_loop = broken
+from sidelinja_worker.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+async def test_a_handler_that_ignores_cancellation_does_not_hold_the_exit(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    await insert_jobs(pool, workspace, 1)
+    env = {**os.environ, "DATABASE_URL": db_url, "SIDELINJA_LOG_FORMAT": "text"}
+    began = time.monotonic()
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", STUCK, "run", "--grace", "60s"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == EXIT_WORKER_DIED, proc.stderr
+    # Start-up, the injected second, and at most DIE_WITHIN_S: not the 60 s grace, nor forever.
+    assert time.monotonic() - began < 20
+    died_at = next(ln for ln in proc.stderr.splitlines() if "'rescue' died" in ln)
+    assert died_at and "exiting with code 3" in proc.stderr.splitlines()[-1]
+    # Handed back at once, counted: the stuck handler's job is due again.
+    row = await pool.fetchrow("SELECT status::text, attempts, error_msg FROM job_queue")
+    assert (row[0], row[1]) == ("retry", 1) and "abandoned by worker" in row[2]
+
+
+async def test_demo_reports_a_dead_task(pool: asyncpg.Pool, db_url: str) -> None:
+    env = {**os.environ, "DATABASE_URL": db_url, "SIDELINJA_LOG_FORMAT": "text"}
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", INJECT, "demo"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == EXIT_WORKER_DIED, proc.stderr
+    assert "SAMPLE" in proc.stdout  # where every sample got to
+    assert "The worker stopped early: internal task 'rescue' died" in proc.stdout
