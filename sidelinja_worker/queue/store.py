@@ -55,10 +55,26 @@ class EnqueueRows:
     timeouts_s: list[int | None]
 
 
+def claim_statement(fair: bool, type_capped: bool) -> str:
+    """The claim for the queue's settings: round-robin across workspaces or oldest first, with
+    or without job type caps to count (workspace caps are counted by the fair claims)."""
+    if fair:
+        return "claim_fair_capped" if type_capped else "claim_fair"
+    return "claim_capped" if type_capped else "claim"
+
+
 async def claim(
-    conn: Conn, worker_id: UUID, limit: int, job_types: Sequence[str] | None
+    conn: Conn,
+    worker_id: UUID,
+    limit: int,
+    job_types: Sequence[str] | None,
+    now: datetime | None = None,
 ) -> list[ClaimedJob]:
-    rows = await conn.fetch(Q["claim"], worker_id, limit, job_types, timeout=STATEMENT_TIMEOUT_S)
+    """The plain claim: oldest first, nothing counted. `now`: the claim's clock (None: the
+    database's)."""
+    rows = await conn.fetch(
+        Q["claim"], worker_id, limit, job_types, now, timeout=STATEMENT_TIMEOUT_S
+    )
     return [ClaimedJob(*r) for r in rows]
 
 
@@ -69,23 +85,20 @@ async def claim_with_limits(
     job_types: Sequence[str],
     fair: bool,
     capped: bool,
+    *,
+    type_capped: bool | None = None,
+    now: datetime | None = None,
 ) -> list[ClaimedJob]:
-    """The fair and/or capped claim; with `capped`, under the cluster-wide claim lock."""
+    """The claim `claim_statement` picks; with `capped` (some cap applies: running jobs are
+    counted), under the cluster-wide claim lock. `type_capped` defaults to `capped`."""
+    query = Q[claim_statement(fair, capped if type_capped is None else type_capped)]
+    args = (worker_id, limit, list(job_types), now)
     if capped:
         async with conn.transaction():
             await conn.execute(Q["lock_limited_claims"], timeout=STATEMENT_TIMEOUT_S)
-            rows = await conn.fetch(
-                Q["claim_fair"],
-                worker_id,
-                limit,
-                list(job_types),
-                fair,
-                timeout=STATEMENT_TIMEOUT_S,
-            )
+            rows = await conn.fetch(query, *args, timeout=STATEMENT_TIMEOUT_S)
     else:
-        rows = await conn.fetch(
-            Q["claim_fair"], worker_id, limit, list(job_types), fair, timeout=STATEMENT_TIMEOUT_S
-        )
+        rows = await conn.fetch(query, *args, timeout=STATEMENT_TIMEOUT_S)
     return [ClaimedJob(*r) for r in rows]
 
 
@@ -102,10 +115,8 @@ async def prepare_hot_path(conn: asyncpg.Connection, job_types: Sequence[str]) -
     use. Left to that first use, it cost the job it carried ~5 ms of parse and planning: the
     slowest pickup of the benchmark's 200 when the claim pool's second connection first
     claimed. No worker has the nil id, so the claims take nothing; limit 0 besides."""
-    await conn.fetch(Q["claim"], NIL_WORKER, 0, list(job_types), timeout=STATEMENT_TIMEOUT_S)
-    await conn.fetch(
-        Q["claim_fair"], NIL_WORKER, 0, list(job_types), True, timeout=STATEMENT_TIMEOUT_S
-    )
+    for name in ("claim", "claim_fair"):
+        await conn.fetch(Q[name], NIL_WORKER, 0, list(job_types), None, timeout=STATEMENT_TIMEOUT_S)
     await conn.execute(COMPLETE_QUIET, [], [], NIL_WORKER, timeout=STATEMENT_TIMEOUT_S)
 
 

@@ -390,12 +390,19 @@ class Worker:
     async def _claim(self, want: int) -> list[ClaimedJob]:
         async with self._claim_lock:
             capped = self._limits.capped(self.job_types)
-            if not capped and not self._limits.current.fair:
+            fair = self._limits.current.fair
+            if not capped and not fair:
                 jobs = await store.claim(self._queue_pool, self.id, want, self.job_types)
             else:
                 async with self._queue_pool.acquire() as conn:
                     jobs = await store.claim_with_limits(
-                        conn, self.id, want, self.job_types, self._limits.current.fair, capped
+                        conn,
+                        self.id,
+                        want,
+                        self.job_types,
+                        fair,
+                        capped,
+                        type_capped=self._limits.type_capped(self.job_types),
                     )
             self._ready.extend(sorted(jobs, key=lambda j: -j.priority))
             self.claimed_total += len(jobs)
