@@ -41,7 +41,7 @@ def test_each_claim_is_short_enough_to_read_at_once() -> None:
     """A screenful of SQL each (the single statement they replace was 186 lines)."""
     for name in CLAIMS:
         sql = [ln for ln in QUERIES[name].splitlines() if not ln.lstrip().startswith("--")]
-        assert len(sql) <= 100, name
+        assert len(sql) <= 110, name
 
 
 @pytest.mark.parametrize("name", CLAIMS)
@@ -66,12 +66,16 @@ async def test_each_claims_generic_plan_uses_its_index(
     worker_id = await _worker(pool, ["noop"])
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        await conn.execute(
+            f"PREPARE c (uuid, integer, text[], timestamptz) AS {QUERIES[name].rstrip(';')}"
+        )
         plan = "\n".join(
             r[0]
             for r in await conn.fetch(
-                "EXPLAIN (ANALYZE) " + QUERIES[name], worker_id, 50, ["noop"], None
+                f"EXPLAIN (ANALYZE) EXECUTE c('{worker_id}', 50, ARRAY['noop'], NULL)"
             )
         )
+        assert "$4" in plan or "$3" in plan, plan  # generic: the parameters are not inlined
         claimed = await conn.fetchval("SELECT count(*) FROM job_queue WHERE status = 'running'")
     assert claimed == 50, plan
     assert "Seq Scan on job_queue" not in plan, plan

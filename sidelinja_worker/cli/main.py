@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from sidelinja_worker.cli import admin as admin_cli
 from sidelinja_worker.cli import commands
 from sidelinja_worker.cli import limits as limits_cli
+from sidelinja_worker.cli import operator as operator_cli
 from sidelinja_worker.queue import logs
 from sidelinja_worker.queue.config import SETTINGS
 from sidelinja_worker.queue.db import DB_ERRORS
@@ -163,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     limits_cli.add_command(sub)
     admin_cli.add_commands(sub)
+    operator_cli.add_commands(sub)
     return parser
 
 

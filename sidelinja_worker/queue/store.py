@@ -225,6 +225,8 @@ async def register_worker(
     pid: int,
     job_types: Sequence[str] | None,
     lease_s: float,
+    version: str | None = None,
+    concurrency: int | None = None,
 ) -> None:
     await conn.execute(
         Q["register_worker"],
@@ -233,16 +235,16 @@ async def register_worker(
         pid,
         list(job_types) if job_types else None,
         lease_s,
+        version,
+        concurrency,
         timeout=STATEMENT_TIMEOUT_S,
     )
 
 
-async def heartbeat(conn: Conn, worker_id: UUID, lease_s: float) -> bool:
-    """Renews the lease; False if this worker was declared dead meanwhile."""
-    return (
-        await conn.fetchval(Q["heartbeat"], worker_id, lease_s, timeout=STATEMENT_TIMEOUT_S)
-        is not None
-    )
+async def heartbeat(conn: Conn, worker_id: UUID, lease_s: float) -> bool | None:
+    """Renews the lease; None if this worker was declared dead meanwhile, else whether an
+    operator asked it to drain."""
+    return await conn.fetchval(Q["heartbeat"], worker_id, lease_s, timeout=STATEMENT_TIMEOUT_S)
 
 
 async def held_jobs(conn: Conn, worker_id: UUID) -> dict[UUID, bool]:
@@ -401,3 +403,38 @@ async def counts(conn: Conn) -> list[asyncpg.Record]:
 async def oldest_due_s(conn: Conn) -> float:
     """Seconds the oldest due job has waited (0 with none)."""
     return float(await conn.fetchval(Q["oldest_due_s"], timeout=STATEMENT_TIMEOUT_S))
+
+
+async def pause_type(conn: Conn, job_type: str, by: str, reason: str) -> bool:
+    """Pauses `job_type` cluster-wide; False if it was paused already."""
+    return (
+        await conn.fetchval(Q["pause_type"], job_type, by, reason, timeout=STATEMENT_TIMEOUT_S)
+        is not None
+    )
+
+
+async def resume_type(
+    conn: asyncpg.Connection | asyncpg.Pool, job_type: str, by: str, reason: str
+) -> bool:
+    """Resumes `job_type`; False if it was not paused. One statement, so the settings that name
+    who and why (read by the audit trigger) end with its transaction."""
+    return (
+        await conn.fetchval(Q["resume_type"], job_type, by, reason, timeout=STATEMENT_TIMEOUT_S)
+        is not None
+    )
+
+
+async def list_pauses(conn: Conn) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["list_pauses"], timeout=STATEMENT_TIMEOUT_S)
+
+
+async def drain_worker(conn: Conn, worker_id: UUID, by: str, drain: bool = True) -> bool:
+    """Asks a worker to drain (or, with `drain` False, to claim again); False: no such worker."""
+    return (
+        await conn.fetchval(Q["drain_worker"], worker_id, by, drain, timeout=STATEMENT_TIMEOUT_S)
+        is not None
+    )
+
+
+async def list_workers(conn: Conn) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["list_workers"], timeout=STATEMENT_TIMEOUT_S)

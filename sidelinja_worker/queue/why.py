@@ -18,6 +18,12 @@ def explain(facts: Mapping[str, Any]) -> list[str]:
         ended = f": {facts['error_msg']}" if facts["error_msg"] else ""
         return [f"it is {status}{ended}; it will not run again unless retried"]
     reasons = _deferral(facts)
+    if paused := facts.get("type_paused"):
+        reasons.append(
+            f"job type {facts['job_type']} is paused cluster-wide (by {paused['by']} at "
+            f"{paused['at']}: {paused['reason'] or 'no reason given'}); "
+            f"`sidelinja-worker resume {facts['job_type']}` lets workers take it again"
+        )
     if facts["not_due"]:
         reasons.append(f"not due until {facts['scheduled_for']:%Y-%m-%d %H:%M:%S %Z}")
     if facts["live_workers"] == 0:

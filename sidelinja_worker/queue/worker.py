@@ -9,6 +9,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
+from importlib import metadata
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -127,6 +128,7 @@ class Worker:
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._stop = asyncio.Event()
+        self.draining = False  # an operator asked it to finish its jobs and claim no more
         self._lease_deadline = 0.0
         # Held while a claim is in flight and its jobs are being started, so the heartbeat's
         # reconciliation never mistakes a job on its way here for a lost one.
@@ -317,7 +319,7 @@ class Worker:
                 self._slot_freed.clear()
                 await self._wait_for(self._slot_freed)
                 continue
-            if loop.time() >= self._lease_deadline:  # cannot renew: start nothing new
+            if loop.time() >= self._lease_deadline or self.draining:  # start nothing new
                 await self._wait_for(self._stop, self.settings.poll_interval_s)
                 continue
             self._wake.clear()
@@ -505,6 +507,8 @@ class Worker:
                     os.getpid(),
                     self.job_types,
                     self.settings.lease_s,
+                    _version(),
+                    self.settings.max_concurrent,
                 )
                 break
             except DB_ERRORS as exc:
@@ -527,9 +531,14 @@ class Worker:
             await asyncio.sleep(self.settings.heartbeat_interval_s)
             sent = loop.time()
             try:
-                if not await store.heartbeat(self._pool, self.id, self.settings.lease_s):
+                drain = await store.heartbeat(self._pool, self.id, self.settings.lease_s)
+                if drain is None:
                     await self._declared_dead()
                     continue
+                if drain != self.draining:
+                    log.warning("worker %s %s", self.id, "draining" if drain else "claiming again")
+                    self.draining = drain
+                    self._wake.set()
                 self._lease_deadline = sent + self.settings.lease_s
                 self._job_ready.set()  # held jobs may start again if the lease had lapsed
                 await self._reconcile()
@@ -679,3 +688,10 @@ class Worker:
             await store.unregister_worker(self._pool, self.id)
         except DB_ERRORS as exc:
             log.warning("could not unregister (%s); the lease will expire on its own", exc)
+
+
+def _version() -> str | None:
+    try:
+        return metadata.version("sidelinja-worker")
+    except metadata.PackageNotFoundError:
+        return None

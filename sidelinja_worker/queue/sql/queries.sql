@@ -22,7 +22,9 @@ WITH picked AS (
     FROM job_queue
     WHERE status IN ('pending', 'retry')
       AND scheduled_for <= coalesce($4::timestamptz, statement_timestamp())
-      AND ($3::text[] IS NULL OR job_type = ANY($3::text[]))
+      AND ($3::text[] IS NULL OR job_type = ANY(ARRAY(
+               SELECT unnest($3::text[]) EXCEPT SELECT job_type FROM job_type_pauses)))
+      AND ($3::text[] IS NOT NULL OR job_type <> ALL(ARRAY(SELECT job_type FROM job_type_pauses)))
       AND EXISTS (SELECT 1 FROM job_workers w
                   WHERE w.id = $1 AND w.expires_at > coalesce($4::timestamptz, statement_timestamp()))
     ORDER BY priority DESC, scheduled_for
@@ -52,6 +54,7 @@ WITH type_room AS (
                          WHERE r.status = 'running' AND r.job_type = l.job_type), 0)
                      FROM job_type_limits l WHERE l.job_type = t.job_type), $2) AS room
     FROM unnest($3::text[]) AS t(job_type)
+    WHERE t.job_type NOT IN (SELECT job_type FROM job_type_pauses)
 ), candidates AS (
     SELECT j.id, j.priority, j.scheduled_for, j.job_type
     FROM job_queue j
@@ -104,12 +107,14 @@ RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts,
 -- 4. locked_one: with one workspace asked, its queue order is the fair order, so its jobs are
 --    taken straight from its index: no windows, no sort, no materialised rows (the common
 --    case of a backlog from one workspace).
-WITH RECURSIVE due_workspaces AS (
+WITH RECURSIVE open_types AS MATERIALIZED (
+    SELECT ARRAY(SELECT unnest($3::text[]) EXCEPT SELECT job_type FROM job_type_pauses) AS types
+), due_workspaces AS (
     (SELECT j.workspace_id AS id, j.priority, j.scheduled_for
      FROM job_queue j
      WHERE j.status IN ('pending', 'retry')
        AND j.scheduled_for <= coalesce($4::timestamptz, statement_timestamp())
-       AND j.job_type = ANY($3::text[])
+       AND j.job_type = ANY((SELECT types FROM open_types)::text[])
      ORDER BY j.workspace_id, j.priority DESC, j.scheduled_for
      LIMIT 1)
     UNION ALL
@@ -121,7 +126,7 @@ WITH RECURSIVE due_workspaces AS (
         WHERE j.workspace_id > d.id
           AND j.status IN ('pending', 'retry')
           AND j.scheduled_for <= coalesce($4::timestamptz, statement_timestamp())
-          AND j.job_type = ANY($3::text[])
+          AND j.job_type = ANY((SELECT types FROM open_types)::text[])
         ORDER BY j.workspace_id, j.priority DESC, j.scheduled_for
         LIMIT 1
     ) head
@@ -137,8 +142,12 @@ WITH RECURSIVE due_workspaces AS (
         LEFT JOIN workspace_limits wl ON wl.workspace_id = d.id
     ) w
     WHERE room > 0
-), asked AS MATERIALIZED (
-    SELECT id, room FROM ws ORDER BY head_priority DESC, head_scheduled_for LIMIT $2
+), asked AS MATERIALIZED (  -- none when this worker's lease has lapsed
+    SELECT id, room FROM ws
+    WHERE EXISTS (SELECT 1 FROM job_workers w
+                  WHERE w.id = $1 AND w.expires_at > coalesce($4::timestamptz, statement_timestamp()))
+    ORDER BY head_priority DESC, head_scheduled_for
+    LIMIT $2
 ), share AS (
     SELECT ((count(*) + $2 - 1) / greatest(count(*), 1))::int AS k,
            count(*) = 1 AS one
@@ -158,7 +167,7 @@ WITH RECURSIVE due_workspaces AS (
             WHERE j.workspace_id = a.id
               AND j.status IN ('pending', 'retry')
               AND j.scheduled_for <= coalesce($4::timestamptz, statement_timestamp())
-              AND j.job_type = ANY($3::text[])
+              AND j.job_type = ANY((SELECT types FROM open_types)::text[])
             ORDER BY j.priority DESC, j.scheduled_for
             LIMIT least(a.room, share.k)
             FOR UPDATE SKIP LOCKED
@@ -172,9 +181,7 @@ WITH RECURSIVE due_workspaces AS (
       AND j.workspace_id = (SELECT id FROM asked LIMIT 1)
       AND j.status IN ('pending', 'retry')
       AND j.scheduled_for <= coalesce($4::timestamptz, statement_timestamp())
-      AND j.job_type = ANY($3::text[])
-      AND EXISTS (SELECT 1 FROM job_workers w
-                  WHERE w.id = $1 AND w.expires_at > coalesce($4::timestamptz, statement_timestamp()))
+      AND j.job_type = ANY((SELECT types FROM open_types)::text[])
     ORDER BY j.priority DESC, j.scheduled_for
     LIMIT (SELECT room FROM asked LIMIT 1)
     FOR UPDATE SKIP LOCKED
@@ -185,9 +192,7 @@ WITH RECURSIVE due_workspaces AS (
     SELECT c.id
     FROM locked c
     WHERE NOT EXISTS (  -- behind the frontier: an unseen job of a cut workspace comes first
-              SELECT 1 FROM frontier f WHERE (-c.priority, c.turn) > (f.neg_priority, f.turn))
-      AND EXISTS (SELECT 1 FROM job_workers w
-                  WHERE w.id = $1 AND w.expires_at > coalesce($4::timestamptz, statement_timestamp()))
+        SELECT 1 FROM frontier f WHERE (-c.priority, c.turn) > (f.neg_priority, f.turn))
     ORDER BY c.priority DESC, c.turn, c.scheduled_for
     LIMIT $2
 )
@@ -214,6 +219,7 @@ WITH RECURSIVE type_room AS (
                          WHERE r.status = 'running' AND r.job_type = l.job_type), 0)
                      FROM job_type_limits l WHERE l.job_type = t.job_type), $2) AS room
     FROM unnest($3::text[]) AS t(job_type)
+    WHERE t.job_type NOT IN (SELECT job_type FROM job_type_pauses)
 ), open_types AS MATERIALIZED (
     SELECT coalesce(array_agg(job_type), '{}') AS types FROM type_room WHERE room > 0
 ), due_workspaces AS (
@@ -519,16 +525,18 @@ JOIN unnest($1::uuid[], $2::text[]) AS k(workspace_id, unique_key)
 WHERE j.status IN ('pending', 'retry', 'running');
 
 -- name: register_worker
-INSERT INTO job_workers (id, hostname, pid, job_types, expires_at)
-VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5));
+INSERT INTO job_workers (id, hostname, pid, job_types, expires_at, version, concurrency)
+VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5), $6, $7);
 
 -- name: heartbeat
--- Renews the lease of every job this worker runs in one row write. No row back means another
--- worker declared this one dead and rescued its jobs.
+-- Renews the lease of every job this worker runs in one row write, and says whether an
+-- operator asked it to drain. No row back means another worker declared this one dead and
+-- rescued its jobs.
 UPDATE job_workers
-SET expires_at = now() + make_interval(secs => $2)
+SET expires_at = now() + make_interval(secs => $2),
+    last_heartbeat_at = now()
 WHERE id = $1
-RETURNING id;
+RETURNING drain_requested_at IS NOT NULL AS drain;
 
 -- name: held_jobs
 -- The jobs the database says this worker runs, and whether their cancellation was requested
@@ -626,7 +634,8 @@ SELECT
     (SELECT count(*) FROM (
         SELECT 1 FROM job_queue
         WHERE status IN ('pending', 'retry') AND scheduled_for <= now()
-          AND job_type = ANY($1::text[])
+          AND job_type = ANY(ARRAY(
+                  SELECT unnest($1::text[]) EXCEPT SELECT job_type FROM job_type_pauses))
         LIMIT 1) d) AS due,
     (SELECT count(*) FROM job_queue WHERE status = 'running' AND job_type = ANY($1::text[]))
         AS running;
@@ -660,6 +669,8 @@ SELECT
      WHERE r.status = 'running' AND r.workspace_id = j.workspace_id) AS workspace_running,
     (SELECT coalesce(jsonb_object_agg(key, paused_until), '{}') FROM rate_limits
      WHERE paused_until > now()) AS paused_services,
+    (SELECT jsonb_build_object('by', p.paused_by, 'at', p.paused_at, 'reason', p.reason)
+     FROM job_type_pauses p WHERE p.job_type = j.job_type) AS type_paused,
     (SELECT count(*) FROM job_queue a
      WHERE a.status IN ('pending', 'retry') AND a.scheduled_for <= now() AND a.id <> j.id
        AND (a.priority > j.priority
@@ -706,3 +717,49 @@ SELECT EXISTS (
     SELECT 1 FROM job_queue
     WHERE id = $1 AND worker_id = $2 AND status = 'running' AND cancel_requested_at IS NOT NULL
 );
+
+
+-- name: pause_type
+-- Pauses a job type cluster-wide (the trigger writes the audit entry and wakes no one); a type
+-- already paused keeps its first pause. Returns whether this call paused it.
+INSERT INTO job_type_pauses (job_type, paused_by, reason)
+VALUES ($1, $2, $3)
+ON CONFLICT (job_type) DO NOTHING
+RETURNING job_type;
+
+-- name: resume_type
+-- Resumes a paused job type; who and why go to the audit entry through the transaction's
+-- settings, which the trigger reads. Returns whether it was paused.
+WITH who AS (
+    SELECT set_config('sidelinja.actor', $2, true), set_config('sidelinja.reason', $3, true)
+)
+DELETE FROM job_type_pauses
+WHERE job_type = $1 AND EXISTS (SELECT 1 FROM who)
+RETURNING job_type;
+
+-- name: list_pauses
+SELECT job_type, paused_at, paused_by, reason,
+       (SELECT count(*) FROM job_queue j
+        WHERE j.job_type = p.job_type AND j.status IN ('pending', 'retry')) AS waiting
+FROM job_type_pauses p
+ORDER BY job_type;
+
+-- name: drain_worker
+-- Asks one worker to finish its jobs and claim no more ($2: who asked), or, with $3 false,
+-- to claim again. The worker reads it at its next heartbeat. Returns whether it exists.
+UPDATE job_workers
+SET drain_requested_at = CASE WHEN $3 THEN coalesce(drain_requested_at, now()) END,
+    drain_requested_by = CASE WHEN $3 THEN $2 END
+WHERE id = $1
+RETURNING id;
+
+-- name: list_workers
+-- Every worker with a row (a dead one keeps it until a rescue deletes it and frees its jobs),
+-- and the jobs each runs now.
+SELECT w.id, w.hostname, w.pid, w.version, w.job_types, w.concurrency, w.started_at,
+       w.last_heartbeat_at, w.expires_at, w.expires_at > now() AS alive,
+       w.drain_requested_at, w.drain_requested_by,
+       coalesce((SELECT array_agg(j.id ORDER BY j.started_at) FROM job_queue j
+                 WHERE j.worker_id = w.id AND j.status = 'running'), '{}') AS running
+FROM job_workers w
+ORDER BY w.hostname, w.started_at, w.id;
