@@ -154,6 +154,13 @@ async def audit(
     await conn.execute(Q["enter_app_role" if scope.workspace_id else "enter_platform_role"])
 
 
+async def audit_queue(
+    pool: asyncpg.Pool, scope: Scope, action: str, detail: dict[str, Any]
+) -> None:
+    """A queue-wide action (a drain): a platform admin's, written with the privileged pool."""
+    await pool.execute(Q["audit"], scope.token_id, None, action, [], detail)
+
+
 async def throughput(conn: asyncpg.Connection) -> list[asyncpg.Record]:
     return await conn.fetch(Q["throughput"])
 
