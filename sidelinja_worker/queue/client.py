@@ -53,9 +53,19 @@ class NewJob:
         return self
 
 
+# A key whose holder finishes between our insert and the look-up is tried again; a key that is
+# neither insertable nor visible (a holder this connection's row-level security hides) would
+# loop forever, so the rounds are bounded.
+DUPLICATE_ROUNDS = 5
+
+
 async def enqueue_many(conn: store.Conn, jobs: Sequence[NewJob]) -> list[UUID]:
     """Enqueues `jobs` and returns their ids in the same order. A job whose unique key is held
     gets the holder's id instead of a new row."""
+    return await _enqueue_many(conn, jobs, DUPLICATE_ROUNDS)
+
+
+async def _enqueue_many(conn: store.Conn, jobs: Sequence[NewJob], rounds: int) -> list[UUID]:
     if not jobs:
         return []
     checked = [job.checked() for job in jobs]
@@ -80,7 +90,7 @@ async def enqueue_many(conn: store.Conn, jobs: Sequence[NewJob]) -> list[UUID]:
     inserted = await store.enqueue(conn, rows)
     if len(inserted) == len(ids):
         return ids
-    return await _resolve_duplicates(conn, checked, ids, inserted)
+    return await _resolve_duplicates(conn, checked, ids, inserted, rounds)
 
 
 COPY_MIN_JOBS = 64  # below this a single INSERT is as quick and one round trip fewer
@@ -111,7 +121,7 @@ async def enqueue(
 
 
 async def _resolve_duplicates(
-    conn: store.Conn, jobs: Sequence[NewJob], ids: list[UUID], inserted: set[UUID]
+    conn: store.Conn, jobs: Sequence[NewJob], ids: list[UUID], inserted: set[UUID], rounds: int
 ) -> list[UUID]:
     """Maps each job that was not inserted to the job holding its unique key. If the holder
     finished between our insert and this look-up, the job is enqueued again."""
@@ -126,10 +136,14 @@ async def _resolve_duplicates(
             again.append(i)
         else:
             result[i] = holder
+    if again and rounds <= 1:
+        raise RuntimeError(
+            f"unique key {jobs[again[0]].unique_key!r} is held by a job this connection cannot "
+            "see (row-level security?), and no new job can take it"
+        )
     if again:
-        for i, job_id in zip(
-            again, await enqueue_many(conn, [jobs[i] for i in again]), strict=True
-        ):
+        retried = await _enqueue_many(conn, [jobs[i] for i in again], rounds - 1)
+        for i, job_id in zip(again, retried, strict=True):
             result[i] = job_id
     return result
 
