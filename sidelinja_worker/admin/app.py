@@ -23,7 +23,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from sidelinja_worker.admin import auth, metrics_view, store
+from sidelinja_worker.admin import auth, dashboard, metrics_view, store
 from sidelinja_worker.admin.events import EventHub
 from sidelinja_worker.admin.forms import (
     job_filter,
@@ -173,6 +173,17 @@ async def pause_action(request: Request) -> Response:
     else:
         await worker_store.resume_type(pool, job_type, actor(scope), reason)
     return RedirectResponse(f"/admin?done={request.path_params['action']}", status_code=303)
+
+
+async def dashboard_page(request: Request) -> Response:
+    scope, token = await session(request)
+    async with store.scoped(request.app.state.pool, scope) as conn:
+        figures = await dashboard.load(conn, scope, await conn.fetchval("SELECT now()"))
+    paused = {p["job_type"] for p in await worker_store.list_pauses(request.app.state.pool)}
+    context = {"d": figures, "chart": dashboard.chart, "paused": paused, "inf": float("inf")}
+    if request.query_params.get("part"):
+        return templates.TemplateResponse(request, "dashboard_body.html", context)
+    return render(request, "dashboard.html", token, scope, **context)
 
 
 async def workers_page(request: Request) -> Response:
@@ -358,6 +369,7 @@ ROUTES = [
     Route("/admin/jobs/{job_id}", job_page),
     Route("/admin/jobs/{job_id}/{action:str}", job_action, methods=["POST"]),
     Route("/admin/pauses/{action:str}", pause_action, methods=["POST"]),
+    Route("/admin/dashboard", dashboard_page),
     Route("/admin/workers", workers_page),
     Route("/admin/workers/{worker_id}/drain", drain_action, methods=["POST"]),
     Route("/admin/events", events),

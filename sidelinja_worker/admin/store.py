@@ -167,3 +167,11 @@ async def throughput(conn: asyncpg.Connection) -> list[asyncpg.Record]:
 
 async def workspaces(conn: asyncpg.Pool) -> list[asyncpg.Record]:
     return await conn.fetch(Q["workspaces"])
+
+
+async def dashboard_minutes(conn: asyncpg.Connection, workspace_id: UUID) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["dashboard_minutes"], workspace_id)
+
+
+async def dashboard_depth(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["dashboard_depth"])

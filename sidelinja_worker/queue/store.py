@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -438,3 +438,22 @@ async def drain_worker(conn: Conn, worker_id: UUID, by: str, drain: bool = True)
 
 async def list_workers(conn: Conn) -> list[asyncpg.Record]:
     return await conn.fetch(Q["list_workers"], timeout=STATEMENT_TIMEOUT_S)
+
+
+async def add_minute_stats(conn: Conn, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Adds (minute epoch, workspace, job type, completed, failed, *buckets) rows to
+    job_minute_stats."""
+    await conn.execute(
+        Q["add_minute_stats"],
+        [datetime.fromtimestamp(r[0], UTC) for r in rows],
+        [r[1] for r in rows],
+        [r[2] for r in rows],
+        [r[3] for r in rows],
+        [r[4] for r in rows],
+        [",".join(str(n) for n in r[5:]) for r in rows],
+        timeout=STATEMENT_TIMEOUT_S,
+    )
+
+
+async def prune_minute_stats(conn: Conn, keep_s: float) -> None:
+    await conn.execute(Q["prune_minute_stats"], keep_s, timeout=STATEMENT_TIMEOUT_S)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -198,6 +199,8 @@ class Worker:
         try:
             await self._run()
         finally:
+            with contextlib.suppress(*DB_ERRORS):  # the last seconds' counts, if it can
+                await metrics.flush_minutes(self._pool)
             await self._services.aclose()
             if self._queue_pool is not self._pool:
                 await self._queue_pool.close()
@@ -212,6 +215,7 @@ class Worker:
             self._supervise(rescue_loop(self._pool, self.settings), "rescue"),
             self._supervise(prune_loop(self._pool, self.settings), "prune"),
             self._supervise(metrics.lag_loop(LAG_TICK_S), "loop-lag"),
+            self._supervise(metrics.minute_loop(self._pool), "minute-stats"),
         ]
         loop_tasks += [self._supervise(factory(), name) for name, factory in self._extra]
         if self.settings.listen:
@@ -440,6 +444,7 @@ class Worker:
 
     async def _run_job(self, job: ClaimedJob, slot_task: asyncio.Task[None]) -> None:
         metrics.picked_up(job.job_type, job.waited_s)
+        metrics.CURRENT_JOB.set((job.workspace_id, job.job_type))
         known = self._types.get(job.job_type)
         jt: JobType | None
         if known is not None and job.timeout_s is None:

@@ -155,3 +155,20 @@ DELETE FROM admin_sessions WHERE secret_sha256 = $1;
 
 -- name: session_prune
 DELETE FROM admin_sessions WHERE expires_at <= now();
+
+-- name: dashboard_minutes
+-- The dashboard's numbers, from job_minute_stats only (never job_queue): per minute and job
+-- type over the last day for workspace $1 (the nil workspace: the whole queue), its primary key
+-- range. Row-level security scopes it as well.
+SELECT minute, job_type, completed, failed, run_buckets
+FROM job_minute_stats
+WHERE workspace_id = $1 AND minute > now() - interval '1 day'
+ORDER BY minute;
+
+-- name: dashboard_depth
+-- Waiting jobs by type, and how many are due: the pending index's rows only.
+SELECT job_type, count(*) AS waiting, count(*) FILTER (WHERE scheduled_for <= now()) AS due
+FROM job_queue
+WHERE status IN ('pending', 'retry')
+GROUP BY job_type
+ORDER BY job_type;

@@ -763,3 +763,20 @@ SELECT w.id, w.hostname, w.pid, w.version, w.job_types, w.concurrency, w.started
                  WHERE j.worker_id = w.id AND j.status = 'running'), '{}') AS running
 FROM job_workers w
 ORDER BY w.hostname, w.started_at, w.id;
+
+-- name: add_minute_stats
+-- Adds one worker's counts to the per-minute aggregates. The bucket arrays travel as
+-- comma-separated text (asyncpg has no array of arrays); the upsert adds element by element.
+INSERT INTO job_minute_stats AS s (minute, workspace_id, job_type, completed, failed, run_buckets)
+SELECT r.minute, r.workspace_id, r.job_type, r.completed, r.failed,
+       string_to_array(r.buckets, ',')::integer[]
+FROM unnest($1::timestamptz[], $2::uuid[], $3::text[], $4::integer[], $5::integer[], $6::text[])
+     AS r(minute, workspace_id, job_type, completed, failed, buckets)
+ON CONFLICT (workspace_id, minute, job_type) DO UPDATE
+SET completed = s.completed + EXCLUDED.completed,
+    failed = s.failed + EXCLUDED.failed,
+    run_buckets = ARRAY(SELECT coalesce(a, 0) + coalesce(b, 0)
+                        FROM unnest(s.run_buckets, EXCLUDED.run_buckets) AS u(a, b));
+
+-- name: prune_minute_stats
+DELETE FROM job_minute_stats WHERE minute < now() - make_interval(secs => $1);
