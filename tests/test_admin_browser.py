@@ -14,7 +14,7 @@ import pytest
 
 from sidelinja_worker.queue import store
 from tests.admin_fixtures import admin_fixture, seed, token_for  # noqa: F401 (fixture)
-from tests.helpers import run_burst
+from tests.helpers import insert_jobs, run_burst
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
@@ -220,3 +220,27 @@ async def test_pause_resume_and_the_workers_page_in_the_browser(
     text = await confined.inner_text("#workers")
     assert "render-1" in text and str(job_id)[:8] not in text
     assert await confined.locator("#workers button").count() == 0
+
+
+async def test_the_dashboard_live_for_two_workspaces(
+    pool: asyncpg.Pool, db_url: str, admin: str, browser: object
+) -> None:
+    """A platform admin's dashboard counts both workspaces and updates by itself when more jobs
+    end; a workspace token's counts its own only."""
+    from tests.test_dashboard import REGISTRY, _two_workspaces
+
+    a, b = await _two_workspaces(pool, db_url)
+    page = await logged_in(browser, admin, token_for(db_url, "--all"))
+    await page.goto(f"{admin}/admin/dashboard")
+    assert await page.inner_text("#completed-hour") == "8"
+    assert await page.locator("svg.chart").count() >= 4  # two queue-wide, one per type
+    await insert_jobs(pool, b, 3, job_type_name="ok")
+    await run_burst(pool, db_url, REGISTRY)
+    await page.wait_for_function(
+        "document.getElementById('completed-hour').textContent === '11'", timeout=20_000
+    )
+    await shot(page, "admin-dashboard.png")
+    confined = await logged_in(browser, admin, token_for(db_url, "--workspace", str(a)))
+    await confined.goto(f"{admin}/admin/dashboard")
+    assert await confined.inner_text("#completed-hour") == "5"
+    assert await confined.inner_text("#failed-hour") == "2"

@@ -62,18 +62,22 @@ class Dashboard:
 async def load(conn: asyncpg.Connection, scope: Scope, now: datetime) -> Dashboard:
     """`conn` is scoped (row-level security): a workspace token reads its workspace's rows,
     a platform admin the whole queue's."""
-    rows = await store.dashboard_minutes(conn, scope.workspace_id or ALL_WORKSPACES)
+    workspace = scope.workspace_id or ALL_WORKSPACES
     start = now.replace(second=0, microsecond=0) - timedelta(minutes=DAY - 1)
     total, types = Figures("all types"), {}
-    for r in rows:
-        i = int((r["minute"] - start).total_seconds() // 60)
-        if not 0 <= i < DAY:
-            continue
-        for figs in (total, types.setdefault(r["job_type"], Figures(r["job_type"]))):
-            figs.completed[i] += r["completed"]
-            figs.failed[i] += r["failed"]
-            if i >= DAY - HOUR:
-                figs.buckets = [a + b for a, b in zip(figs.buckets, r["run_buckets"], strict=False)]
+    for r in await store.dashboard_series(conn, workspace, start):
+        figs = types[r["job_type"]] = Figures(r["job_type"])
+        for i, done, failed in zip(r["at"], r["completed"], r["failed"], strict=True):
+            if 0 <= i < DAY:
+                figs.completed[i] += done
+                figs.failed[i] += failed
+                total.completed[i] += done
+                total.failed[i] += failed
+    hour_ago = start + timedelta(minutes=DAY - HOUR)
+    for r in await store.dashboard_buckets(conn, workspace, hour_ago):
+        figs = types.setdefault(r["job_type"], Figures(r["job_type"]))
+        figs.buckets = list(r["buckets"])
+        total.buckets = [a + b for a, b in zip(total.buckets, r["buckets"], strict=False)]
     for d in await store.dashboard_depth(conn):
         figs = types.setdefault(d["job_type"], Figures(d["job_type"]))
         figs.waiting, figs.due = d["waiting"], d["due"]

@@ -169,8 +169,16 @@ async def workspaces(conn: asyncpg.Pool) -> list[asyncpg.Record]:
     return await conn.fetch(Q["workspaces"])
 
 
-async def dashboard_minutes(conn: asyncpg.Connection, workspace_id: UUID) -> list[asyncpg.Record]:
-    return await conn.fetch(Q["dashboard_minutes"], workspace_id)
+async def dashboard_series(
+    conn: asyncpg.Connection, workspace_id: UUID, since: datetime
+) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["dashboard_series"], workspace_id, since)
+
+
+async def dashboard_buckets(
+    conn: asyncpg.Connection, workspace_id: UUID, since: datetime
+) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["dashboard_buckets"], workspace_id, since)
 
 
 async def dashboard_depth(conn: asyncpg.Connection) -> list[asyncpg.Record]:
