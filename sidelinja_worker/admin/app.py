@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 import asyncpg
@@ -180,10 +181,15 @@ async def dashboard_page(request: Request) -> Response:
     async with store.scoped(request.app.state.pool, scope) as conn:
         figures = await dashboard.load(conn, scope, await conn.fetchval("SELECT now()"))
     paused = {p["job_type"] for p in await worker_store.list_pauses(request.app.state.pool)}
-    context = {"d": figures, "chart": dashboard.chart, "paused": paused, "inf": float("inf")}
+    context: dict[str, Any] = {
+        "d": figures,
+        "chart": dashboard.chart,
+        "paused": paused,
+        "inf": float("inf"),
+    }
     if request.query_params.get("part"):
         return templates.TemplateResponse(request, "dashboard_body.html", context)
-    return render(request, "dashboard.html", token, scope, **context)
+    return render(request, "dashboard.html", token, scope, 200, **context)
 
 
 async def workers_page(request: Request) -> Response:

@@ -88,6 +88,7 @@ MINUTE_BOUNDS_S = (
 )  # fmt: skip
 MINUTE_FLUSH_S = 5.0
 ALL_WORKSPACES = UUID(int=0)  # job_minute_stats' rows for the whole queue
+MINUTE_ERRORS = (*DB_ERRORS, asyncpg.PostgresError)
 MINUTE_KEEP_S = 2 * 86400.0
 # The job a slot task runs, set by the worker around each job: the hooks above know the job
 # type only, and each slot is its own task, so its own context.
@@ -122,7 +123,7 @@ async def flush_minutes(pool: asyncpg.Pool) -> None:
         total[:] = [a + b for a, b in zip(total, counts, strict=True)]
     try:
         await store.add_minute_stats(pool, [(*k, *v) for k, v in (*rows, *totals.items())])
-    except DB_ERRORS:
+    except MINUTE_ERRORS:
         for key, counts in rows:  # back, merged with whatever arrived meanwhile
             row = _MINUTES.setdefault(key, [0] * len(counts))
             row[:] = [a + b for a, b in zip(row, counts, strict=True)]
@@ -140,7 +141,7 @@ async def minute_loop(pool: asyncpg.Pool, every_s: float = MINUTE_FLUSH_S) -> No
             if time.monotonic() - last_prune > 3600:
                 await store.prune_minute_stats(pool, MINUTE_KEEP_S)
                 last_prune = time.monotonic()
-        except DB_ERRORS as exc:
+        except MINUTE_ERRORS as exc:  # the charts lag; the worker goes on
             log.debug("minute stats not written yet: %s", exc)
 
 

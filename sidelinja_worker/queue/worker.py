@@ -199,8 +199,9 @@ class Worker:
         try:
             await self._run()
         finally:
-            with contextlib.suppress(*DB_ERRORS):  # the last seconds' counts, if it can
-                await metrics.flush_minutes(self._pool)
+            # The last seconds' counts for the dashboard, if the database answers at once.
+            with contextlib.suppress(*metrics.MINUTE_ERRORS):
+                await asyncio.wait_for(metrics.flush_minutes(self._pool), 1.0)
             await self._services.aclose()
             if self._queue_pool is not self._pool:
                 await self._queue_pool.close()
