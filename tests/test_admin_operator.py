@@ -67,3 +67,52 @@ async def test_pause_resume_and_drain_from_the_admin_view(
     assert await pool.fetchval(
         "SELECT drain_requested_by FROM job_workers WHERE id = $1", worker_id
     )
+
+
+async def test_search_by_id_prefix_and_payload_field(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """Id prefix, payload field (a number, in a day's window by default), with the other
+    filters; a workspace token's search never reaches another workspace's jobs."""
+    a, b, _ = await seed(pool)
+    for ws, episode in ((a, 42), (a, 43), (b, 42)):
+        await pool.execute(
+            "INSERT INTO job_queue (workspace_id, job_type, payload, status, attempts, error_msg)"
+            " VALUES ($1, 'noop', jsonb_build_object('episode_id', $2::int), 'error', 3, 'x')",
+            ws,
+            episode,
+        )
+    # An old job with the same payload: outside the default window of a payload search.
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, created_at)"
+        " VALUES ($1, 'noop', '{\"episode_id\": 42}', 'error', now() - interval '3 days')",
+        a,
+    )
+    target = await pool.fetchval(
+        "SELECT id FROM job_queue WHERE workspace_id = $1 AND payload = '{\"episode_id\": 43}'", a
+    )
+
+    async def ids(token: str, query: str) -> set[str]:
+        async with httpx.AsyncClient(
+            base_url=admin, headers={"authorization": f"Bearer {token}"}
+        ) as http:
+            page = (await http.get(f"/admin/jobs?{query}")).text
+        return {chunk.split('"', 1)[0] for chunk in page.split('data-job="')[1:]}
+
+    platform = token_for(db_url, "--all")
+    found = await ids(platform, "status=all&payload=episode_id%3D42")
+    expected = await pool.fetch(
+        "SELECT id::text FROM job_queue WHERE payload = '{\"episode_id\": 42}'"
+        " AND created_at > now() - interval '1 day'"
+    )
+    assert found == {r[0] for r in expected} and len(found) == 2
+    assert await ids(platform, f"status=all&id={str(target)[:8]}") == {str(target)}
+    assert await ids(platform, f"status=error&id={str(target)[:13]}&payload=episode_id%3D43") == {
+        str(target)
+    }
+    assert (
+        await ids(platform, f"status=error&id={str(target)[:8]}&payload=episode_id%3D42") == set()
+    )
+    confined = token_for(db_url, "--workspace", str(b))
+    mine = await ids(confined, "status=all&payload=episode_id%3D42")
+    assert len(mine) == 1 and mine <= found
