@@ -1,4 +1,4 @@
-"""`sidelinja-worker pause|resume`: stop and restart the claiming of a job type on every worker.
+"""`sidelinja-worker pause|resume` (and `top`, in cli/top.py): stop and restart the claiming of a job type on every worker.
 The pause is a row in job_type_pauses (plain SQL works as well); each is audited with who and
 why."""
 
@@ -10,6 +10,7 @@ import socket
 
 import asyncpg
 
+from sidelinja_worker.cli import top
 from sidelinja_worker.cli.session import opened
 from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.queue import store
@@ -17,6 +18,7 @@ from sidelinja_worker.queue.errors import UserError
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    top.add_command(sub)
     p = sub.add_parser(
         "pause",
         help="pause a job type on every worker (its jobs stay pending); no TYPE: list pauses",
@@ -39,6 +41,8 @@ def operator_name() -> str:
 
 
 async def dispatch(args: argparse.Namespace) -> int | None:
+    if args.command == "top":
+        return await top.run(args)
     if args.command not in ("pause", "resume"):
         return None
     async with opened(args) as (_db, pool):

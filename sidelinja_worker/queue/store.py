@@ -457,3 +457,11 @@ async def add_minute_stats(conn: Conn, rows: Sequence[tuple[Any, ...]]) -> None:
 
 async def prune_minute_stats(conn: Conn, keep_s: float) -> None:
     await conn.execute(Q["prune_minute_stats"], keep_s, timeout=STATEMENT_TIMEOUT_S)
+
+
+async def top_throughput(conn: Conn, minutes: int) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["top_throughput"], minutes, timeout=STATEMENT_TIMEOUT_S)
+
+
+async def top_depth(conn: Conn) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["top_depth"], timeout=STATEMENT_TIMEOUT_S)

@@ -780,3 +780,22 @@ SET completed = s.completed + EXCLUDED.completed,
 
 -- name: prune_minute_stats
 DELETE FROM job_minute_stats WHERE minute < now() - make_interval(secs => $1);
+
+-- name: top_throughput
+-- Completed and failed attempts per job type over the last $1 minutes, whole queue (the
+-- dashboard's aggregates, never job_queue).
+SELECT job_type, sum(completed)::bigint AS completed, sum(failed)::bigint AS failed
+FROM job_minute_stats
+WHERE workspace_id = '00000000-0000-0000-0000-000000000000'
+  AND minute >= date_trunc('minute', now()) - make_interval(mins => $1)
+GROUP BY job_type;
+
+-- name: top_depth
+-- Waiting, due and running jobs by type: the pending and running indexes' rows only.
+SELECT job_type,
+       count(*) FILTER (WHERE status IN ('pending', 'retry')) AS waiting,
+       count(*) FILTER (WHERE status IN ('pending', 'retry') AND scheduled_for <= now()) AS due,
+       count(*) FILTER (WHERE status = 'running') AS running
+FROM job_queue
+WHERE status IN ('pending', 'retry', 'running')
+GROUP BY job_type;
