@@ -1,10 +1,12 @@
-"""One sidelinja-worker in its own process, as `sidelinja-worker --log-level warning run` builds
-it (at info it logs a line per job). Prints its memory as JSON on exit.
+"""One sidelinja-worker in its own process, as `sidelinja-worker --log-level LEVEL run` builds
+it. Prints its memory as JSON on exit.
 
-    python bench/worker_child.py URL CONCURRENCY [--serve]
+    python bench/worker_child.py URL CONCURRENCY [--serve] [--log-level info]
 
 Without --serve it runs in burst mode (drains, exits); with it, it runs until SIGTERM.
-Poll interval 1 s, so that an idle worker is woken by LISTEN/NOTIFY, not by polling."""
+Poll interval 1 s, so that an idle worker is woken by LISTEN/NOTIFY, not by polling. The log
+level defaults to warning (the tuned figure); `--log-level info` is the CLI's default, with its
+handler and format (JSON lines, as when stderr is a file or a pipe)."""
 
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 
 from cpu import process_seconds
 from procmem import print_report
 
 from sidelinja_worker.jobs.catalog import REGISTRY
+from sidelinja_worker.queue import logs
 from sidelinja_worker.queue.db import create_pool
 from sidelinja_worker.queue.gctune import tune_for_serving
 from sidelinja_worker.queue.settings import WorkerSettings
@@ -45,8 +49,16 @@ def main() -> None:
     parser.add_argument("url")
     parser.add_argument("concurrency", type=int)
     parser.add_argument("--serve", action="store_true")
+    parser.add_argument("--log-level", default="warning")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+    # As cli.main configures it.
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    logs.setup()
     claimed, run_cpu_s = asyncio.run(run(args.url, args.concurrency, burst=not args.serve))
     print_report(claimed=claimed, run_cpu_s=run_cpu_s)
 
