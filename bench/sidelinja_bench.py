@@ -34,6 +34,7 @@ class Drain:
     wall_s: float  # process spawn to exit: start-up, drain, shutdown
     peak_kb: int  # the worker's VmHWM at exit
     cpu: CpuSplit  # the worker's run and the server, spawn to exit
+    log_level: str = "warning"  # the tuned figure; "info" is the CLI's default
 
     @property
     def jobs_per_s(self) -> float:
@@ -114,7 +115,7 @@ async def drain(
         conn, server, "worker_child.py", url, str(concurrency), *log_args, stderr=log_file
     )
     jobs, span_s = await drain_span(conn, since)
-    return Drain(concurrency, jobs, span_s, wall_s, report["hwm_kb"], cpu)
+    return Drain(concurrency, jobs, span_s, wall_s, report["hwm_kb"], cpu, log_level)
 
 
 async def drain_nothing(conn: asyncpg.Connection, url: str, server: ServerCpu | None) -> CpuSplit:
