@@ -38,6 +38,11 @@ def _stat(pid: int) -> tuple[int, float, float]:
     )
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds process `pid` has used so far (its own, not its reaped children's)."""
+    return _stat(pid)[1]
+
+
 @dataclass(frozen=True)
 class ServerCpu:
     postmaster: int

@@ -112,6 +112,11 @@ async def drain_rounds(
     pgq: list[peers.PeerRun] = []
     for round_ in range(1, DRAIN_RUNS + 1):
         runs = [(c, "warning") for c in CONCURRENCIES] + list(AS_RUN)
+        if round_ % 2 == 0:  # the info/warning pair at 50 in the other order: no order effect
+            runs[CONCURRENCIES.index(50)], runs[len(CONCURRENCIES)] = (
+                runs[len(CONCURRENCIES)],
+                runs[CONCURRENCIES.index(50)],
+            )
         for concurrency, level in runs:
             say(
                 f"round {round_}: sidelinja-worker: enqueue {n}, drain at concurrency "
