@@ -14,25 +14,24 @@ Then, with the same processes idle, pickup: 200 single plain-SQL INSERTs 15 ms a
 connection, p50/p99 of started_at - created_at.
 
 Part 2, the mixed workload (`--mixed-processes`, default 2, at concurrency 50 each): 1,000
-workspaces; a backlog of `--mixed-jobs` jobs (default 4,000) dealt over them unevenly (workspace
-k gets a share proportional to 1/k, so a few are busy and most have none or one), 90 % noop
-sleeping 50-500 ms (a call to a service), 2 % long (5-10 s) and 8 % of a type capped at
-`--cap` running jobs cluster-wide with `sidelinja-worker limits type capped N` (a copy of noop
-under the name "capped", sleeping 100 ms); and, while the backlog drains, a producer inserting
-one job a time (`--live-rate` a second, default 40) in the workspaces that have no backlog.
-Reported: throughput (backlog and live jobs / span), pickup p50/p99 of the live jobs (a quiet
-workspace's job while the queue is busy), the most capped jobs seen running at once, and the
-fairness error: of the first half of the backlog's noop starts, the share that went to another
-workspace than round-robin across workspaces would have given it (0 = exactly fair; total
-variation distance between the started counts and the water-filling ideal).
+workspaces, jobs dealt over them unevenly (workspace k with weight 1/k, so a few are busy and
+most have none or one): 90 % noop sleeping 50-500 ms (a call to a service), 2 % long (5-10 s)
+and 8 % of a type capped at `--cap` running jobs cluster-wide with `sidelinja-worker limits
+type capped N` (a copy of noop under the name "capped", sleeping 100 ms). First a steady load:
+`--steady-rate` jobs a second (default 120, about half of what 100 slots run of this mix) for
+`--steady-s` seconds, a small plain-SQL INSERT every 100 ms from one open connection; pickup
+p50/p99 of those jobs is the pickup under load. Then a backlog of `--mixed-jobs` (default 4,000)
+in one INSERT: its throughput, and the fairness error: of the first half of the backlog's noop
+starts, the share that went to another workspace than round-robin across workspaces would have
+given it (0 = exactly fair: the total variation distance between the started counts and the
+water-filling ideal). The most capped jobs seen running at once is sampled every 50 ms.
 
-Prints a markdown report and writes it to bench/results/scale_out.md. About 2 minutes."""
+Prints a markdown report and writes it to bench/results/scale_out.md. About 3 minutes."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import signal
@@ -66,7 +65,8 @@ SPREAD_WORKSPACES = 10
 MIXED_WORKSPACES = 1000
 LOG_FILE = RESULTS_DIR / "scale_out.log"
 CAPPED = "capped"
-SLOW_PICKUP_MS = 500  # longer than any short job runs: a live job that waited on something else
+TICK_S = 0.1  # the steady producer inserts this often
+SLOW_PICKUP_MS = 500  # longer than any short job runs: a job that waited for a slot
 
 
 @dataclass(frozen=True)
@@ -203,19 +203,19 @@ async def idle_pickup(
 @dataclass(frozen=True)
 class Mixed:
     processes: int
-    backlog: int
-    live: int
-    span_s: float
-    live_pickup: Latency
-    capped_max_running: int
     cap: int
+    steady_jobs: int
+    steady_rate: float  # jobs/s offered
+    steady_pickup: Latency
+    slow_pickups: int  # steady jobs picked up after more than SLOW_PICKUP_MS
+    backlog: int
+    backlog_span_s: float
     fairness_error: float
-    long_jobs: int
-    slow_pickups: int  # live jobs picked up after more than SLOW_PICKUP_MS
+    capped_max_running: int
 
     @property
-    def jobs_per_s(self) -> float:
-        return (self.backlog + self.live) / self.span_s
+    def backlog_per_s(self) -> float:
+        return self.backlog / self.backlog_span_s
 
 
 def backlog_rows(spaces: list[UUID], n: int, rng: random.Random) -> list[tuple[UUID, str, str]]:
@@ -268,34 +268,14 @@ async def set_cap(url: str, cap: int) -> None:
         raise RuntimeError(f"limits type {CAPPED} {cap} failed: {done.stderr}")
 
 
-async def mixed(
-    conn: asyncpg.Connection,
-    url: str,
-    dbname: str,
-    n: int,
-    processes: int,
-    cap: int,
-    live_rate: float,
-) -> Mixed:
+async def mixed(conn: asyncpg.Connection, url: str, dbname: str, args: argparse.Namespace) -> Mixed:
+    """Serving workers; first a steady load (pickup under load), then a backlog dealt unevenly
+    over the workspaces at once (throughput, fairness); the capped type watched throughout."""
     rng = random.Random(7)
     await sw.empty_queue(conn)
     spaces = await sw.more_workspaces(conn, MIXED_WORKSPACES)
-    await set_cap(url, cap)
-    rows = backlog_rows(spaces, n, rng)
-    since = await sw.server_now(conn)
-    await conn.execute(
-        "INSERT INTO job_queue (workspace_id, job_type, payload)"
-        " SELECT w, t, p::jsonb FROM unnest($1::uuid[], $2::text[], $3::text[]) AS r(w, t, p)",
-        [ws for ws, _, _ in rows],
-        [jt for _, jt, _ in rows],
-        [p for _, _, p in rows],
-    )
-    backlog_at = await conn.fetchval("SELECT max(created_at) FROM job_queue")
-    await sw.refresh_statistics(conn)
-    backlog_ws = {ws for ws, _, _ in rows}
-    quiet = [ws for ws in spaces if ws not in backlog_ws]
-    children = await start_workers(url, processes, "--serve", "--extra-types", CAPPED)
-    await wait_ready(conn, dbname, processes)  # the backlog starts draining now
+    await set_cap(url, args.cap)
+    children = await start_workers(url, args.mixed_processes, "--serve", "--extra-types", CAPPED)
     stop = asyncio.Event()
     capped_seen = [0]
 
@@ -312,64 +292,84 @@ async def mixed(
         finally:
             await watcher.close()
 
-    async def produce() -> list[UUID]:
-        producer = await asyncpg.connect(url)
-        ids = []
-        try:
-            while not stop.is_set():
-                ids.append(
-                    await producer.fetchval(
-                        "INSERT INTO job_queue (workspace_id, job_type, payload)"
-                        " VALUES ($1, 'noop', $2::text::jsonb) RETURNING id",
-                        rng.choice(quiet),
-                        f'{{"sleep_ms": {rng.randint(50, 500)}}}',
-                    )
-                )
-                await asyncio.sleep(1 / live_rate)
-        finally:
-            await producer.close()
-        return ids
-
     watcher = asyncio.create_task(watch_cap())
-    producer = asyncio.create_task(produce())
     try:
-        await wait_until(
-            lambda: _backlog_done(conn, backlog_at), 300, "the backlog to drain", interval_s=0.2
-        )
-        stop.set()
-        live_ids = await producer
-        await wait_until(
-            lambda: _done(conn, live_ids), 60, "the live jobs to finish", interval_s=0.1
-        )
+        await wait_ready(conn, dbname, args.mixed_processes)
+        say(f"mixed: steady load, {args.steady_rate:g} jobs/s for {args.steady_s:g} s")
+        steady_ids = await _steady(url, spaces, args.steady_rate, args.steady_s, rng)
+        await wait_until(lambda: _done(conn, steady_ids), 120, "the steady jobs", interval_s=0.1)
+        say(f"mixed: a backlog of {args.mixed_jobs:,} jobs at once")
+        rows = backlog_rows(spaces, args.mixed_jobs, rng)
+        backlog_ids = await _insert(conn, rows)
+        await wait_until(lambda: _done(conn, backlog_ids), 300, "the backlog", interval_s=0.1)
     finally:
         stop.set()
-        await asyncio.gather(watcher, producer, return_exceptions=True)
+        await asyncio.gather(watcher, return_exceptions=True)
         await stop_workers(children)
-    row = await conn.fetchrow(
-        "SELECT extract(epoch FROM max(completed_at) - min(started_at))::float8 AS span_s"
-        " FROM job_queue WHERE created_at >= $1",
-        since,
-    )
-    live = await conn.fetch(
-        "SELECT extract(epoch FROM started_at - created_at)::float8 * 1000 AS ms"
+    ms = [
+        r["ms"]
+        for r in await conn.fetch(
+            "SELECT extract(epoch FROM started_at - created_at)::float8 * 1000 AS ms"
+            " FROM job_queue WHERE id = ANY($1::uuid[]) ORDER BY 1",
+            steady_ids,
+        )
+    ]
+    span_s = await conn.fetchval(
+        "SELECT extract(epoch FROM max(completed_at) - min(started_at))::float8"
         " FROM job_queue WHERE id = ANY($1::uuid[])",
-        live_ids,
+        backlog_ids,
     )
-    ms = sorted(r["ms"] for r in live)
-    slow = sum(1 for m in ms if m > SLOW_PICKUP_MS)
-    pickup = Latency(len(ms), statistics.median(ms), ms[min(len(ms) - 1, round(0.99 * len(ms)))])
     return Mixed(
-        processes,
-        len(rows),
-        len(live_ids),
-        row["span_s"],
-        pickup,
-        capped_seen[0],
-        cap,
-        await _fairness(conn, since, set(live_ids)),
-        sum(1 for _, jt, p in rows if jt == "noop" and json.loads(p)["sleep_ms"] >= 5000),
-        slow,
+        processes=args.mixed_processes,
+        cap=args.cap,
+        steady_jobs=len(steady_ids),
+        steady_rate=args.steady_rate,
+        steady_pickup=Latency(
+            len(ms), statistics.median(ms), ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))]
+        ),
+        slow_pickups=sum(1 for m in ms if m > SLOW_PICKUP_MS),
+        backlog=len(backlog_ids),
+        backlog_span_s=span_s,
+        fairness_error=await _fairness(conn, backlog_ids),
+        capped_max_running=capped_seen[0],
     )
+
+
+async def _insert(conn: asyncpg.Connection, rows: list[tuple[UUID, str, str]]) -> list[UUID]:
+    """One plain-SQL INSERT of `rows`, as the web app enqueues; their ids."""
+    return [
+        r[0]
+        for r in await conn.fetch(
+            "INSERT INTO job_queue (workspace_id, job_type, payload)"
+            " SELECT w, t, p::jsonb FROM unnest($1::uuid[], $2::text[], $3::text[]) AS r(w, t, p)"
+            " RETURNING id",
+            [ws for ws, _, _ in rows],
+            [jt for _, jt, _ in rows],
+            [p for _, _, p in rows],
+        )
+    ]
+
+
+async def _steady(
+    url: str, spaces: list[UUID], rate: float, seconds: float, rng: random.Random
+) -> list[UUID]:
+    """Jobs of the mixed kinds at `rate` a second for `seconds`, from one open connection, a
+    small insert every TICK_S."""
+    producer = await asyncpg.connect(url)
+    ids: list[UUID] = []
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        owed = 0.0
+        while loop.time() - started < seconds:
+            owed += rate * TICK_S
+            n, owed = int(owed), owed - int(owed)
+            if n:
+                ids += await _insert(producer, backlog_rows(spaces, n, rng))
+            await asyncio.sleep(TICK_S)
+    finally:
+        await producer.close()
+    return ids
 
 
 async def _backlog_done(conn: asyncpg.Connection, backlog_at: datetime) -> bool:
@@ -389,19 +389,18 @@ async def _done(conn: asyncpg.Connection, ids: list[UUID]) -> bool:
     return left == 0
 
 
-async def _fairness(conn: asyncpg.Connection, since: datetime, live: set[UUID]) -> float:
+async def _fairness(conn: asyncpg.Connection, backlog: list[UUID]) -> float:
     """Over the backlog's noop jobs: the first half of their starts against the ideal."""
     rows = await conn.fetch(
-        "SELECT id, workspace_id, started_at FROM job_queue"
-        " WHERE created_at >= $1 AND job_type = 'noop' ORDER BY started_at, id",
-        since,
+        "SELECT workspace_id FROM job_queue WHERE id = ANY($1::uuid[]) AND job_type = 'noop'"
+        " ORDER BY started_at, id",
+        backlog,
     )
-    backlog = [r for r in rows if r["id"] not in live]
     counts: dict[UUID, int] = {}
-    for r in backlog:
+    for r in rows:
         counts[r["workspace_id"]] = counts.get(r["workspace_id"], 0) + 1
     started: dict[UUID, int] = {}
-    for r in backlog[: len(backlog) // 2]:
+    for r in rows[: len(rows) // 2]:
         started[r["workspace_id"]] = started.get(r["workspace_id"], 0) + 1
     return fairness_error(counts, started)
 
@@ -429,13 +428,7 @@ async def run_all(admin_url: str, args: argparse.Namespace) -> str:
             for p in args.processes:
                 say(f"pickup with {p} idle worker processes")
                 pickups[p] = await idle_pickup(conn, url, name, workspace_id, p)
-            say(
-                f"mixed workload: {args.mixed_jobs:,} backlog jobs over {MIXED_WORKSPACES:,} "
-                f"workspaces, {args.mixed_processes} processes, live jobs at {args.live_rate}/s"
-            )
-            mix = await mixed(
-                conn, url, name, args.mixed_jobs, args.mixed_processes, args.cap, args.live_rate
-            )
+            mix = await mixed(conn, url, name, args)
         finally:
             await conn.close()
     finally:
@@ -476,20 +469,20 @@ def report(
         )
     lines += [
         "",
-        f"Mixed workload: {mix.processes} processes at concurrency {CONCURRENCY}; "
-        f"{mix.backlog:,} backlog jobs over {MIXED_WORKSPACES:,} workspaces (weight 1/k), "
-        f"{mix.long_jobs} of them long (5–10 s), 8 % capped at {mix.cap}; {mix.live} live jobs "
-        f"at {args.live_rate}/s in quiet workspaces.",
+        f"Mixed workload: {mix.processes} processes at concurrency {CONCURRENCY}, "
+        f"{MIXED_WORKSPACES:,} workspaces (weight 1/k); jobs 90 % noop sleeping 50–500 ms, "
+        f"2 % 5–10 s, 8 % a type capped at {mix.cap}. Steady: {mix.steady_rate:g} jobs/s offered "
+        f"for {args.steady_s:g} s ({mix.steady_jobs:,} jobs). Backlog: {mix.backlog:,} jobs "
+        "inserted at once.",
         "",
         "| measure | result |",
         "|---|---:|",
-        f"| throughput (backlog + live jobs / span) | {mix.jobs_per_s:,.0f} jobs/s "
-        f"over {mix.span_s:.1f} s |",
-        f"| pickup of live jobs under load, p50 / p99 | {mix.live_pickup.p50_ms:.1f} / "
-        f"{mix.live_pickup.p99_ms:.1f} ms ({mix.slow_pickups} of {mix.live} over "
+        f"| pickup under the steady load, p50 / p99 | {mix.steady_pickup.p50_ms:.1f} / "
+        f"{mix.steady_pickup.p99_ms:.1f} ms ({mix.slow_pickups} of {mix.steady_jobs:,} over "
         f"{SLOW_PICKUP_MS} ms) |",
-        f"| most capped jobs running at once (cap {mix.cap}) | {mix.capped_max_running} |",
+        f"| backlog throughput | {mix.backlog_per_s:,.0f} jobs/s over {mix.backlog_span_s:.1f} s |",
         f"| fairness error, first half of the backlog's noop starts | {mix.fairness_error:.1%} |",
+        f"| most capped jobs running at once (cap {mix.cap}) | {mix.capped_max_running} |",
         "",
         f"Load average {load_before:.1f} before, {load_after:.1f} after"
         + (" (the machine was busy: compare rows of this run only)" if load_before > 1 else ""),
@@ -505,7 +498,8 @@ def main() -> None:
     parser.add_argument("--mixed-jobs", type=int, default=4000)
     parser.add_argument("--mixed-processes", type=int, default=2)
     parser.add_argument("--cap", type=int, default=4)
-    parser.add_argument("--live-rate", type=float, default=40.0)
+    parser.add_argument("--steady-rate", type=float, default=120.0, help="jobs/s offered")
+    parser.add_argument("--steady-s", type=float, default=15.0)
     parser.add_argument(
         "--database-url", default=os.environ.get("DATABASE_URL", DEFAULT_URL), help="admin URL"
     )
