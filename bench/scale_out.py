@@ -24,7 +24,8 @@ p50/p99 of those jobs is the pickup under load. Then a backlog of `--mixed-jobs`
 in one INSERT: its throughput, and the fairness error: of the first half of the backlog's noop
 starts, the share that went to another workspace than round-robin across workspaces would have
 given it (0 = exactly fair: the total variation distance between the started counts and the
-water-filling ideal). The most capped jobs seen running at once is sampled every 50 ms.
+water-filling ideal), and the same backlog again with `limits fair off` for comparison. The
+most capped jobs seen running at once is sampled every 50 ms.
 
 Prints a markdown report and writes it to bench/results/scale_out.md. About 3 minutes."""
 
@@ -212,6 +213,7 @@ class Mixed:
     backlog_span_s: float
     fairness_error: float
     capped_max_running: int
+    fairness_error_off: float  # the same backlog again with `limits fair off`
 
     @property
     def backlog_per_s(self) -> float:
@@ -255,17 +257,26 @@ def _water_level(sizes: list[int], total: int) -> float:
     return float(sizes[-1])
 
 
-async def set_cap(url: str, cap: int) -> None:
+async def limits(url: str, *args: str) -> None:
+    """`sidelinja-worker limits ARGS`, as an operator sets them."""
     env = {**os.environ, "DATABASE_URL": url}
     done = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "sidelinja_worker", "limits", "type", CAPPED, str(cap)],
+        [sys.executable, "-m", "sidelinja_worker", "limits", *args],
         env=env,
         capture_output=True,
         text=True,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"limits type {CAPPED} {cap} failed: {done.stderr}")
+        raise RuntimeError(f"limits {' '.join(args)} failed: {done.stderr}")
+
+
+async def set_cap(url: str, cap: int) -> None:
+    await limits(url, "type", CAPPED, str(cap))
+
+
+async def set_fair(url: str, on: bool) -> None:
+    await limits(url, "fair", "on" if on else "off")
 
 
 async def mixed(conn: asyncpg.Connection, url: str, dbname: str, args: argparse.Namespace) -> Mixed:
@@ -302,6 +313,11 @@ async def mixed(conn: asyncpg.Connection, url: str, dbname: str, args: argparse.
         rows = backlog_rows(spaces, args.mixed_jobs, rng)
         backlog_ids = await _insert(conn, rows)
         await wait_until(lambda: _done(conn, backlog_ids), 300, "the backlog", interval_s=0.1)
+        say("mixed: the same backlog with fairness off, for comparison")
+        await set_fair(url, False)
+        again_ids = await _insert(conn, rows)
+        await wait_until(lambda: _done(conn, again_ids), 300, "the backlog", interval_s=0.1)
+        await set_fair(url, True)
     finally:
         stop.set()
         await asyncio.gather(watcher, return_exceptions=True)
@@ -332,6 +348,7 @@ async def mixed(conn: asyncpg.Connection, url: str, dbname: str, args: argparse.
         backlog_span_s=span_s,
         fairness_error=await _fairness(conn, backlog_ids),
         capped_max_running=capped_seen[0],
+        fairness_error_off=await _fairness(conn, again_ids),
     )
 
 
@@ -481,7 +498,8 @@ def report(
         f"{mix.steady_pickup.p99_ms:.1f} ms ({mix.slow_pickups} of {mix.steady_jobs:,} over "
         f"{SLOW_PICKUP_MS} ms) |",
         f"| backlog throughput | {mix.backlog_per_s:,.0f} jobs/s over {mix.backlog_span_s:.1f} s |",
-        f"| fairness error, first half of the backlog's noop starts | {mix.fairness_error:.1%} |",
+        f"| fairness error, first half of the backlog's noop starts | {mix.fairness_error:.1%} "
+        f"(the same backlog with `limits fair off`: {mix.fairness_error_off:.1%}) |",
         f"| most capped jobs running at once (cap {mix.cap}) | {mix.capped_max_running} |",
         "",
         f"Load average {load_before:.1f} before, {load_after:.1f} after"
