@@ -57,6 +57,9 @@ PIECES = {
     "status events switched off (job_events = false)": (
         "UPDATE queue_settings SET value = 'false' WHERE name = 'job_events';"
     ),
+    "status events in auto mode with no listener registered": (
+        "UPDATE queue_settings SET value = '\"auto\"' WHERE name = 'job_events';"
+    ),
     "wake-up triggers (job_due)": (
         "DROP TRIGGER job_queue_insert_notify ON job_queue;\n\n"
         "DROP TRIGGER job_queue_update_notify ON job_queue;"

@@ -171,3 +171,65 @@ async def test_a_bad_threshold_reads_as_the_default(pool: asyncpg.Pool) -> None:
             "INSERT INTO job_queue (workspace_id, job_type, payload)"
             " SELECT id, 'noop', '{}' FROM workspaces LIMIT 1"
         )
+
+
+async def test_in_auto_mode_events_are_sent_only_while_a_listener_is_registered(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    await pool.execute("UPDATE queue_settings SET value = '\"auto\"' WHERE name = 'job_events'")
+    listener = await Listener.open(db_url)
+    me = UUID(int=7)
+
+    async def insert(job_type: str) -> str:
+        return str(
+            await pool.fetchval(
+                "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, $2, '{}')"
+                " RETURNING id",
+                workspace,
+                job_type,
+            )
+        )
+
+    try:
+        await insert("unregistered")  # LISTENing, but not registered: nothing is sent
+        await pool.execute("SELECT sidelinja_job_events_listen($1, 'test', 60)", me)
+        registered = await insert("registered")
+        await listener.wait_for(lambda: registered in listener.ids())
+        await pool.execute("SELECT sidelinja_job_events_unlisten($1)", me)
+        await insert("unregistered again")
+        # A lease that runs out ends the events as an unlisten does.
+        await pool.execute("SELECT sidelinja_job_events_listen($1, 'test', 1)", me)
+        leased = await insert("leased")
+        await listener.wait_for(lambda: leased in listener.ids())
+        await pool.execute("UPDATE job_event_listeners SET expires_at = now() - interval '1 s'")
+        await insert("expired")
+        await pool.execute("UPDATE queue_settings SET value = 'true' WHERE name = 'job_events'")
+        always = await insert("always")  # true: sent with no listener registered
+        await listener.wait_for(lambda: always in listener.ids())
+        assert [e["job_type"] for e in listener.events] == ["registered", "leased", "always"]
+    finally:
+        await listener.close()
+
+
+async def test_a_role_that_only_inserts_jobs_still_publishes(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """The trigger reads its settings as its owner: the web app's role needs no rights on them."""
+    await pool.execute("UPDATE queue_settings SET value = '\"auto\"' WHERE name = 'job_events'")
+    await pool.execute("SELECT sidelinja_job_events_listen($1, 'test', 60)", UUID(int=8))
+    listener = await Listener.open(db_url)
+    try:
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("REVOKE SELECT ON queue_settings FROM sidelinja_app")
+            await conn.execute("SET LOCAL ROLE sidelinja_app")
+            await conn.execute(
+                "SELECT set_config('sidelinja.workspace_id', $1::text, true)", str(workspace)
+            )
+            job_id = await conn.fetchval(
+                "INSERT INTO job_queue (workspace_id, job_type, payload)"
+                " VALUES ($1, 'as_app', '{}') RETURNING id",
+                workspace,
+            )
+        await listener.wait_for(lambda: str(job_id) in listener.ids())
+    finally:
+        await listener.close()
