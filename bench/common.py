@@ -102,13 +102,21 @@ class Child:
         return wall_s, json.loads(lines[-1]), stopped
 
 
-async def spawn(script: str, *args: str) -> Child:
-    """Runs bench/`script` with this Python; its stderr goes to ours (warnings stay visible)."""
+async def spawn(script: str, *args: str, stderr: Path | None = None) -> Child:
+    """Runs bench/`script` with this Python; its stderr goes to ours (warnings stay visible),
+    or appended to the file `stderr` (a worker logging at info: a file, as under a process
+    manager, so the log's cost is counted without flooding the terminal)."""
     started = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(BENCH_DIR / script),
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-    )
+    err = open(stderr, "ab") if stderr is not None else None  # closed below, once spawned
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(BENCH_DIR / script),
+            *args,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=err,
+        )
+    finally:
+        if err is not None:
+            err.close()  # the child holds its own copy
     return Child(proc, started)

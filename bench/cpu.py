@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -35,6 +36,11 @@ def _stat(pid: int) -> tuple[int, float, float]:
         (int(fields[11]) + int(fields[12])) / CLOCK_TICK,
         (int(fields[13]) + int(fields[14])) / CLOCK_TICK,
     )
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds process `pid` has used so far (its own, not its reaped children's)."""
+    return _stat(pid)[1]
 
 
 @dataclass(frozen=True)
@@ -122,12 +128,13 @@ async def run_measured(
     script: str,
     *args: str,
     time_limit_s: float = 600.0,
+    stderr: Path | None = None,
 ) -> tuple[float, dict[str, Any], bool, CpuSplit]:
     """Runs bench/`script` (a burst-mode worker child that reports `run_cpu_s`) to its end.
     Returns (wall s, its report, whether it was stopped at `time_limit_s`, its CPU). `conn` is
     on the child's database: the server's CPU is read once the child's connections closed."""
     before_s = server.seconds() if server else 0.0
-    child = await spawn(script, *args)
+    child = await spawn(script, *args, stderr=stderr)
     wall_s, report, stopped = await child.finish(time_limit_s)
     await wait_until(lambda: backends_gone(conn), 10, f"{script}'s connections to close")
     server_s = server.seconds() - before_s if server else None

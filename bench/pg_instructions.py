@@ -1,6 +1,7 @@
 """PostgreSQL's own work per job, in instructions: repeatable where the clock is not.
 
     python bench/pg_instructions.py [--jobs 5000] [--batch 1000] [--workspaces 1 10]
+    python bench/pg_instructions.py --pieces [--claims claim_fair --workspaces 10]
 
 On this VM the same drain runs up to 2x faster or slower from one minute to the next (steal
 time), so a change of a few percent in what PostgreSQL does per job cannot be seen in jobs/s.
@@ -15,7 +16,11 @@ then drains them in one single-user backend under callgrind with the worker's ow
 the claim of `--batch` from sql/queries.sql and the completion store.py sends, with generic
 plans, each batch completed after the next is claimed (as a prefetching worker does). Only the
 drain is counted. Needs valgrind; as root, runs the server as the `postgres` user. About 20 s
-per row."""
+per row.
+
+With --pieces it also drains once per piece of the hot path with that piece taken away (a
+trigger, an index, a setting: PIECES), each on a fresh copy of the migrated cluster, and prints
+what each piece costs per job: the difference to the full schema."""
 
 from __future__ import annotations
 
@@ -43,11 +48,44 @@ DATABASE = "bench"
 PARAMS = {"$1": "v_worker", "$2": "v_batch", "$3": "v_types", "$4": "v_now"}
 
 
+# Each piece of PostgreSQL's work per job, as the SQL that takes it away.
+PIECES = {
+    "status events (the two transition-table triggers)": (
+        "DROP TRIGGER job_queue_status_events ON job_queue;\n\n"
+        "DROP TRIGGER job_queue_insert_events ON job_queue;"
+    ),
+    "status events switched off (job_events = false)": (
+        "UPDATE queue_settings SET value = 'false' WHERE name = 'job_events';"
+    ),
+    "status events in auto mode with no listener registered": (
+        "UPDATE queue_settings SET value = '\"auto\"' WHERE name = 'job_events';"
+    ),
+    "wake-up triggers (job_due)": (
+        "DROP TRIGGER job_queue_insert_notify ON job_queue;\n\n"
+        "DROP TRIGGER job_queue_update_notify ON job_queue;"
+    ),
+    "idx_job_queue_admin_pending_by_id": "DROP INDEX idx_job_queue_admin_pending_by_id;",
+    "the six admin error/retry/cancelled indexes": (
+        "DROP INDEX idx_job_queue_admin_error, idx_job_queue_admin_error_ws,"
+        " idx_job_queue_admin_retry, idx_job_queue_admin_retry_ws,"
+        " idx_job_queue_admin_cancelled, idx_job_queue_admin_cancelled_ws;"
+    ),
+    "idx_job_queue_running (the lease's index)": "DROP INDEX idx_job_queue_running;",
+    "idx_job_queue_finished": "DROP INDEX idx_job_queue_finished;",
+    "idx_job_queue_unique_key": "DROP INDEX idx_job_queue_unique_key;",
+    "idx_job_queue_workspace_pending (the fair claim's)": (
+        "DROP INDEX idx_job_queue_workspace_pending;"
+    ),
+    "row-level security": "ALTER TABLE job_queue DISABLE ROW LEVEL SECURITY;",
+}
+
+
 @dataclass(frozen=True)
 class Row:
     claim: str
     workspaces: int
     instructions_per_job: int
+    without: str = ""  # the piece taken away (PIECES), or "" for the full schema
 
 
 def _server_bin(given: str | None) -> Path:
@@ -161,6 +199,14 @@ class Cluster:
             self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-w", "stop")
         return sorted(ids)
 
+    def copy(self, name: str) -> Cluster:
+        """A copy of the (stopped) cluster, to change without touching this one."""
+        other = Cluster(self.bin, self.root)
+        other.data = self.root / name
+        shutil.rmtree(other.data, ignore_errors=True)
+        self._run("cp", "-a", str(self.data), str(other.data))
+        return other
+
     def count(self, script: str, out: Path) -> int:
         """Runs `script` in a single-user backend; the instructions spent inside CALLs."""
         (self.root / "script.sql").write_text(script)
@@ -225,17 +271,26 @@ async def measure(args: argparse.Namespace) -> list[Row]:
         cluster = Cluster(_server_bin(args.pg_bin), Path(tmp))
         cluster.init()
         spaces = await cluster.set_up(max(args.workspaces))
+        pieces = [("", "")] + (list(PIECES.items()) if args.pieces else [])
         for claim in args.claims:
             for n in args.workspaces:
-                script = drain_script(claim, args.jobs, args.batch, spaces[:n])
-                out = Path(args.keep or tmp) / f"callgrind.{claim}.{n}"
-                total = cluster.count(script, out)
-                rows.append(Row(claim, n, round(total / args.jobs)))
-                print(
-                    f"  {claim}, {n} workspaces: {rows[-1].instructions_per_job:,}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                for i, (piece, removal) in enumerate(pieces):
+                    script = drain_script(claim, args.jobs, args.batch, spaces[:n])
+                    target = cluster
+                    if removal:
+                        target = cluster.copy(f"data_{i}")
+                        script = f"{removal}\n\n{script}"
+                    out = Path(args.keep or tmp) / f"callgrind.{claim}.{n}.{i}"
+                    total = target.count(script, out)
+                    if removal:
+                        shutil.rmtree(target.data, ignore_errors=True)
+                    rows.append(Row(claim, n, round(total / args.jobs), piece))
+                    print(
+                        f"  {claim}, {n} workspaces{', without ' + piece if piece else ''}: "
+                        f"{rows[-1].instructions_per_job:,}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     return rows
 
 
@@ -249,6 +304,9 @@ def main() -> None:
     )
     parser.add_argument("--pg-bin", help="folder of initdb, pg_ctl and postgres")
     parser.add_argument(
+        "--pieces", action="store_true", help="also drain without each piece of PIECES"
+    )
+    parser.add_argument(
         "--keep",
         metavar="DIR",
         help="write the callgrind profiles here (callgrind_annotate reads them)",
@@ -261,10 +319,15 @@ def main() -> None:
         f"PostgreSQL instructions per job (claim + completion), {args.jobs:,} noop jobs, "
         f"claims of {args.batch:,}:\n"
     )
-    print("| claim | workspaces | instructions per job |")
-    print("|---|---:|---:|")
+    print("| claim | workspaces | without | instructions per job | the piece's cost |")
+    print("|---|---:|---|---:|---:|")
+    full = {(r.claim, r.workspaces): r.instructions_per_job for r in rows if not r.without}
     for r in rows:
-        print(f"| {r.claim} | {r.workspaces} | {r.instructions_per_job:,} |")
+        cost = full[(r.claim, r.workspaces)] - r.instructions_per_job
+        print(
+            f"| {r.claim} | {r.workspaces} | {r.without or '(nothing: the full schema)'} "
+            f"| {r.instructions_per_job:,} | {f'{cost:,}' if r.without else ''} |"
+        )
 
 
 if __name__ == "__main__":

@@ -31,6 +31,12 @@ from report import Row, document
 from sidelinja_worker.queue.db import connect
 
 CONCURRENCIES = (1, 10, 50)
+# Drains as a user runs the worker, beside the tuned ones above (logging at warning): the CLI's
+# default log level at concurrency 50, and `sidelinja-worker run` with no flags at all
+# (concurrency 3, poll 1 s, log info, status events on).
+DEFAULT_CONCURRENCY = 3
+AS_RUN = ((50, "info"), (DEFAULT_CONCURRENCY, "info"))
+TARGET_LOG_COST = 0.05  # the default log level costs at most 5 % of the c=50 drain
 TARGET_ENQUEUE_PER_S = 30_000
 TARGET_DRAIN_50_PER_S = 25_000
 TARGET_IDLE_MB = 60
@@ -70,16 +76,17 @@ class Ours:
     fairness_pairs: list[tuple[float, float]]
     empty_run: CpuSplit  # median CPU of a worker's run on an empty queue
 
-    def median_drain(self, concurrency: int) -> sw.Drain:
+    def median_drain(self, concurrency: int, log_level: str = "warning") -> sw.Drain:
         """The drain with the median jobs/s at `concurrency` (DRAIN_RUNS is odd)."""
-        runs = sorted(
-            (d for d in self.drains if d.concurrency == concurrency), key=lambda d: d.jobs_per_s
-        )
+        runs = sorted(self.at(concurrency, log_level), key=lambda d: d.jobs_per_s)
         return runs[len(runs) // 2]
 
-    def range_at(self, concurrency: int) -> tuple[float, float]:
-        rates = [d.jobs_per_s for d in self.drains if d.concurrency == concurrency]
+    def range_at(self, concurrency: int, log_level: str = "warning") -> tuple[float, float]:
+        rates = [d.jobs_per_s for d in self.at(concurrency, log_level)]
         return min(rates), max(rates)
+
+    def at(self, concurrency: int, log_level: str) -> list[sw.Drain]:
+        return [d for d in self.drains if d.concurrency == concurrency and d.log_level == log_level]
 
 
 def say(line: str) -> None:
@@ -104,15 +111,22 @@ async def drain_rounds(
     bare: list[bare_loop.BareRun] = []
     pgq: list[peers.PeerRun] = []
     for round_ in range(1, DRAIN_RUNS + 1):
-        for concurrency in CONCURRENCIES:
+        runs = [(c, "warning") for c in CONCURRENCIES] + list(AS_RUN)
+        if round_ % 2 == 0:  # the info/warning pair at 50 in the other order: no order effect
+            runs[CONCURRENCIES.index(50)], runs[len(CONCURRENCIES)] = (
+                runs[len(CONCURRENCIES)],
+                runs[CONCURRENCIES.index(50)],
+            )
+        for concurrency, level in runs:
             say(
-                f"round {round_}: sidelinja-worker: enqueue {n}, drain at concurrency {concurrency}"
+                f"round {round_}: sidelinja-worker: enqueue {n}, drain at concurrency "
+                f"{concurrency}, log {level}"
             )
             await sw.empty_queue(conn)
             since = await sw.server_now(conn)
             rates.append(await sw.enqueue(conn, workspace_id, n))
             await sw.refresh_statistics(conn)
-            drains.append(await sw.drain(conn, url, concurrency, since, server))
+            drains.append(await sw.drain(conn, url, concurrency, since, server, log_level=level))
         for batch in bare_loop.BATCHES:
             say(f"round {round_}: bare batched loop on the seed's table, B = {batch}")
             bare.append(await bare_loop.drain(bare_url, n, batch, server))
@@ -295,9 +309,14 @@ def _cpu_rows(
     top = max(bare_loop.BATCHES)
     parts = [
         (
-            "sidelinja-worker at concurrency 50",
-            [d.cpu.less(ours.empty_run) for d in ours.drains if d.concurrency == 50],
-            [d.jobs for d in ours.drains if d.concurrency == 50],
+            "sidelinja-worker at concurrency 50, log info (default)",
+            [d.cpu.less(ours.empty_run) for d in ours.at(50, "info")],
+            [d.jobs for d in ours.at(50, "info")],
+        ),
+        (
+            "sidelinja-worker at concurrency 50, log warning",
+            [d.cpu.less(ours.empty_run) for d in ours.at(50, "warning")],
+            [d.jobs for d in ours.at(50, "warning")],
         ),
         (
             f"the bare loop at B = {top:,}",
@@ -356,7 +375,8 @@ def _throughput_rows(ours: Ours) -> list[Row]:
             f"{_rate(median)} (range {rates[0]:,.0f}–{rates[-1]:,.0f})",
             f"≥ {TARGET_ENQUEUE_PER_S:,}/s",
             median >= TARGET_ENQUEUE_PER_S,
-        )
+        ),
+        *_as_run_rows(ours),
     ]
     for concurrency in CONCURRENCIES:
         d = ours.median_drain(concurrency)
@@ -364,7 +384,8 @@ def _throughput_rows(ours: Ours) -> list[Row]:
         target_met = (d.jobs_per_s >= TARGET_DRAIN_50_PER_S) if d.concurrency == 50 else None
         out.append(
             Row(
-                f"Drain, sidelinja-worker, concurrency {d.concurrency}, median of {DRAIN_RUNS}",
+                f"Drain, sidelinja-worker, concurrency {d.concurrency}, log warning (tuned), "
+                f"median of {DRAIN_RUNS}",
                 f"{_rate(d.jobs_per_s)} (range {low:,.0f}–{high:,.0f}; wall "
                 f"{d.wall_s:.1f} s incl. start-up)",
                 f"≥ {TARGET_DRAIN_50_PER_S:,}/s" if d.concurrency == 50 else "",
@@ -384,6 +405,34 @@ def _throughput_rows(ours: Ours) -> list[Row]:
         )
     )
     return out
+
+
+def _as_run_rows(ours: Ours) -> list[Row]:
+    """The drains with the worker's defaults, first: what a user who changes nothing gets."""
+    d = ours.median_drain(DEFAULT_CONCURRENCY, "info")
+    low, high = ours.range_at(DEFAULT_CONCURRENCY, "info")
+    info = ours.median_drain(50, "info")
+    tuned = ours.median_drain(50)
+    # Drains of one round ran back to back: their ratio is the like-for-like figure.
+    pairs = [
+        i.jobs_per_s / w.jobs_per_s
+        for i, w in zip(ours.at(50, "info"), ours.at(50, "warning"), strict=True)
+    ]
+    cost = 1 - statistics.median(pairs)
+    return [
+        Row(
+            f"Drain with the defaults: `sidelinja-worker run` (concurrency {DEFAULT_CONCURRENCY}, "
+            f"log info, events on), median of {DRAIN_RUNS}",
+            f"{_rate(d.jobs_per_s)} (range {low:,.0f}–{high:,.0f})",
+        ),
+        Row(
+            f"Drain, concurrency 50, default log level (info), median of {DRAIN_RUNS} [h]",
+            f"{_rate(info.jobs_per_s)}; the tuned drain (log warning) below: "
+            f"{_rate(tuned.jobs_per_s)}; info costs {cost:.1%} (median of the rounds' ratios)",
+            f"≤ {TARGET_LOG_COST:.0%}",
+            cost <= TARGET_LOG_COST,
+        ),
+    ]
 
 
 def _peer_rows(
@@ -501,7 +550,8 @@ def notes(ours: Ours, n: int) -> list[str]:
         "min(started_at)) read from the table, so process start-up is excluded; wall time is "
         "process spawn to exit. Each sidelinja drain is one worker process (in-process "
         "`Worker`, pool 5 as `sidelinja-worker run`, `--burst`, poll 1 s, logging at "
-        "WARNING as with `--log-level warning`) on an emptied table, after "
+        "WARNING as with `--log-level warning` unless the row says info) on an emptied table, "
+        "after "
         "`ANALYZE job_queue` (what autovacuum does shortly after a bulk insert). "
         "Enqueue time is the `enqueue_many` call only, on a warm connection.",
         "[a] Each peer in its own fresh database and worker process, after ANALYZE; "
@@ -548,6 +598,11 @@ def notes(ours: Ours, n: int) -> list[str]:
         "statements, registration, shutdown) is taken off. The server shares these 2 cores, "
         "so a drain that keeps both busy runs at about 2 / (total CPU per job): a drain N "
         "times another's needs about 1/N of its CPU per job.",
+        "[h] The CLI's default log level, info, in the same rounds as the tuned drains: JSON "
+        "lines to a file (bench/results/worker_child.log), as a worker under a process "
+        "manager writes to a pipe. info logs start, stop, every failure, retry, deferral and "
+        "rescue, and a summary of completions per type every 10 s; a success's own line is "
+        "debug. The cost is the median of each round's info/warning ratio.",
     ]
 
 

@@ -13,7 +13,7 @@ from datetime import datetime
 from uuid import UUID
 
 import asyncpg
-from common import Latency, listening_backends, spawn, wait_until
+from common import RESULTS_DIR, Latency, listening_backends, spawn, wait_until
 from cpu import CpuSplit, ServerCpu, run_measured
 from procmem import Memory, read_memory
 
@@ -34,6 +34,7 @@ class Drain:
     wall_s: float  # process spawn to exit: start-up, drain, shutdown
     peak_kb: int  # the worker's VmHWM at exit
     cpu: CpuSplit  # the worker's run and the server, spawn to exit
+    log_level: str = "warning"  # the tuned figure; "info" is the CLI's default
 
     @property
     def jobs_per_s(self) -> float:
@@ -104,13 +105,17 @@ async def drain(
     concurrency: int,
     since: datetime,
     server: ServerCpu | None = None,
+    log_level: str = "warning",
 ) -> Drain:
-    """Drains what is queued with one burst-mode worker process."""
+    """Drains what is queued with one burst-mode worker process logging at `log_level` (at
+    info, to a file in bench/results, as a worker under a process manager logs to a pipe)."""
+    log_args = ("--log-level", log_level)
+    log_file = RESULTS_DIR / "worker_child.log" if log_level != "warning" else None
     wall_s, report, _, cpu = await run_measured(
-        conn, server, "worker_child.py", url, str(concurrency)
+        conn, server, "worker_child.py", url, str(concurrency), *log_args, stderr=log_file
     )
     jobs, span_s = await drain_span(conn, since)
-    return Drain(concurrency, jobs, span_s, wall_s, report["hwm_kb"], cpu)
+    return Drain(concurrency, jobs, span_s, wall_s, report["hwm_kb"], cpu, log_level)
 
 
 async def drain_nothing(conn: asyncpg.Connection, url: str, server: ServerCpu | None) -> CpuSplit:

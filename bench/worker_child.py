@@ -1,10 +1,13 @@
-"""One sidelinja-worker in its own process, as `sidelinja-worker --log-level warning run` builds
-it (at info it logs a line per job). Prints its memory as JSON on exit.
+"""One sidelinja-worker in its own process, as `sidelinja-worker --log-level LEVEL run` builds
+it. Prints its memory as JSON on exit.
 
-    python bench/worker_child.py URL CONCURRENCY [--serve]
+    python bench/worker_child.py URL CONCURRENCY [--serve] [--log-level info] [--extra-types a,b]
 
 Without --serve it runs in burst mode (drains, exits); with it, it runs until SIGTERM.
-Poll interval 1 s, so that an idle worker is woken by LISTEN/NOTIFY, not by polling."""
+Poll interval 1 s, so that an idle worker is woken by LISTEN/NOTIFY, not by polling. The log
+level defaults to warning (the tuned figure); `--log-level info` is the CLI's default, with its
+handler and format (JSON lines, as when stderr is a file or a pipe). `--extra-types` registers
+copies of noop under other names (a type to cap in a mixed workload)."""
 
 from __future__ import annotations
 
@@ -12,25 +15,34 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
+from dataclasses import replace
 
 from cpu import process_seconds
 from procmem import print_report
 
+from sidelinja_worker.jobs import noop
 from sidelinja_worker.jobs.catalog import REGISTRY
+from sidelinja_worker.queue import logs
 from sidelinja_worker.queue.db import create_pool
 from sidelinja_worker.queue.gctune import tune_for_serving
+from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.worker import Worker
 
 POOL_SIZE = 5  # what `sidelinja-worker run` opens (commands.cmd_run)
 
 
-async def run(url: str, concurrency: int, burst: bool) -> tuple[int, float]:
+async def run(url: str, concurrency: int, burst: bool, extra_types: list[str]) -> tuple[int, float]:
     """(jobs claimed, CPU seconds of Worker.run: start-up imports and the pool excluded)."""
+    registry = REGISTRY
+    if extra_types:
+        copies = [replace(noop.JOB_TYPE, name=name) for name in extra_types]
+        registry = Registry([*REGISTRY.values(), *copies])
     pool = await create_pool(url, max_size=POOL_SIZE)
     try:
         settings = WorkerSettings(max_concurrent=concurrency, poll_interval_s=1.0, burst=burst)
-        worker = Worker(pool, url, REGISTRY, settings)
+        worker = Worker(pool, url, registry, settings)
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, worker.request_stop)
         tune_for_serving()  # as `sidelinja-worker run` does
         started_s = process_seconds()
@@ -45,9 +57,21 @@ def main() -> None:
     parser.add_argument("url")
     parser.add_argument("concurrency", type=int)
     parser.add_argument("--serve", action="store_true")
+    parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--extra-types", default="", help="comma-separated noop copies")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    claimed, run_cpu_s = asyncio.run(run(args.url, args.concurrency, burst=not args.serve))
+    # As cli.main configures it.
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    logs.setup()
+    extra = [t for t in args.extra_types.split(",") if t]
+    claimed, run_cpu_s = asyncio.run(
+        run(args.url, args.concurrency, burst=not args.serve, extra_types=extra)
+    )
     print_report(claimed=claimed, run_cpu_s=run_cpu_s)
 
 

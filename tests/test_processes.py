@@ -19,7 +19,9 @@ DONE = re.compile(r"job ([0-9a-f-]{36}) noop completed")
 async def test_three_processes_drain_2000_jobs_each_exactly_once(
     db_url: str, pool: asyncpg.Pool, workspace: UUID
 ) -> None:
-    procs = [spawn("run", "--max-concurrent", "10", url=db_url) for _ in range(3)]
+    # debug: a line per completed job (info has only the summary)
+    debug = {"SIDELINJA_LOG_LEVEL": "debug"}
+    procs = [spawn("run", "--max-concurrent", "10", url=db_url, env=debug) for _ in range(3)]
     await _until(pool, "SELECT count(*) = 3 FROM job_workers")  # all three are up and waiting
     await insert_jobs(pool, workspace, 2000)
     await _until(pool, "SELECT count(*) = 2000 FROM job_queue WHERE status = 'completed'")

@@ -128,12 +128,13 @@ async def test_kill_9_mid_run_loses_nothing(
         workspace,
     )
     args = ("run", "--max-concurrent", "20", "--lease", "3s", "--poll-interval", "200ms")
-    victim = spawn(*args, url=db_url)
+    debug = {"SIDELINJA_LOG_LEVEL": "debug"}  # a line per completed job (info: a summary)
+    victim = spawn(*args, url=db_url, env=debug)
     await _wait_until(
         lambda: pool.fetchval("SELECT count(*) >= 300 FROM job_queue WHERE status = 'completed'")
     )
     victim_id = await pool.fetchval("SELECT id FROM job_workers")
-    survivors = [spawn(*args, url=db_url) for _ in range(2)]
+    survivors = [spawn(*args, url=db_url, env=debug) for _ in range(2)]
     await _wait_until(lambda: pool.fetchval("SELECT count(*) = 3 FROM job_workers"))
     await _wait_until(
         lambda: pool.fetchval(

@@ -84,8 +84,9 @@ async def execute(
         result = await jt.handler(ctx, payload)
         writer.completed(job.id, _encode_result(result), ctx.follow_ups)
         metrics.completed(job.job_type, time.perf_counter() - started_s)
-        if log.isEnabledFor(logging.INFO):
-            log.info(
+        logs.count_completed(job.job_type)  # the periodic summary at info
+        if log.isEnabledFor(logging.DEBUG):  # a line per success only at debug
+            log.debug(
                 "job %s %s completed (attempt %d/%d)",
                 job.id,
                 job.job_type,
