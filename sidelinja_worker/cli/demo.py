@@ -6,6 +6,7 @@ configured are listed with the variables to set. No canned answers."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 from importlib import resources
@@ -47,6 +48,11 @@ async def run_demo(db: Database, pool: asyncpg.Pool, config: ServiceConfig) -> i
         NewJob(DEMO_WORKSPACE, job_type, payload, **opts) for _, job_type, payload, opts in SAMPLES
     ]
     ids = await client.enqueue_many(pool, jobs)
+    # A worker logs a completed job at debug (a line per job is noise at scale); the demo is
+    # there to watch each job run, so it shows them unless the user asked for less.
+    job_log = logging.getLogger("sidelinja_worker.job")
+    if job_log.getEffectiveLevel() == logging.INFO:
+        job_log.setLevel(logging.DEBUG)
     print(
         f"enqueued {len(ids)} sample jobs in workspace {DEMO_WORKSPACE}; running them:\n",
         flush=True,
