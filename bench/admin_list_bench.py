@@ -1,4 +1,4 @@
-"""The admin list on 1,000,000 jobs, and what its event trigger and index cost writes (issue 5).
+"""The admin list on 1,000,000 jobs, and what its event trigger and index cost writes.
 
     DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres \
         .venv/bin/python bench/admin_list_bench.py [--rows 1000000] [--keep | --reuse NAME]

@@ -1,9 +1,9 @@
-"""The yardstick issue 7 names: a bare batched loop on the seed's own table. One asyncio
+"""The yardstick: a bare batched loop on the seed's own table. One asyncio
 process claims B jobs per statement (`FOR UPDATE SKIP LOCKED` CTE, `UPDATE ... WHERE id =
 ANY(ARRAY(...))`, generic plans), runs each as an asyncio task, and completes them in one
 `unnest` statement on a second connection while the next claim is on the wire. No leases,
 retries, limits, fairness, events, metrics or payload validation: the ceiling for what a
-batched Python worker can drain on this machine, which issue 7 measured at ~22,000 jobs/s
+batched Python worker can drain on this machine, which was measured at ~22,000 jobs/s
 (B=50), ~28,000 (B=200) and 35,000-40,000 (B=1,000) when it was written."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sidelinja_worker.queue import migrate
 
 BATCHES = (200, 1000)
 
-# The seed's schema exactly as the first migration writes it (DESIGN.md §2): workspaces and
+# The seed's schema exactly as the first migration writes it: workspaces and
 # job_queue with its one partial index, none of the later migrations' triggers or indexes.
 SEED_SCHEMA = next(m.sql for m in migrate.shipped_migrations() if m.version == 1)
 WORKSPACE = "INSERT INTO workspaces (name) VALUES ('bare loop') RETURNING id"

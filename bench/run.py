@@ -1,4 +1,4 @@
-"""The benchmark (issue 7), one command:
+"""The benchmark, one command:
 
     python bench/run.py [--jobs 20000] [--database-url URL]
 
@@ -46,7 +46,7 @@ TARGET_PICKUP_P50_MS = 2.0
 TARGET_TIMES_PGQUEUER = 5.0
 TARGET_PICKUP_P99_MS = 5.0
 # Anything else running (a test suite, say) takes CPU from PostgreSQL and the worker alike.
-# Pairs of fair/plain drains for issue 6's 10 %: with 3 the row missed in 3 of 10 runs on
+# Pairs of fair/plain drains for the 10 % fairness target: with 3 the row missed in 3 of 10 runs on
 # 2026-12-03 (-10 to -17 %) while its median over the runs was -6 %.
 FAIRNESS_PAIRS = 5
 FAIRNESS_WORKSPACES = 10  # the fairness rows deal their jobs over this many workspaces
@@ -72,7 +72,7 @@ class Ours:
     claims: list[claim_latency.ClaimTiming]
     plan_summary: str
     # (fair, plain) jobs/s of alternating concurrency-50 drains with fairness on and off, for
-    # issue 6's 10 %: one pair is within the machine's noise, so the row takes the medians.
+    # the 10 % fairness target: one pair is within the machine's noise, so the row takes the medians.
     fairness_pairs: list[tuple[float, float]]
     empty_run: CpuSplit  # median CPU of a worker's run on an empty queue
 
@@ -582,13 +582,13 @@ def notes(ours: Ours, n: int) -> list[str]:
         f"[e] {FAIRNESS_PAIRS} more pairs of concurrency-50 drains of N jobs dealt over "
         f"{FAIRNESS_WORKSPACES} workspaces, alternating `queue_settings.fair_workspaces` on "
         "(the default: the fair claim) and off (the plain claim). Several workspaces because "
-        "with one the fair claim takes the plain claim's path (the drains above). Issue 6 asks "
+        "with one the fair claim takes the plain claim's path (the drains above). The target is "
         "that, with no limit configured, throughput stay within 10 % of the plain claim's.",
         "[f] bench/bare_loop.py, in its own database with the seed's table only (no triggers, "
         "one index): one asyncio process claims B jobs per statement, runs each as a task, and "
         "completes them with one `unnest` statement on a second connection while the next "
         "claim is on the wire; no leases, retries, limits, fairness, events or validation. "
-        "Issue 7 measured it at ~28,000 (B=200) and 35,000–40,000 jobs/s (B=1,000) on this "
+        "It was measured at ~28,000 (B=200) and 35,000–40,000 jobs/s (B=1,000) on this "
         "machine when it was written: the ratio to it says how fast the machine is today.",
         "[g] CPU seconds from /proc, per job, median over the drain rounds: the queue's own "
         "process while it ran (a worker child: its run, imports excluded; the bare loop: the "

@@ -209,7 +209,7 @@ def child(path: str, spill: bool) -> None:
 
 def baseline(path: Path, kind: str) -> float:
     """Decode-only lines/s (CPU time) on 20,000 of the same lines, right after the run: the
-    stdlib `json` and our msgspec decoder per line (issue 8 measured ~110,000 and ~790,000
+    stdlib `json` and our msgspec decoder per line (the target was set when this machine measured ~110,000 and ~790,000
     lines/s here when idle); the lean decoder the parse itself uses, a block per call
     ("lean-block": the parse's floor, before reading, decompressing and counting); and a
     decoder of a struct with no fields ("skip": msgspec only scanning the lines)."""

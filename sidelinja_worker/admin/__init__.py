@@ -1,1 +1,1 @@
-"""The admin web view (issue 5): job lists, job pages, actions, live events, metrics."""
+"""The admin web view: job lists, job pages, actions, live events, metrics."""

@@ -1,4 +1,4 @@
-"""Forwards job events to a SpacetimeDB reducer over its HTTP API (reference/interfaces.md §9)
+"""Forwards job events to a SpacetimeDB reducer over its HTTP API
 when SPACETIMEDB_URL is set. Best effort: a failed call is logged and dropped; it never touches
 a job, and a slow SpacetimeDB never blocks the event stream (bounded queue, oldest kept)."""
 

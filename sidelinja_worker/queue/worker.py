@@ -45,7 +45,7 @@ PREFETCH_MIN = 64  # even a worker of concurrency 1 claims short jobs in batches
 # this machine starts in ~80 ms. Big claims are what make short jobs cheap: the per-statement
 # costs (round trip, commit, trigger) are shared by more jobs. Claims of 1,000 noop jobs drained
 # ~9 % faster than claims of 500 (interleaved drains at concurrency 50 in one database, median
-# of 10), as issue 7's bare loop does at B = 1,000 against B = 200. (A bound by the measured
+# of 10), as a bare batched loop does at B = 1,000 against B = 200. (A bound by the measured
 # start rate instead of PREFETCH_MAX ramped up too slowly for a 20,000-job drain: 5 % slower.)
 PREFETCH_WORK_S = 0.05
 PREFETCH_MAX = 2000

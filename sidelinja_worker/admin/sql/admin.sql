@@ -1,4 +1,4 @@
--- The admin view's runtime SQL (issue 5); admin/store.py has one typed function per block.
+-- The admin view's runtime SQL; admin/store.py has one typed function per block.
 -- Job queries run inside `scoped()`: as the role sidelinja_app with the token's workspace in
 -- `sidelinja.workspace_id`, so row-level security confines them even if the code forgets to; a
 -- platform token's queries run as sidelinja_platform_admin, the one role that sees every
