@@ -21,7 +21,7 @@ from sidelinja_worker.queue.errors import RetryJob
 from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.worker import Worker
-from tests.helpers import insert_jobs, job_type
+from tests.helpers import insert_jobs, job_type, wait_for_sql
 
 
 class CountingServer:
@@ -107,10 +107,12 @@ async def _run_workers(db_url: str, registry: Registry, until: Any, count: int =
 
 
 async def _all_done(pool: asyncpg.Pool, n: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while await pool.fetchval("SELECT count(*) FROM job_queue WHERE status = 'completed'") < n:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.1)
+    await wait_for_sql(
+        pool,
+        "SELECT count(*) >= $1 FROM job_queue WHERE status = 'completed'",
+        n,
+        timeout_s=timeout_s,
+    )
 
 
 @pytest.mark.timeout(240)
