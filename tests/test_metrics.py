@@ -68,6 +68,7 @@ async def test_scrapes_answer_from_the_cache_refreshed_by_one_task(
         if refresher is not None:
             refresher.cancel()
         server.close()
+        await server.wait_closed()
 
 
 async def test_a_client_that_sends_nothing_is_dropped(
@@ -84,5 +85,7 @@ async def test_a_client_that_sends_nothing_is_dropped(
         assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
         assert time.monotonic() - began < 3
         writer.close()
+        await writer.wait_closed()
     finally:
         server.close()
+        await server.wait_closed()
