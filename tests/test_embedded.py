@@ -46,15 +46,22 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _handles(data_dir: Path) -> list[int]:
+def _handles(data_dir: Path) -> list[int] | None:
+    """The processes recorded as the server's users; None while the file is being rewritten
+    (it is written in place, so a read can see it empty or cut short)."""
     path = data_dir / "pg" / ".handle_pids.json"
-    return json.loads(path.read_text()) if path.exists() else []
+    try:
+        return json.loads(path.read_text()) if path.exists() else []
+    except ValueError:
+        return None
 
 
 async def _stopped_by_sigterm(data_dir: Path, started: str, *args: str) -> None:
     proc = _start(data_dir, *args)
     # Up: the server runs and the command has recorded itself as one of its users.
-    await wait_for(lambda: proc.proc.pid in _handles(data_dir) or proc.poll() is not None, 120)
+    await wait_for(
+        lambda: proc.proc.pid in (_handles(data_dir) or []) or proc.poll() is not None, 120
+    )
     await wait_for(lambda: _server_pid(data_dir) is not None or proc.poll() is not None, 60)
     assert proc.poll() is None, proc.communicate()
     server = _server_pid(data_dir)
