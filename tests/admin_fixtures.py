@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import socket
-import time
 from uuid import UUID
 
 import asyncpg
 import httpx
 import pytest
 
-from tests.helpers import cli, spawn
+from tests.helpers import cli, make_workspace, spawn, wait_for
 
 
 def free_port() -> int:
@@ -26,22 +24,23 @@ async def admin_fixture(db_url: str) -> str:
     port = free_port()
     proc = spawn("admin", "--bind", f"127.0.0.1:{port}", url=db_url)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+
+    async def answers() -> bool:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            return (await http.get(f"{base}/admin/login")).status_code == 200
+        except httpx.TransportError:
+            return False
+
     async with httpx.AsyncClient() as http:
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.communicate()
-            try:
-                if (await http.get(f"{base}/admin/login")).status_code == 200:
-                    return base
-            except httpx.TransportError:
-                await asyncio.sleep(0.2)
-    raise AssertionError("the admin app did not start")
+        await wait_for(answers, 60, "the admin app answers", interval_s=0.2)
+    return base
 
 
 async def seed(pool: asyncpg.Pool) -> tuple[UUID, UUID, UUID]:
     """Workspaces A (five failed jobs of two types, one completed) and B (one failed job)."""
-    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('Alfa') RETURNING id")
-    b = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('Beta') RETURNING id")
+    a = await make_workspace(pool, "Alfa")
+    b = await make_workspace(pool, "Beta")
     sql = (
         "INSERT INTO job_queue (workspace_id, job_type, payload, status, attempts, error_msg,"
         " errors, completed_at) SELECT $1, $2, $3::text::jsonb, $4::job_status, 3, $5,"

@@ -9,31 +9,33 @@ import os
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
 
-from sidelinja_worker.queue import migrate
-from sidelinja_worker.queue.db import connect, init_connection
+from sidelinja_worker.queue.db import init_connection
 from sidelinja_worker.queue.embedded import start_embedded
-from tests.helpers import SPAWNED
-
-
-def with_database(url: str, name: str) -> str:
-    return urlsplit(url)._replace(path=f"/{name}").geturl()
+from tests.helpers import (
+    SPAWNED,
+    create_database,
+    create_template,
+    drop_database,
+    make_workspace,
+    with_database,  # noqa: F401  (tests import it from here too)
+)
 
 
 @pytest.fixture(autouse=True)
 def _no_stray_processes() -> Iterator[None]:
-    """A failed test must not leave workers running into the next one."""
+    """A failed test must not leave workers running into the next one, nor their output files
+    open."""
     yield
     while SPAWNED:
         proc = SPAWNED.pop()
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+        proc.communicate()
 
 
 @pytest.fixture(scope="session")
@@ -46,59 +48,28 @@ def admin_url() -> str:
     return start_embedded(folder)
 
 
-async def _create_template(admin_url: str, name: str) -> None:
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    conn = await connect(with_database(admin_url, name))
-    try:
-        await migrate.apply_all(conn)
-    finally:
-        await conn.close()
-
-
-async def _drop(admin_url: str, name: str) -> None:
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
-
-
 @pytest.fixture(scope="session")
 def template_name(admin_url: str) -> Iterator[str]:
     name = f"sw_tmpl_{uuid4().hex[:12]}"
-    asyncio.run(_create_template(admin_url, name))
+    asyncio.run(create_template(admin_url, name))
     yield name
-    asyncio.run(_drop(admin_url, name))
+    asyncio.run(drop_database(admin_url, name))
 
 
 @pytest.fixture
 async def db_url(admin_url: str, template_name: str) -> AsyncIterator[str]:
     """A fresh, migrated database for this test alone."""
     name = f"sw_test_{uuid4().hex[:12]}"
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_name}"')
-    finally:
-        await admin.close()
-    yield with_database(admin_url, name)
-    await _drop(admin_url, name)
+    yield await create_database(admin_url, name, template_name)
+    await drop_database(admin_url, name)
 
 
 @pytest.fixture
 async def empty_db_url(admin_url: str) -> AsyncIterator[str]:
     """A fresh database with no schema at all."""
     name = f"sw_empty_{uuid4().hex[:12]}"
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    yield with_database(admin_url, name)
-    await _drop(admin_url, name)
+    yield await create_database(admin_url, name)
+    await drop_database(admin_url, name)
 
 
 @pytest.fixture
@@ -117,4 +88,4 @@ async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
 
 @pytest.fixture
 async def workspace(pool: asyncpg.Pool) -> UUID:
-    return await pool.fetchval("INSERT INTO workspaces (name) VALUES ('test') RETURNING id")
+    return await make_workspace(pool)

@@ -3,22 +3,62 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
+from uuid import UUID
 
 import asyncpg
 from pydantic import BaseModel, ConfigDict
 
 from sidelinja_worker.jobs.catalog import REGISTRY
+from sidelinja_worker.queue import migrate
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.db import connect
 from sidelinja_worker.queue.registry import JobType, Registry
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.worker import Worker
+
+
+def with_database(url: str, name: str) -> str:
+    return urlsplit(url)._replace(path=f"/{name}").geturl()
+
+
+async def create_database(admin_url: str, name: str, template: str | None = None) -> str:
+    """A new database on the server of `admin_url` (a copy of `template`, if given); its URL."""
+    admin = await asyncpg.connect(admin_url)
+    try:
+        copy = f' TEMPLATE "{template}"' if template else ""
+        await admin.execute(f'CREATE DATABASE "{name}"{copy}')
+    finally:
+        await admin.close()
+    return with_database(admin_url, name)
+
+
+async def create_template(admin_url: str, name: str) -> None:
+    """A migrated database to copy: CREATE DATABASE ... TEMPLATE is much faster than migrating
+    every test's database."""
+    conn = await connect(await create_database(admin_url, name))
+    try:
+        await migrate.apply_all(conn)
+    finally:
+        await conn.close()
+
+
+async def drop_database(admin_url: str, name: str) -> None:
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
 
 
 class AnyPayload(BaseModel):
@@ -59,6 +99,25 @@ async def run_burst(
     return worker
 
 
+@contextlib.asynccontextmanager
+async def running_worker(
+    pool: asyncpg.Pool,
+    url: str,
+    registry: Registry = REGISTRY,
+    config: ServiceConfig | None = None,
+    **settings: Any,
+) -> AsyncIterator[Worker]:
+    """A worker running in this process for the length of the block; asked to stop at its end,
+    and waited for."""
+    worker = Worker(pool, url, registry, WorkerSettings(**settings), config or ServiceConfig({}))
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.request_stop()
+        await task
+
+
 def cli(
     *args: str, url: str | None, env: dict[str, str] | None = None, timeout_s: float = 120
 ) -> subprocess.CompletedProcess[str]:
@@ -83,6 +142,7 @@ class Spawned:
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self._out = tempfile.TemporaryFile(mode="w+")
         self._err = tempfile.TemporaryFile(mode="w+")
+        self._output: tuple[str, str] | None = None
         self.proc = subprocess.Popen(args, env=env, stdout=self._out, stderr=self._err, text=True)
 
     @property
@@ -98,11 +158,23 @@ class Spawned:
     def kill(self) -> None:
         self.proc.kill()
 
+    def stderr_so_far(self) -> str:
+        """What the running process has written to stderr yet. pread leaves the file offset,
+        which the child shares, where it is."""
+        fd = self._err.fileno()
+        return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
+
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Waits for the exit; its stdout and stderr. The files are read once and closed (an
+        open file left to the garbage collector is a ResourceWarning, an error in this suite)."""
         self.proc.wait(timeout)
-        self._out.seek(0)
-        self._err.seek(0)
-        return self._out.read(), self._err.read()
+        if self._output is None:
+            for f in (self._out, self._err):
+                f.seek(0)
+            self._output = (self._out.read(), self._err.read())
+            self._out.close()
+            self._err.close()
+        return self._output
 
 
 # Every process a test spawns; conftest kills the ones a failed test left running.
@@ -114,6 +186,53 @@ def spawn(*args: str, url: str, env: dict[str, str] | None = None) -> Spawned:
     proc = Spawned([sys.executable, "-m", "sidelinja_worker", *args], full_env)
     SPAWNED.append(proc)
     return proc
+
+
+async def wait_for(
+    probe: Callable[[], object], timeout_s: float = 30, what: str = "", interval_s: float = 0.02
+) -> None:
+    """Polls `probe()` (plain or async) until it returns something true; fails the test with
+    `what` once `timeout_s` has passed. Tests wait on the state they need, never a fixed time."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = probe()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        assert time.monotonic() < deadline, f"not in {timeout_s:g} s: {what or probe}"
+        await asyncio.sleep(interval_s)
+
+
+async def wait_for_sql(pool: asyncpg.Pool, sql: str, *args: Any, timeout_s: float = 60) -> None:
+    """Waits until the query's single value is true."""
+    await wait_for(lambda: pool.fetchval(sql, *args), timeout_s, sql)
+
+
+async def kill_worker_connections(pool: asyncpg.Pool) -> int:
+    """Ends every connection the workers hold to this database, as a server restart does to its
+    clients; returns how many, once the workers are back at work (a job completed since, or
+    none is left): the next round of kills then hits the new connections."""
+    killed: int = await pool.fetchval(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+        " WHERE application_name = 'sidelinja-worker' AND datname = current_database()"
+    )
+    # A killed connection commits nothing more: every completion counted later is a new one.
+    done = await pool.fetchval("SELECT count(*) FROM job_queue WHERE status = 'completed'")
+    await wait_for_sql(
+        pool,
+        "SELECT count(*) FILTER (WHERE status = 'completed') > $1"
+        " OR coalesce(bool_and(status = 'completed'), true) FROM job_queue",
+        done,
+    )
+    return killed
+
+
+async def make_workspace(pool: asyncpg.Pool, name: str = "test") -> UUID:
+    workspace: UUID = await pool.fetchval(
+        "INSERT INTO workspaces (name) VALUES ($1) RETURNING id", name
+    )
+    return workspace
 
 
 async def statuses(pool: asyncpg.Pool) -> dict[str, int]:
@@ -155,7 +274,9 @@ async def metrics_text(port: int) -> str | None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
     except OSError:
         return None
-    writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-    text = (await reader.read()).decode()
-    writer.close()
-    return text
+    try:
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        return (await reader.read()).decode()
+    finally:
+        writer.close()
+        await writer.wait_closed()

@@ -25,6 +25,7 @@ class TcpProxy:
 
     async def close(self) -> None:
         self.cut()
+        self.release_held()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()

@@ -13,7 +13,7 @@ from sidelinja_worker.jobs.ai.common import DEFAULT_MODEL
 from sidelinja_worker.queue import client, store
 from sidelinja_worker.queue.config import ServiceConfig
 from tests.fakes.ai_gateway_server import FakeAiGateway, Recorded, ai_gateway_fixture  # noqa: F401
-from tests.helpers import run_burst
+from tests.helpers import make_workspace, run_burst
 
 
 def gateway_config(gw: FakeAiGateway) -> ServiceConfig:
@@ -252,7 +252,7 @@ async def test_a_long_dictation_is_joined_without_a_combine_call(
 async def test_a_job_reads_and_writes_only_its_own_workspace(
     pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
 ) -> None:
-    other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
+    other = await make_workspace(pool, "other")
     await add_transcript(pool, other, "ep-b", [(0, "Hemmelig innhold i B.")])
     await add_transcript(pool, workspace, "felles", [(0, "Innhold i A.")])
     await add_transcript(pool, other, "felles", [(0, "Innhold i B.")])

@@ -9,12 +9,11 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import SPAWNED, Spawned
+from tests.helpers import SPAWNED, Spawned, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -47,40 +46,42 @@ def _alive(pid: int) -> bool:
     return True
 
 
-async def _until(probe: object, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not probe():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
-
-
-def _handles(data_dir: Path) -> list[int]:
+def _handles(data_dir: Path) -> list[int] | None:
+    """The processes recorded as the server's users; None while the file is being rewritten
+    (it is written in place, so a read can see it empty or cut short)."""
     path = data_dir / "pg" / ".handle_pids.json"
-    return json.loads(path.read_text()) if path.exists() else []
+    try:
+        return json.loads(path.read_text()) if path.exists() else []
+    except ValueError:
+        return None
 
 
-async def _stopped_by_sigterm(data_dir: Path, *args: str) -> None:
+async def _stopped_by_sigterm(data_dir: Path, started: str, *args: str) -> None:
     proc = _start(data_dir, *args)
     # Up: the server runs and the command has recorded itself as one of its users.
-    await _until(lambda: proc.proc.pid in _handles(data_dir) or proc.poll() is not None, 120)
-    await _until(lambda: _server_pid(data_dir) is not None or proc.poll() is not None, 60)
+    await wait_for(
+        lambda: proc.proc.pid in (_handles(data_dir) or []) or proc.poll() is not None, 120
+    )
+    await wait_for(lambda: _server_pid(data_dir) is not None or proc.poll() is not None, 60)
     assert proc.poll() is None, proc.communicate()
     server = _server_pid(data_dir)
     assert server is not None and _alive(server)
-    await asyncio.sleep(0.5)  # into the command's main loop, past start-up
+    # Into the command's main loop, past start-up: the line it logs as it gets there.
+    await wait_for(lambda: started in proc.stderr_so_far() or proc.poll() is not None, 60)
+    assert proc.poll() is None, proc.communicate()
     proc.send_signal(signal.SIGTERM)
     _out, err = await asyncio.to_thread(proc.communicate, 30)
     assert proc.returncode in (0, 128 + signal.SIGTERM), err
-    await _until(lambda: not _alive(server), 15)
+    await wait_for(lambda: not _alive(server), 15)
     assert _handles(data_dir) == []
 
 
 async def test_admin_stopped_by_sigterm_stops_the_embedded_server(data_dir: Path) -> None:
-    await _stopped_by_sigterm(data_dir, "admin", "--bind", "127.0.0.1:0")
+    await _stopped_by_sigterm(data_dir, "admin: http://", "admin", "--bind", "127.0.0.1:0")
 
 
 async def test_run_stopped_by_sigterm_stops_the_embedded_server(data_dir: Path) -> None:
-    await _stopped_by_sigterm(data_dir, "run", "--grace", "1s")
+    await _stopped_by_sigterm(data_dir, " started: types ", "run", "--grace", "1s")
 
 
 async def test_a_dead_processs_record_is_cleaned_at_start(data_dir: Path) -> None:
@@ -92,5 +93,5 @@ async def test_a_dead_processs_record_is_cleaned_at_start(data_dir: Path) -> Non
     _out, err = await asyncio.to_thread(proc.communicate, 120)
     assert proc.returncode == 0, err
     server = _server_pid(data_dir)
-    await _until(lambda: server is None or not _alive(server), 15)
+    await wait_for(lambda: server is None or not _alive(server), 15)
     assert _handles(data_dir) == []

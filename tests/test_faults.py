@@ -9,30 +9,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import time
-from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qs, urlsplit
 from uuid import UUID
 
 import asyncpg
 import pytest
 
-from tests.helpers import SPAWNED, Spawned, insert_jobs, spawn, statuses
+from tests.helpers import (
+    SPAWNED,
+    Spawned,
+    insert_jobs,
+    kill_worker_connections,
+    spawn,
+    statuses,
+    wait_for,
+)
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(90)  # each case is bounded; each takes well under a minute
-
-KILL_BACKENDS = (
-    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-    " WHERE application_name = 'sidelinja-worker' AND datname = current_database()"
-)
-
-
-async def _until(probe: Callable[[], Awaitable[object]], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await probe():
-        assert time.monotonic() < deadline, f"not in {timeout_s:g} s: {what}"
-        await asyncio.sleep(0.05)
 
 
 class Fleet:
@@ -68,7 +62,7 @@ class Fleet:
                 self.exits.append((proc.returncode or 0, err[-3000:]))
                 self.procs[i] = spawn(*self._args, url=self._url)
         pids = [p.proc.pid for p in self.procs]
-        await _until(
+        await wait_for(
             lambda: self._pool.fetchval(
                 "SELECT count(*) = $2 FROM job_workers WHERE pid = ANY($1::int[])", pids, len(pids)
             ),
@@ -94,7 +88,7 @@ async def _all_completed(pool: asyncpg.Pool, total: int, timeout_s: float) -> No
         return await statuses(pool) == {"completed": total}
 
     try:
-        await _until(done, timeout_s, f"all {total} jobs completed")
+        await wait_for(done, timeout_s, f"all {total} jobs completed")
     except AssertionError:
         raise AssertionError(f"{await statuses(pool)} of {total}") from None
 
@@ -105,22 +99,21 @@ async def test_backends_killed_again_and_again_while_two_workers_drain_and_a_pro
     total = 2000
     fleet = Fleet(pool, db_url, 2)
     try:
-        await _until(
+        await wait_for(
             lambda: pool.fetchval("SELECT count(*) = 2 FROM job_workers"), 30, "workers up"
         )
         producer = asyncio.create_task(_producer(pool, workspace, total, 50))
         # Three rounds of "the server dropped every connection of the workers", as a restart
         # does to its clients, while jobs are running.
         for _ in range(3):
-            await _until(
+            await wait_for(
                 lambda: pool.fetchval(
                     "SELECT count(*) > 0 FROM job_queue WHERE status = 'running'"
                 ),
                 30,
                 "jobs running",
             )
-            assert await pool.fetchval(KILL_BACKENDS) > 0
-            await asyncio.sleep(0.3)
+            assert await kill_worker_connections(pool) > 0
         await producer
         await _all_completed(pool, total, 45)
         # Nothing was lost and nothing waited for a lease: no worker died, so no job ran twice.
@@ -146,9 +139,9 @@ async def test_connections_held_half_open_past_the_health_interval(
     ).geturl()
     fleet = Fleet(pool, via_proxy, 1)
     try:
-        await _until(lambda: pool.fetchval("SELECT count(*) = 1 FROM job_workers"), 30, "up")
+        await wait_for(lambda: pool.fetchval("SELECT count(*) = 1 FROM job_workers"), 30, "up")
         await insert_jobs(pool, workspace, 200, '{"sleep_ms": 1}')
-        await _until(
+        await wait_for(
             lambda: pool.fetchval(
                 "SELECT count(*) = 200 FROM job_queue WHERE status = 'completed'"
             ),
@@ -177,13 +170,13 @@ async def test_kill_9_during_the_outcome_flush(
     fleet = Fleet(pool, db_url, 1, "--lease", "3s")
     blocker = None
     try:
-        await _until(lambda: pool.fetchval("SELECT count(*) = 1 FROM job_workers"), 30, "up")
+        await wait_for(lambda: pool.fetchval("SELECT count(*) = 1 FROM job_workers"), 30, "up")
         slow = await pool.fetchval(
             "INSERT INTO job_queue (workspace_id, job_type, payload)"
             " VALUES ($1, 'noop', '{\"sleep_ms\": 1500}') RETURNING id",
             workspace,
         )
-        await _until(
+        await wait_for(
             lambda: pool.fetchval("SELECT status = 'running' FROM job_queue WHERE id = $1", slow),
             30,
             "the slow job running",
@@ -193,7 +186,7 @@ async def test_kill_9_during_the_outcome_flush(
         await tx.start()
         await blocker.execute("SELECT 1 FROM job_queue WHERE id = $1 FOR UPDATE", slow)
         await insert_jobs(pool, workspace, total - 1, '{"sleep_ms": 100}')
-        await _until(
+        await wait_for(
             lambda: pool.fetchval(
                 "SELECT count(*) > 0 FROM pg_stat_activity WHERE datname = current_database()"
                 " AND application_name = 'sidelinja-worker' AND wait_event_type = 'Lock'"

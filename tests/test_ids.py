@@ -26,7 +26,7 @@ def test_ids_carry_the_current_millisecond_and_later_batches_sort_later() -> Non
     assert all(before <= _millis(u) <= after for u in first)
     # A later batch never sorts before an earlier one (the millisecond comes first).
     assert _millis(later) >= max(_millis(u) for u in first)
-    time.sleep(0.002)
+    time.sleep(0.002)  # the next millisecond: what the assertion below is about
     assert uuid7s(1)[0] > max(first)
 
 

@@ -23,7 +23,7 @@ from tests.fakes.ai_gateway_server import (  # noqa: F401
     error,
 )
 from tests.fakes.fixtures import allow_models
-from tests.helpers import run_burst
+from tests.helpers import make_workspace, run_burst
 
 STATEMENTS = [
     {"id": "s1", "text": "Norge bør bygge mer havvind."},
@@ -43,7 +43,7 @@ async def job(pool: asyncpg.Pool, job_id: UUID) -> asyncpg.Record:
 
 
 async def other_workspace(pool: asyncpg.Pool) -> UUID:
-    return await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
+    return await make_workspace(pool, "other")
 
 
 def profile_answer(r: Recorded) -> dict[str, Any]:

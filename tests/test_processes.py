@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-import time
 from collections import Counter
 from uuid import UUID
 
 import asyncpg
 
-from tests.helpers import insert_jobs, spawn, statuses
+from tests.helpers import insert_jobs, spawn, statuses, wait_for_sql
 
 DONE = re.compile(r"job ([0-9a-f-]{36}) noop completed")
 
@@ -22,9 +21,9 @@ async def test_three_processes_drain_2000_jobs_each_exactly_once(
     # debug: a line per completed job (info has only the summary)
     debug = {"SIDELINJA_LOG_LEVEL": "debug"}
     procs = [spawn("run", "--max-concurrent", "10", url=db_url, env=debug) for _ in range(3)]
-    await _until(pool, "SELECT count(*) = 3 FROM job_workers")  # all three are up and waiting
+    await wait_for_sql(pool, "SELECT count(*) = 3 FROM job_workers")  # all three are up and waiting
     await insert_jobs(pool, workspace, 2000)
-    await _until(pool, "SELECT count(*) = 2000 FROM job_queue WHERE status = 'completed'")
+    await wait_for_sql(pool, "SELECT count(*) = 2000 FROM job_queue WHERE status = 'completed'")
     for p in procs:
         p.send_signal(signal.SIGTERM)
     outputs = [await asyncio.to_thread(p.communicate, timeout=60) for p in procs]
@@ -36,10 +35,3 @@ async def test_three_processes_drain_2000_jobs_each_exactly_once(
     assert await statuses(pool) == {"completed": 2000}
     per_worker = await pool.fetch("SELECT worker_id, count(*) FROM job_queue GROUP BY 1")
     assert len(per_worker) >= 2  # the work really was shared
-
-
-async def _until(pool: asyncpg.Pool, sql: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await pool.fetchval(sql):
-        assert time.monotonic() < deadline, sql
-        await asyncio.sleep(0.02)

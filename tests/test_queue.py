@@ -15,7 +15,7 @@ from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.queries import QUERIES as Q
 from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.worker import open_claim_pool
-from tests.helpers import insert_jobs, job_type, run_burst, statuses
+from tests.helpers import insert_jobs, job_type, make_workspace, run_burst, statuses
 
 
 async def _worker_row(pool: asyncpg.Pool) -> UUID:
@@ -227,7 +227,7 @@ async def test_claim_pool_connections_come_prepared_and_claim_nothing(
 
 
 async def test_unique_keys_are_unique_per_workspace(pool: asyncpg.Pool, workspace: UUID) -> None:
-    other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
+    other = await make_workspace(pool, "other")
     key = "stats_parse:next"
     mine = await client.enqueue(pool, workspace, "noop", unique_key=key, delay_s=3600)
     # Another workspace's job with the same key is its own job, not blocked by ours...

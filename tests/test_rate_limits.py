@@ -21,7 +21,7 @@ from sidelinja_worker.queue.errors import RetryJob
 from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.worker import Worker
-from tests.helpers import insert_jobs, job_type
+from tests.helpers import insert_jobs, job_type, wait_for_sql
 
 
 class CountingServer:
@@ -52,12 +52,17 @@ class CountingServer:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
+    def close(self) -> None:
+        """Stops serving and closes the listening socket (shutdown alone leaves it open)."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
 
 @pytest.fixture
 def server() -> Iterator[CountingServer]:
     s = CountingServer()
     yield s
-    s.httpd.shutdown()
+    s.close()
 
 
 def _calling(url: str, key: str, log: dict[str, list[float]] | None = None) -> JobType_:
@@ -107,10 +112,12 @@ async def _run_workers(db_url: str, registry: Registry, until: Any, count: int =
 
 
 async def _all_done(pool: asyncpg.Pool, n: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while await pool.fetchval("SELECT count(*) FROM job_queue WHERE status = 'completed'") < n:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.1)
+    await wait_for_sql(
+        pool,
+        "SELECT count(*) >= $1 FROM job_queue WHERE status = 'completed'",
+        n,
+        timeout_s=timeout_s,
+    )
 
 
 @pytest.mark.timeout(240)
@@ -138,7 +145,7 @@ async def test_a_429_pauses_every_worker(pool: asyncpg.Pool, db_url: str, worksp
         registry = Registry([_calling(server.url, "svc429", log)])
         await _run_workers(db_url, registry, lambda: _all_done(pool, 30, 60))
     finally:
-        server.httpd.shutdown()
+        server.close()
     assert sorted(server.arrivals)[0][1] == 429 and len(log["paused"]) == 1
     paused = log["paused"][0]
     # Once the pause is recorded, no worker lets a call through for the 2 s of Retry-After

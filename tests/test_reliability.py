@@ -17,17 +17,18 @@ from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.worker import Worker
 from tests.admin_fixtures import free_port
-from tests.helpers import insert_jobs, job_type, metrics_text, spawn, statuses
+from tests.helpers import (
+    insert_jobs,
+    job_type,
+    kill_worker_connections,
+    metrics_text,
+    running_worker,
+    spawn,
+    statuses,
+    wait_for,
+)
 
 DONE = re.compile(r"job ([0-9a-f-]{36}) noop completed")
-
-
-async def _wait_until(probe: Any, timeout_s: float = 30.0) -> None:
-    """Polls `probe()` (an awaitable factory) until true: waiting on the database's state."""
-    deadline = time.monotonic() + timeout_s
-    while not await probe():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
 
 
 async def _jobs_started(port: int, n: int) -> bool:
@@ -45,17 +46,16 @@ async def _jobs_started(port: int, n: int) -> bool:
 async def test_plain_sql_insert_wakes_an_idle_worker_at_once(
     pool: asyncpg.Pool, db_url: str, workspace: UUID
 ) -> None:
-    worker = Worker(
-        pool, db_url, Registry([job_type("noop", _echo)]), WorkerSettings(poll_interval_s=10.0)
-    )
-    task = asyncio.create_task(worker.run())
-    try:
-        await _wait_until(
+    async with running_worker(
+        pool, db_url, Registry([job_type("noop", _echo)]), poll_interval_s=10.0
+    ):
+        await wait_for(
             lambda: pool.fetchval(
                 "SELECT count(*) = 1 FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND datname = current_database()"
             )
         )
-        await asyncio.sleep(0.1)  # let the worker's first (empty) claim finish; it now idles
+        # Listening is all the test needs: a NOTIFY that lands during the worker's first (empty)
+        # claim wakes it again at once, and one before it is seen by that claim.
         latencies = []
         for _ in range(5):
             job_id = await pool.fetchval(
@@ -63,7 +63,7 @@ async def test_plain_sql_insert_wakes_an_idle_worker_at_once(
                 " VALUES ($1, 'noop', '{}') RETURNING id",
                 workspace,
             )
-            await _wait_until(
+            await wait_for(
                 lambda: pool.fetchval(
                     "SELECT status = 'completed' FROM job_queue WHERE id = $1", job_id
                 ),
@@ -77,24 +77,19 @@ async def test_plain_sql_insert_wakes_an_idle_worker_at_once(
             )
         # A generous bound for a loaded CI machine; with 10 s polling only NOTIFY can do this.
         assert max(latencies) < 1.0, latencies
-    finally:
-        worker.request_stop()
-        await task
 
 
 async def test_a_killed_listen_connection_is_replaced(
     pool: asyncpg.Pool, db_url: str, workspace: UUID
 ) -> None:
-    worker = Worker(
-        pool, db_url, Registry([job_type("noop", _echo)]), WorkerSettings(poll_interval_s=30.0)
-    )
-    task = asyncio.create_task(worker.run())
-    try:
+    async with running_worker(
+        pool, db_url, Registry([job_type("noop", _echo)]), poll_interval_s=30.0
+    ):
         listening = "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND datname = current_database()"
-        await _wait_until(lambda: pool.fetchval(f"SELECT count(*) = 1 FROM ({listening}) l"))
+        await wait_for(lambda: pool.fetchval(f"SELECT count(*) = 1 FROM ({listening}) l"))
         old_pid = await pool.fetchval(listening)
         await pool.execute("SELECT pg_terminate_backend($1)", old_pid)
-        await _wait_until(
+        await wait_for(
             lambda: pool.fetchval(
                 f"SELECT count(*) = 1 FROM ({listening}) l WHERE pid <> $1", old_pid
             )
@@ -104,15 +99,12 @@ async def test_a_killed_listen_connection_is_replaced(
             " VALUES ($1, 'noop', '{}') RETURNING id",
             workspace,
         )
-        await _wait_until(
+        await wait_for(
             lambda: pool.fetchval(
                 "SELECT status = 'completed' FROM job_queue WHERE id = $1", job_id
             ),
             5,
         )
-    finally:
-        worker.request_stop()
-        await task
 
 
 async def test_kill_9_mid_run_loses_nothing(
@@ -130,13 +122,13 @@ async def test_kill_9_mid_run_loses_nothing(
     args = ("run", "--max-concurrent", "20", "--lease", "3s", "--poll-interval", "200ms")
     debug = {"SIDELINJA_LOG_LEVEL": "debug"}  # a line per completed job (info: a summary)
     victim = spawn(*args, url=db_url, env=debug)
-    await _wait_until(
+    await wait_for(
         lambda: pool.fetchval("SELECT count(*) >= 300 FROM job_queue WHERE status = 'completed'")
     )
     victim_id = await pool.fetchval("SELECT id FROM job_workers")
     survivors = [spawn(*args, url=db_url, env=debug) for _ in range(2)]
-    await _wait_until(lambda: pool.fetchval("SELECT count(*) = 3 FROM job_workers"))
-    await _wait_until(
+    await wait_for(lambda: pool.fetchval("SELECT count(*) = 3 FROM job_workers"))
+    await wait_for(
         lambda: pool.fetchval(
             "SELECT count(*) > 0 FROM job_queue WHERE status = 'running' AND worker_id = $1"
             " AND payload->>'sleep_ms' = '500' AND started_at > now() - interval '250 ms'",
@@ -145,7 +137,7 @@ async def test_kill_9_mid_run_loses_nothing(
     )
     victim.send_signal(signal.SIGKILL)
     victim_err = victim.communicate()[1]
-    await _wait_until(
+    await wait_for(
         lambda: pool.fetchval("SELECT count(*) = 3000 FROM job_queue WHERE status = 'completed'"),
         120,
     )
@@ -205,7 +197,7 @@ async def test_sigterm_waits_for_grace_then_gives_jobs_back(
     )
     # Started by the worker, not only claimed: a claim is `running` in the table a moment before
     # its answer reaches the worker, and a SIGTERM in that moment gives the jobs back unstarted.
-    await _wait_until(lambda: _jobs_started(port, 3))
+    await wait_for(lambda: _jobs_started(port, 3))
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     _, err = await asyncio.to_thread(proc.communicate, timeout=30)
@@ -236,14 +228,10 @@ async def test_workers_survive_their_connections_being_killed(
         for _ in range(2)
     ]
     for _ in range(3):  # three rounds of "the database dropped every worker connection"
-        await _wait_until(
+        await wait_for(
             lambda: pool.fetchval("SELECT count(*) > 0 FROM job_queue WHERE status = 'running'")
         )
-        await pool.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE application_name = 'sidelinja-worker' AND datname = current_database()"
-        )
-        await asyncio.sleep(0.2)
+        await kill_worker_connections(pool)
     outputs = [await asyncio.to_thread(p.communicate, timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [
         e[-6000:].replace("noop completed", "") for _, e in outputs

@@ -26,7 +26,7 @@ from tests.fakes.fixtures import (  # noqa: F401  (pytest finds fixtures by modu
     service_config,
 )
 from tests.fakes.forgejo_server import FakeForgejo
-from tests.helpers import run_burst
+from tests.helpers import make_workspace, run_burst
 
 TWO_CUES = (
     "1\n00:00:01,000 --> 00:00:02,000\nNy versjon.\n\n"
@@ -241,7 +241,7 @@ async def test_the_replacement_is_one_transaction(pool: asyncpg.Pool, workspace:
 async def test_a_job_writes_only_into_its_own_workspace(
     pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path
 ) -> None:
-    other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
+    other = await make_workspace(pool, "other")
     (media_root.parent / str(other) / "srt").mkdir(parents=True)
     (media_root.parent / str(other) / "srt" / "two.srt").write_text(TWO_CUES)
     await parse_job(pool, db_url, other, {"srt_path": "srt/two.srt"}, media_root)

@@ -108,7 +108,10 @@ import asyncio, dataclasses, sys
 from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.queue import worker
 
+running = asyncio.Event()
+
 async def stubborn(ctx, payload):
+    running.set()
     while True:  # a handler that ignores its cancellation
         try:
             await asyncio.sleep(60)
@@ -118,7 +121,7 @@ async def stubborn(ctx, payload):
 REGISTRY._types["noop"] = dataclasses.replace(REGISTRY["noop"], handler=stubborn)
 
 async def broken(pool, settings):
-    await asyncio.sleep(1.0)  # the handler is running by then
+    await running.wait()
     raise RuntimeError("injected fault")
 
 worker.rescue_loop = broken

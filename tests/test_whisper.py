@@ -33,7 +33,7 @@ from tests.fakes.fixtures import (  # noqa: F401  (pytest finds fixtures by modu
 from tests.fakes.forgejo_server import FakeForgejo
 from tests.fakes.livekit_server import FakeLiveKit
 from tests.fakes.whisper_server import FakeWhisper
-from tests.helpers import run_burst
+from tests.helpers import make_workspace, run_burst
 
 SRT_PATH = "episodes/ep-1.srt"
 
@@ -595,7 +595,7 @@ async def test_the_chain_writes_only_into_the_jobs_workspace(
     whisper_fake: FakeWhisper,
     forgejo_fake: FakeForgejo,
 ) -> None:
-    other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
+    other = await make_workspace(pool, "other")
     await enqueue(pool, workspace)
     await drain(
         pool, db_url, config=service_config(media_root, whisper=whisper_fake, forgejo=forgejo_fake)
