@@ -1,5 +1,5 @@
 """The admin view in real headless Chromium (Debian's, driven by Playwright) against the running
-`sidelinja-worker admin` and a real database (issue 5)."""
+`sidelinja-worker admin` and a real database."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Job events forwarded to a SpacetimeDB reducer over HTTP (interfaces.md §9), against a real
+"""Job events forwarded to a SpacetimeDB reducer over HTTP, against a real
 HTTP server on 127.0.0.1 that checks the request as SpacetimeDB does and can fail with 530."""
 
 from __future__ import annotations

@@ -368,7 +368,7 @@ async def test_every_fair_claim_is_a_prefix_of_the_fair_order(
 
 
 async def test_jobs_why_names_each_reason(pool: asyncpg.Pool, db_url: str, workspace: UUID) -> None:
-    """Every reason issue 6 lists, each set up by plain SQL and read back through the CLI."""
+    """Every reason a job can wait, each set up by plain SQL and read back through the CLI."""
 
     async def why(job_id: UUID) -> str:
         out = cli("jobs", "why", str(job_id), url=db_url)

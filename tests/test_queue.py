@@ -114,7 +114,7 @@ async def test_enqueue_many_in_one_call_keeps_order_and_defaults(
         )
     }
     assert [rows[i]["payload"] for i in ids[:500]] == [{"i": i} for i in range(500)]
-    assert rows[ids[500]]["priority"] == 10  # DESIGN §5 default for research_clip
+    assert rows[ids[500]]["priority"] == 10  # the platform's default for research_clip
     assert rows[ids[501]]["priority"] == 7 and rows[ids[501]]["wait"] == timedelta(seconds=600)
 
 

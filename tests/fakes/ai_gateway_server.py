@@ -1,5 +1,5 @@
 """A real HTTP server on 127.0.0.1 that speaks the OpenAI-compatible chat completions and
-embeddings protocol the way OpenRouter does (reference/interfaces.md §3): Bearer keys, the
+embeddings protocol the way OpenRouter does: Bearer keys, the
 `{"error": {code, message, metadata}}` shape, Retry-After, errors inside an HTTP 200 answer.
 
 Answers are scripted per test (`push`); with no script left, a chat request gets a valid answer

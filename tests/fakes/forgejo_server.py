@@ -1,4 +1,4 @@
-"""A Forgejo stand-in: the contents API of interfaces.md §2 with real sha checks. GET reads a file
+"""A Forgejo stand-in: the contents API with real sha checks. GET reads a file
 (by branch or commit), POST creates (201; 422 if it exists), PUT updates (200; 409 on a stale sha;
 422 without one). Errors: 401 bad token, 403 read-only token, 404 repo/branch/file, 413 quota,
 423 archived, and any status on demand. Bodies are Forgejo's {"message", "url"}."""

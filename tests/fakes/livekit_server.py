@@ -1,4 +1,4 @@
-"""A LiveKit server stand-in: Twirp `POST /twirp/livekit.RoomService/ListRooms` (interfaces.md §6).
+"""A LiveKit server stand-in: Twirp `POST /twirp/livekit.RoomService/ListRooms`.
 It verifies the HS256 JWT (signature with the API secret, `iss` = API key, nbf/exp, the
 `video.roomList` grant) and answers Twirp errors {"code", "msg"}: 401 unauthenticated, 403
 permission_denied, 404 bad_route for a non-JSON body, and any status on demand."""

@@ -1,4 +1,4 @@
-"""A speaches (faster-whisper-server) stand-in: POST /v1/audio/transcriptions as interfaces.md §1
+"""A speaches (faster-whisper-server) stand-in: POST /v1/audio/transcriptions as the service
 documents it, with its errors: 404 model not installed, 415 undecodable audio, 400 empty audio,
 422 validation, 403 wrong API key, and 5xx on demand."""
 

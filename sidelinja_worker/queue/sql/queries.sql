@@ -416,7 +416,7 @@ FROM queue_settings
 ORDER BY 1, 2;
 
 -- name: report_progress
--- Stored on the job and published for live pages (issue 5); only while this worker holds it.
+-- Stored on the job and published for live pages; only while this worker holds it.
 WITH updated AS (
     UPDATE job_queue
     SET progress = jsonb_build_object('message', $3::text, 'percent', $4::float8,
