@@ -21,7 +21,7 @@ class NoopPayload(BaseModel):
     fail_permanent: str | None = None
 
 
-async def run_noop(ctx: JobContext, payload: NoopPayload) -> Any:
+async def run(ctx: JobContext, payload: NoopPayload) -> Any:
     if payload.sleep_ms:
         await asyncio.sleep(payload.sleep_ms / 1000)
     if payload.fail_permanent is not None:
@@ -35,7 +35,7 @@ async def run_noop(ctx: JobContext, payload: NoopPayload) -> Any:
 
 JOB_TYPE = JobType(
     name="noop",
-    handler=run_noop,
+    handler=run,
     payload_model=NoopPayload,
     default_priority=default_priority("noop"),
     timeout_s=300,

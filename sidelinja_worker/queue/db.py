@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -212,10 +211,6 @@ async def _reset_on_release(conn: asyncpg.Connection) -> None:
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
-
-
-def env_database_url() -> str | None:
-    return os.environ.get("DATABASE_URL") or None
 
 
 def say(line: str) -> None:

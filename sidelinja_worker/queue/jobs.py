@@ -1,20 +1,10 @@
-"""Job values: the status enum and the claimed job a handler runs. Imports nothing of ours."""
+"""The claimed job a handler runs, as a value. Imports nothing of ours."""
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
-
-
-class JobStatus(enum.StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    ERROR = "error"
-    RETRY = "retry"
-    CANCELLED = "cancelled"
 
 
 @dataclass(slots=True)
