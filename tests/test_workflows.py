@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -12,8 +13,13 @@ from uuid import UUID
 import asyncpg
 import pytest
 
+from sidelinja_worker.queue import store
+from sidelinja_worker.queue.client import NewJob, enqueue_many
+from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.ids import uuid7s
 from sidelinja_worker.queue.queries import QUERIES
-from tests.helpers import cli, run_burst, statuses
+from sidelinja_worker.queue.registry import Registry
+from tests.helpers import cli, insert_jobs, job_type, run_burst, spawn, statuses
 
 PSQL = "/usr/bin/psql"
 
@@ -231,3 +237,129 @@ async def test_100k_waiting_children_do_not_touch_the_claim(
         root = json.loads(plan)[0]["Plan"]
         assert root["Shared Hit Blocks"] + root.get("Shared Read Blocks", 0) < 200, root
         assert root["Actual Rows"] == 10
+
+
+async def _split(ctx: JobContext, payload: Any) -> Any:
+    """Fan-out and fan-in: one child per part, then a join that adds them up."""
+    parts = [ctx.add_child(NewJob(ctx.workspace_id, "square", {"n": n})) for n in range(payload.n)]
+    ctx.add_join(NewJob(ctx.workspace_id, "total", {}), parts)
+    return {"parts": payload.n}
+
+
+async def _square(ctx: JobContext, payload: Any) -> Any:
+    (split,) = await ctx.parent_results()
+    assert split.job_type == "split" and split.result == {"parts": 3}
+    return {"square": payload.n * payload.n}
+
+
+async def _total(ctx: JobContext, payload: Any) -> Any:
+    parents = await ctx.parent_results()
+    return {"total": sum(p.result["square"] for p in parents if p.job_type == "square")}
+
+
+async def test_fan_out_and_join_with_results(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    registry = Registry(
+        [job_type("split", _split), job_type("square", _square), job_type("total", _total)]
+    )
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'split', '{\"n\": 3}')",
+        workspace,
+    )
+    await run_burst(pool, db_url, registry)
+    assert await statuses(pool) == {"completed": 5}
+    total = await pool.fetchrow("SELECT result, started_at FROM job_queue WHERE job_type = 'total'")
+    assert total["result"] == {"total": 0 + 1 + 4}
+    squares = await pool.fetchval(
+        "SELECT max(completed_at) FROM job_queue WHERE job_type = 'square'"
+    )
+    assert total["started_at"] >= squares
+
+
+async def test_python_client_enqueues_a_graph(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    first = uuid7s(1)[0]
+    ids = await enqueue_many(
+        pool,
+        [
+            NewJob(workspace, "noop", {"name": "first"}, job_id=first),
+            NewJob(workspace, "noop", {"name": "second"}, parents=(first,)),
+        ],
+    )
+    assert ids[0] == first
+    assert (await by_name(pool))["second"]["st"] == "waiting"
+    await run_burst(pool, db_url)
+    assert await statuses(pool) == {"completed": 2}
+
+
+async def test_kill_9_of_a_worker_in_the_middle_of_a_graph(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    # Three layers of 40 slow jobs, each job of a layer waiting for all of the layer before.
+    names = [f"{layer}-{i}" for layer in range(3) for i in range(40)]
+    edges = [
+        (f"{layer}-{i}", f"{layer + 1}-{k}")
+        for layer in range(2)
+        for i in range(40)
+        for k in range(40)
+    ]
+    slow = {n: {"sleep_ms": 300} for n in names}
+    await pool.execute(graph_sql(workspace, names, edges, **slow))
+    args = ("run", "--max-concurrent", "20", "--lease", "2s", "--poll-interval", "200ms")
+    victim = spawn(*args, url=db_url)
+    await wait_until(
+        lambda: pool.fetchval(
+            "SELECT count(*) > 0 FROM job_queue WHERE status = 'running'"
+            " AND payload->>'name' LIKE '1-%'"
+        )
+    )
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+    survivor = spawn(*args, url=db_url)
+    await wait_until(
+        lambda: pool.fetchval("SELECT count(*) = 120 FROM job_queue WHERE status = 'completed'"),
+        120,
+    )
+    survivor.send_signal(signal.SIGTERM)
+    await asyncio.to_thread(survivor.communicate, timeout=60)
+    jobs = await by_name(pool)
+    assert any(j["errors"] for j in jobs.values()), "the victim's running jobs were rescued"
+    for layer in (1, 2):
+        first_start = min(jobs[f"{layer}-{i}"]["started_at"] for i in range(40))
+        last_parent = max(jobs[f"{layer - 1}-{i}"]["completed_at"] for i in range(40))
+        assert first_start >= last_parent
+
+
+async def test_retention_prunes_graphs_whole(pool: asyncpg.Pool, workspace: UUID) -> None:
+    # g1: a -> b, both old: pruned together. g2: c -> d, c old but d recent: both stay.
+    await pool.execute(graph_sql(workspace, ["a", "b", "c", "d"], [("a", "b"), ("c", "d")]))
+    await insert_jobs(pool, workspace, 3)
+    await pool.execute(
+        "UPDATE job_queue SET status = 'completed' WHERE payload->>'name' IN ('a', 'c')"
+    )
+    await pool.execute("UPDATE job_queue SET status = 'completed' WHERE status = 'pending'")
+    await pool.execute(
+        "UPDATE job_queue SET completed_at = now() - interval '2 days'"
+        " WHERE coalesce(payload->>'name', 'x') <> 'd'"
+    )
+    async with pool.acquire() as conn:
+        deleted = await store.prune(conn, 86400, 86400, 1000)
+    assert deleted == 5  # three plain jobs and the whole of g1
+    assert sorted(await by_name(pool)) == ["c", "d"]
+    assert await pool.fetchval("SELECT count(*) FROM job_dependencies") == 1
+    # Without its children a parent is never pruned on its own, whatever the batch size.
+    async with pool.acquire() as conn:
+        assert await store.prune(conn, 86400, 86400, 1) == 0
+
+
+async def test_an_edge_must_name_existing_jobs(pool: asyncpg.Pool, workspace: UUID) -> None:
+    await pool.execute(graph_sql(workspace, ["a", "b"], [("a", "b")]))
+    a = (await by_name(pool))["a"]["id"]
+    with pytest.raises(asyncpg.ForeignKeyViolationError):
+        await pool.execute(
+            "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)", a, uuid7s(1)[0]
+        )
+    await pool.execute("DELETE FROM job_queue WHERE id = $1", a)
+    assert await pool.fetchval("SELECT count(*) FROM job_dependencies") == 0

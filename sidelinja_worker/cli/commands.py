@@ -229,14 +229,21 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
             facts = await store.why_facts(pool, job_id)
             if facts is None:
                 raise UserError(f"no job {job_id}")
-            for reason in explain(dict(facts)):
+            relatives = await store.job_relatives(pool, job_id)
+            for reason in explain({**facts, "parents": _relatives(relatives, "parent")}):
                 print(f"- {reason}")
             return 0
         if args.jobs_command == "show":
             row = await store.get_job(pool, job_id)
             if row is None:
                 raise UserError(f"no job {job_id}")
-            print(json.dumps(dict(row), indent=2, default=_json_default, ensure_ascii=False))
+            relatives = await store.job_relatives(pool, job_id)
+            shown = {
+                **row,
+                "parents": _relatives(relatives, "parent"),
+                "children": _relatives(relatives, "child"),
+            }
+            print(json.dumps(shown, indent=2, default=_json_default, ensure_ascii=False))
             return 0
         after, before = await store.request_cancel(pool, job_id)
     if before is None:
@@ -249,6 +256,15 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
         else "cancelled"
     )
     return 0
+
+
+def _relatives(rows: list[Any], relation: str) -> list[dict[str, Any]]:
+    """A job's parents or children in a graph: id, type, status, run_anyway."""
+    return [
+        {k: r[k] for k in ("id", "job_type", "status", "run_anyway")}
+        for r in rows
+        if r["relation"] == relation
+    ]
 
 
 def _service_overrides(args: argparse.Namespace) -> dict[str, str | None]:
