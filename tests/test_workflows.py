@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -19,6 +20,15 @@ from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.ids import uuid7s
 from sidelinja_worker.queue.queries import QUERIES
 from sidelinja_worker.queue.registry import Registry
+from tests.fakes.ai_gateway_server import FakeAiGateway, ai_gateway_fixture  # noqa: F401
+from tests.fakes.fixtures import (  # noqa: F401  (pytest finds fixtures by module name)
+    forgejo_fake_fixture,
+    media_root_fixture,
+    service_config,
+    whisper_fake_fixture,
+)
+from tests.fakes.forgejo_server import FakeForgejo
+from tests.fakes.whisper_server import FakeWhisper
 from tests.helpers import cli, insert_jobs, job_type, run_burst, spawn, statuses
 
 PSQL = "/usr/bin/psql"
@@ -90,13 +100,18 @@ async def test_a_released_child_wakes_the_workers(pool: asyncpg.Pool, workspace:
     conn = await pool.acquire()
     try:
         got: asyncio.Queue[str] = asyncio.Queue()
-        await conn.add_listener("sidelinja_job_due", lambda *a: got.put_nowait(a[2]))
+
+        def heard(*args: Any) -> None:
+            got.put_nowait(args[2])
+
+        await conn.add_listener("sidelinja_job_due", heard)
         await pool.execute(graph_sql(workspace, ["p", "c"], [("p", "c")]))
         await asyncio.wait_for(got.get(), 5)  # the insert's own notification
         await pool.execute("UPDATE job_queue SET status = 'completed' WHERE payload->>'name' = 'p'")
         await asyncio.wait_for(got.get(), 5)
         assert (await by_name(pool))["c"]["st"] == "pending"
     finally:
+        await conn.remove_listener("sidelinja_job_due", heard)
         await pool.release(conn)
 
 
@@ -363,3 +378,117 @@ async def test_an_edge_must_name_existing_jobs(pool: asyncpg.Pool, workspace: UU
         )
     await pool.execute("DELETE FROM job_queue WHERE id = $1", a)
     assert await pool.fetchval("SELECT count(*) FROM job_dependencies") == 0
+
+
+async def test_the_episode_pipeline_end_to_end(
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+    ai_gateway: FakeAiGateway,
+) -> None:
+    done = await asyncio.to_thread(
+        cli,
+        "pipeline", "episode", "--workspace", str(workspace), "--audio", "episodes/ep1.wav",
+        "--branch", "main", "--title", "Valgspesial",
+        url=db_url,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    ids = dict(line.split() for line in done.stdout.splitlines())
+    assert sorted(ids) == ["openrouter_analyze", "srt_parse", "whisper_transcribe"]
+    parse_id = UUID(ids["srt_parse"])
+    why = await asyncio.to_thread(cli, "jobs", "why", str(parse_id), url=db_url)
+    assert f"waiting for parent {ids['whisper_transcribe']} (whisper_transcribe, pending)" in (
+        why.stdout
+    )
+    shown = json.loads(
+        (await asyncio.to_thread(cli, "jobs", "show", str(parse_id), url=db_url)).stdout
+    )
+    assert [p["id"] for p in shown["parents"]] == [ids["whisper_transcribe"]]
+    assert [c["id"] for c in shown["children"]] == [ids["openrouter_analyze"]]
+
+    config = service_config(
+        media_root,
+        whisper=whisper_fake,
+        forgejo=forgejo_fake,
+        AI_GATEWAY_URL=ai_gateway.url,
+        AI_GATEWAY_KEY=ai_gateway.key,
+    )
+    await run_burst(pool, db_url, config=config)
+    rows = {
+        r["job_type"]: r for r in await pool.fetch("SELECT *, status::text AS st FROM job_queue")
+    }
+    assert sorted(rows) == [
+        "generate_embeddings",
+        "openrouter_analyze",
+        "srt_parse",
+        "whisper_transcribe",
+    ]
+    for name in ("whisper_transcribe", "srt_parse", "openrouter_analyze"):
+        assert rows[name]["st"] == "completed", rows[name]["error_msg"]
+    # srt_parse read the SRT whisper committed, at that commit, from its parent's result.
+    commit = rows["whisper_transcribe"]["result"]["forgejo"]["commit_sha"]
+    assert rows["srt_parse"]["result"]["source"]["forgejo"]["ref"] == commit
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM transcript_segments WHERE workspace_id = $1", workspace
+        )
+        == rows["srt_parse"]["result"]["segments"]
+        == 10
+    )
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM ai_results WHERE kind = 'openrouter_analyze' AND source_ref = 'ep1'"
+        )
+        == 1
+    )
+    # The embeddings: the transcript's passages, a child of srt_parse. Storing vectors needs
+    # pgvector; without it the job fails at once, naming it, and nothing else is touched.
+    embed = rows["generate_embeddings"]
+    assert embed["payload"]["items"][0]["ref"] == "ep1#1"
+    parents = await pool.fetch(
+        "SELECT parent_id FROM job_dependencies WHERE child_id = $1", embed["id"]
+    )
+    assert [p["parent_id"] for p in parents] == [parse_id]
+    if await pool.fetchval("SELECT to_regclass('knowledge_embeddings') IS NULL"):
+        assert (embed["st"], "pgvector" in embed["error_msg"]) == ("error", True)
+    else:
+        assert embed["st"] == "completed", embed["error_msg"]
+
+
+async def test_whisper_alone_adds_its_parse_as_a_child(
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+) -> None:
+    job_id = await enqueue_many(
+        pool,
+        [
+            NewJob(
+                workspace,
+                "whisper_transcribe",
+                {
+                    "audio_path": "episodes/ep1.wav",
+                    "transcript_ref": "ep-1",
+                    "forgejo": {"owner": "sidelinja", "repo": "transcripts", "path": "a.srt"},
+                },
+            )
+        ],
+    )
+    config = service_config(media_root, whisper=whisper_fake, forgejo=forgejo_fake)
+    await run_burst(pool, db_url, config=config)
+    parse = await pool.fetchrow(
+        "SELECT *, status::text AS st FROM job_queue WHERE job_type = 'srt_parse'"
+    )
+    assert parse["st"] == "completed", parse["error_msg"]
+    assert (
+        await pool.fetchval(
+            "SELECT parent_id FROM job_dependencies WHERE child_id = $1", parse["id"]
+        )
+        == job_id[0]
+    )

@@ -17,6 +17,7 @@ from sidelinja_worker.cli import admin as admin_cli
 from sidelinja_worker.cli import limits as limits_cli
 from sidelinja_worker.cli.session import opened, parse_uuid
 from sidelinja_worker.jobs.catalog import REGISTRY
+from sidelinja_worker.jobs.transcripts import pipeline
 from sidelinja_worker.queue import client, embedded, gctune, metrics, migrate, store
 from sidelinja_worker.queue.config import SETTINGS, ServiceConfig
 from sidelinja_worker.queue.db import (
@@ -44,6 +45,7 @@ async def dispatch(args: argparse.Namespace) -> int:
         "workspace": cmd_workspace,
         "jobs": cmd_jobs,
         "limits": cmd_limits,
+        "pipeline": cmd_pipeline,
     }
     return await handlers[args.command](args)
 
@@ -255,6 +257,35 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
         if before == "running"
         else "cancelled"
     )
+    return 0
+
+
+async def cmd_pipeline(args: argparse.Namespace) -> int:
+    """`pipeline episode`: the episode's whole pipeline as one graph; prints each job's id."""
+    owner, _, repo = args.repo.partition("/")
+    if not owner or not repo:
+        raise UserError(f"--repo must be OWNER/REPO, got {args.repo!r}")
+    episode = pipeline.Episode(
+        workspace_id=parse_uuid(args.workspace, "--workspace"),
+        audio_path=args.audio,
+        owner=owner,
+        repo=repo,
+        transcript_ref=args.ref,
+        srt_path=args.srt_path,
+        branch=args.branch,
+        language=args.language,
+        title=args.title,
+        embed=not args.no_embed,
+    )
+    async with opened(args) as (_db, pool):
+        if not await store.workspace_exists(pool, episode.workspace_id):
+            raise UserError(f"no workspace {episode.workspace_id}")
+        try:
+            ids = await pipeline.enqueue_episode(pool, episode)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    for job_type, job_id in ids.items():
+        print(f"{job_type} {job_id}")
     return 0
 
 

@@ -118,6 +118,11 @@ class JobContext:
             ]
         return self._parents
 
+    async def children(self) -> list[tuple[UUID, str, str]]:
+        """This job's children already in the table: (id, job_type, status)."""
+        rows = await store.job_relatives(self.services.pool, self.job_id)
+        return [(r["id"], r["job_type"], r["status"]) for r in rows if r["relation"] == "child"]
+
     async def parent_result(self, job_type: str) -> Any:
         """The result of this job's parent of type `job_type` (the last one if several);
         LookupError if it has none."""
