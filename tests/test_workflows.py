@@ -492,3 +492,52 @@ async def test_whisper_alone_adds_its_parse_as_a_child(
         )
         == job_id[0]
     )
+
+
+async def test_a_confined_app_role_declares_and_resumes_graphs(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    # The web app's role, confined to one workspace by row-level security, writes the graph and
+    # retries it; the triggers run as that role.
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            await conn.execute("SET LOCAL ROLE sidelinja_app")
+            await conn.execute(
+                "SELECT set_config('sidelinja.workspace_id', $1, true)", str(workspace)
+            )
+            await conn.execute(graph_sql(workspace, ["a", "b"], [("a", "b")]))
+        assert {n: j["st"] for n, j in (await by_name(pool)).items()} == {
+            "a": "pending",
+            "b": "waiting",
+        }
+        await pool.execute(
+            "UPDATE job_queue SET status = 'error', error_msg = 'no' WHERE payload->>'name' = 'a'"
+        )
+        assert (await by_name(pool))["b"]["st"] == "cancelled"
+        async with conn.transaction():
+            await conn.execute("SET LOCAL ROLE sidelinja_app")
+            await conn.execute(
+                "SELECT set_config('sidelinja.workspace_id', $1, true)", str(workspace)
+            )
+            await conn.execute(
+                "UPDATE job_queue SET status = 'pending' WHERE payload->>'name' = 'a'"
+            )
+            edges = await conn.fetchval("SELECT count(*) FROM job_dependencies")
+        assert edges == 1
+        assert (await by_name(pool))["b"]["st"] == "waiting"
+        # Another workspace's job does not exist for this role: no edge to or from it.
+        other = await pool.fetchval(
+            "WITH w AS (INSERT INTO workspaces (name) VALUES ('other') RETURNING id)"
+            " INSERT INTO job_queue (workspace_id, job_type, payload)"
+            " SELECT id, 'noop', '{}' FROM w RETURNING id"
+        )
+        b = (await by_name(pool))["b"]["id"]
+        with pytest.raises(asyncpg.ForeignKeyViolationError):
+            async with conn.transaction():
+                await conn.execute("SET LOCAL ROLE sidelinja_app")
+                await conn.execute(
+                    "SELECT set_config('sidelinja.workspace_id', $1, true)", str(workspace)
+                )
+                await conn.execute(
+                    "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)", b, other
+                )

@@ -15,6 +15,7 @@ class JobStatus(enum.StrEnum):
     ERROR = "error"
     RETRY = "retry"
     CANCELLED = "cancelled"
+    WAITING = "waiting"  # in a graph, for unfinished parents (job_dependencies)
 
 
 @dataclass(slots=True)
