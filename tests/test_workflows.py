@@ -16,6 +16,7 @@ import pytest
 
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.client import NewJob, enqueue_many
+from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.ids import uuid7s
 from sidelinja_worker.queue.queries import QUERIES
@@ -541,3 +542,40 @@ async def test_a_confined_app_role_declares_and_resumes_graphs(
                 await conn.execute(
                     "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)", b, other
                 )
+
+
+async def test_meeting_summarize_map_reduce_as_a_graph(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
+    await pool.execute(
+        "UPDATE workspaces SET settings = $2 WHERE id = $1",
+        workspace,
+        {"ai": {"context_tokens": 150}},  # about 450 characters a part
+    )
+    text = "\n".join(f"Linje {i}: vi diskuterte budsjettet for kvartal {i}." for i in range(40))
+    [first] = await enqueue_many(
+        pool,
+        [NewJob(workspace, "meeting_summarize", {"text": text, "ref": "m1", "fan_out": True})],
+    )
+    config = ServiceConfig({"AI_GATEWAY_URL": ai_gateway.url, "AI_GATEWAY_KEY": ai_gateway.key})
+    await run_burst(pool, db_url, config=config)
+    rows = await pool.fetch(
+        "SELECT *, status::text AS st FROM job_queue WHERE job_type = 'meeting_summarize'"
+    )
+    assert {r["st"] for r in rows} == {"completed"}, [r["error_msg"] for r in rows]
+    split = next(r for r in rows if r["id"] == first)["result"]
+    parts = [r for r in rows if r["payload"].get("part")]
+    [join] = [r for r in rows if r["payload"].get("combine")]
+    assert split["parts"] == len(parts) > 1 and split["join"] == str(join["id"])
+    assert join["started_at"] >= max(p["completed_at"] for p in parts)
+    requests = ai_gateway.chat_requests()
+    combines = [r for r in requests if "Partial answers for consecutive parts" in r.message("user")]
+    assert combines and len(requests) == len(parts) + len(combines)
+    assert join["result"]["parts"] == len(parts)
+    assert join["result"]["usage"]["calls"] == len(requests)
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM ai_results WHERE kind = 'meeting_summarize' AND source_ref = 'm1'"
+        )
+        == 1
+    )
