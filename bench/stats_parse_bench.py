@@ -1,11 +1,17 @@
 """stats_parse benchmark: lines/s end to end (read, decompress, decode, filter, count) and peak RSS.
 
     .venv/bin/python bench/stats_parse_bench.py --lines 1000000 [--compress gz|zst|none]
+    .venv/bin/python bench/stats_parse_bench.py --distinct-listeners 2000000 --repeat 1
 
 Writes a synthetic Caddy access log (~900-byte lines: episode downloads with ranges, probes,
 HEAD, 304, bots, plus feed/page/image requests) to a temporary folder, then parses it in a fresh
 child process, as the worker does (parse, then pickle the result), and reports that process's
-CPU time and peak RSS: the median of --repeat runs, as other jobs share the machine's cores."""
+CPU time and peak RSS: the median of --repeat runs, as other jobs share the machine's cores.
+
+--distinct-listeners N writes a log of N episode downloads in one day, each by a new listener
+(a new address and User-Agent: the flood a hostile client can aim at an episode URL), and the
+child parses it as the job does, spilling past stats_parse.SPILL_LISTENERS, then reads and
+hashes every listener as the worker does before inserting them: its peak RSS covers both."""
 
 from __future__ import annotations
 
@@ -40,19 +46,22 @@ AGENTS = [
 OTHER_PATHS = ["/feed.xml", "/", "/episodes/42", "/static/app.css", "/cover.jpg"]
 
 
-def entry(rng: random.Random, ts: float) -> bytes:
-    n = rng.randrange(20_000)  # a pool of listeners, so most of them come back for more ranges
+def entry(rng: random.Random, ts: float, listener: int | None = None) -> bytes:
+    n = rng.randrange(20_000) if listener is None else listener  # a pool: most come back
     ip = f"203.0.{n >> 8}.{n & 255}" if n % 5 else f"2001:db8:{n:x}:{n % 7:x}::{rng.randrange(99)}"
-    episode = rng.random() < 0.7
+    if listener is not None:  # every one new: an IPv4 address and an app build of its own
+        ip = f"10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}"
+    episode = listener is not None or rng.random() < 0.7
     uri = (
         f"/media/podcast/episode-{rng.randrange(60):03d}.mp3"
         if episode
         else rng.choice(OTHER_PATHS)
     )
-    method = "HEAD" if rng.random() < 0.03 else "GET"
-    start = rng.choice([0, 0, 0, 1, 1048576, 5242880])
+    method = "HEAD" if rng.random() < 0.03 and listener is None else "GET"
+    start = rng.choice([0, 0, 0, 1, 1048576, 5242880] if listener is None else [0, 1048576])
+    agent = rng.choice(AGENTS) if listener is None else f"{AGENTS[0]} build/{listener}"
     headers = {
-        "User-Agent": [rng.choice(AGENTS)],
+        "User-Agent": [agent],
         "Accept": ["*/*"],
         "Accept-Encoding": ["identity"],
         "Accept-Language": ["nb-NO,nb;q=0.9,en;q=0.5"],
@@ -65,6 +74,8 @@ def entry(rng: random.Random, ts: float) -> bytes:
         start = 0 if start == 1 else start
         headers["Range"] = [f"bytes={start}-{end}"]
         status, size = rng.choice([(206, end - start + 1), (206, end - start + 1), (304, 0)])
+        if listener is not None:
+            status, size = 206, end - start + 1
         resp = {
             "Content-Type": ["audio/mpeg"],
             "Content-Range": [f"bytes {start}-{end}/48000000"],
@@ -114,7 +125,7 @@ def entry(rng: random.Random, ts: float) -> bytes:
     )
 
 
-def write_log(folder: Path, lines: int, compress: str) -> Path:
+def write_log(folder: Path, lines: int, compress: str, distinct: bool = False) -> Path:
     rng = random.Random(8)
     name = {
         "none": "access.log",
@@ -130,25 +141,50 @@ def write_log(folder: Path, lines: int, compress: str) -> Path:
     start = 1_772_323_200.0
     with opener() as out:
         for i in range(lines):
-            out.write(entry(rng, start + i * (172800 / lines)))
+            if distinct:  # one day, every line a new listener
+                out.write(entry(rng, start + i * (80000 / lines), listener=i))
+            else:
+                out.write(entry(rng, start + i * (172800 / lines)))
     return path
 
 
-def child(path: str) -> None:
+def child(path: str, spill: bool) -> None:
     """Runs in a fresh process and does what the worker's child does (parse, then pickle the
-    result for the worker; to /dev/null here), then prints times, peak RSS and yardsticks."""
+    result for the worker; to /dev/null here), then prints times, peak RSS and yardsticks.
+    With `spill`, also what the worker does next: every listener read back and hashed."""
     from sidelinja_worker.jobs.stats.counting import EpisodeRules
     from sidelinja_worker.jobs.stats.logfiles import ROTATED
     from sidelinja_worker.jobs.stats.parse import FileTask, parse_files
 
     p = Path(path)
+    spill_at = None
+    if spill:  # the job's own threshold (importing the job module costs start-up time)
+        from sidelinja_worker.jobs.stats import stats_parse
+
+        spill_at = stats_parse.SPILL_LISTENERS
+    spill_dir = tempfile.TemporaryDirectory() if spill else None
     began, began_cpu = time.perf_counter(), time.process_time()
-    result = parse_files([FileTask(p, bool(ROTATED.match(p.name)), "bench", 0)], EpisodeRules())
+    result = parse_files(
+        [FileTask(p, bool(ROTATED.match(p.name)), "bench", 0)],
+        EpisodeRules(),
+        Path(spill_dir.name) if spill_dir else None,
+        spill_at,
+    )
     elapsed, cpu = time.perf_counter() - began, time.process_time() - began_cpu
     began_cpu = time.process_time()
     with open(os.devnull, "wb") as sink:
         pickle.dump(result, sink, protocol=pickle.HIGHEST_PROTOCOL)
     pickle_s = time.process_time() - began_cpu
+    if spill_dir is not None:
+        salts = {
+            stats_parse.date.fromordinal(stats_parse._EPOCH + d): b"s" * 32 for d in result.days
+        }
+        batches = result.listen_batches()
+        hashed = 0
+        while rows := stats_parse._hash_batch(batches, salts, lambda ip: ""):
+            hashed += len(rows)
+        assert hashed == result.listeners
+        spill_dir.cleanup()
     usage = resource.getrusage(resource.RUSAGE_SELF)  # before the yardsticks
     print(
         orjson.dumps(
@@ -163,7 +199,8 @@ def child(path: str) -> None:
                 "msgspec_lines_s": baseline(p, "msgspec"),
                 "lean_block_lines_s": baseline(p, "lean-block"),
                 "skip_lines_s": baseline(p, "skip"),
-                "listeners": len(result.listens),
+                "listeners": result.listeners,
+                "spilled": result.spill is not None,
                 "counted": result.counted_requests,
             }
         ).decode()
@@ -210,13 +247,22 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=500_000)
     ap.add_argument("--compress", choices=["none", "gz", "zst"], default="none")
     ap.add_argument("--repeat", type=int, default=3, help="fresh child processes on the same log")
+    ap.add_argument(
+        "--distinct-listeners",
+        type=int,
+        metavar="N",
+        help="N lines in one day, each a new listener; the parse spills as the job's does",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--spill", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child)
+        child(args.child, args.spill)
         return
+    distinct = args.distinct_listeners is not None
     with tempfile.TemporaryDirectory() as tmp:
-        path = write_log(Path(tmp), args.lines, args.compress)
+        lines = args.distinct_listeners if distinct else args.lines
+        path = write_log(Path(tmp), lines, args.compress, distinct)
         size_mb = path.stat().st_size / 1e6
         # Flushed before the parses, so that they do not share the machine with the kernel
         # writing back up to a gigabyte of the bench's own fixture.
@@ -224,7 +270,8 @@ def main() -> None:
         runs = [
             orjson.loads(
                 subprocess.run(
-                    [sys.executable, __file__, "--child", str(path)],
+                    [sys.executable, __file__, "--child", str(path)]
+                    + (["--spill"] if distinct else []),
                     check=True,
                     capture_output=True,
                     text=True,
@@ -251,7 +298,8 @@ def summary(runs: list[dict[str, float]], compress: str, size_mb: float) -> str:
         f"{r['lines'] / r['seconds']:,.0f} wall; {r['cpu_s']:.2f} s CPU, then "
         f"{r['pickle_s']:.2f} s pickling the result ({r['process_cpu_s']:.2f} s for the whole "
         f"process with its start-up); peak RSS {max(run['rss_mb'] for run in runs):.0f} MB; "
-        f"{r['counted']:,.0f} counted requests, {r['listeners']:,.0f} listener-days; "
+        f"{r['counted']:,.0f} counted requests, {r['listeners']:,.0f} listener-days"
+        f"{' (spilled to sorted files, read back and hashed)' if r.get('spilled') else ''}; "
         f"decode-only yardsticks on the same lines: stdlib json {json_s:,.0f}/s, msgspec "
         f"{msgspec_s:,.0f}/s (end to end = {mid / json_s:.1f}x json, "
         f"{mid / msgspec_s:.2f}x msgspec); the parse's own lean decoder alone, a block per "

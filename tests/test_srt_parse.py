@@ -116,21 +116,62 @@ def test_an_empty_srt_is_an_empty_transcript() -> None:
     assert parse_srt("\ufeff \n\n").segments == ()
 
 
+CUE1 = "1\n00:00:01,000 --> 00:00:02,000\nHei\n\n"
+
+
 @pytest.mark.parametrize(
     "text, line, words",
     [
         ("hei\n", 1, "expected a cue number and timing line, got 'hei'"),
-        ("1\n00:00:01,000 --> 00:0x:02,000\nHei\n", 2, "bad timing line"),
-        ("1\n00:00:01,000 --> 00:00:02,000\nHei\n\n2\nHallo\n", 6, "expected a timing line"),
+        (
+            "1\n00:00:01,000 --> 00:0x:02,000\nHei\n",
+            2,
+            "a letter 'x' inside the timestamp '00:0x:02,000' of '00:00:01,000 --> 00:0x:02,000'",
+        ),
+        (
+            CUE1 + "2\nHallo\n",
+            6,
+            "expected a timing line after the cue number, got 'Hallo'",
+        ),
         (
             "1\r\n00:00:01,000 --> 00:00:02,000\r\nHei\r\n\r\n2\r\n00:00:05,000 --> 00:00:03,000\r\nx\r\n",
             6,
-            "cue 2 ends before it starts",
+            "the cue ends (00:00:03,000) before it starts (00:00:05,000)",
         ),
         (
-            "1\n00:00:01,000 --> 00:00:02,000\nHei\n\nstray\n00:00:03,000 -> 00:00:04,000\nx\n",
+            CUE1 + "stray\n00:00:03,000 -> 00:00:04,000\nx\n",
             6,
-            "bad timing line",
+            "wrong arrow '->' in timing line '00:00:03,000 -> 00:00:04,000' (expected '-->')",
+        ),
+        # The first bad line is named even when a later one is also bad: a letter in a
+        # timestamp is not read as a cue that ends before it starts.
+        (
+            CUE1 + "2\n00:00:O3,000 --> 00:00:04,000\nx\n\n3\n00:00:09,000 -> 00:00:08,000\ny\n",
+            6,
+            "a letter 'O' inside the timestamp '00:00:O3,000'",
+        ),
+        (
+            CUE1 + "2\n00:00:03,000 => 00:00:04,000\nx\n",
+            6,
+            "wrong arrow '=>' in timing line",
+        ),
+        (CUE1 + "2\n\nx\n", 6, "a timing line is missing after the cue number"),
+        (CUE1 + "2\n", 5, "the file ends after the cue number, without its timing line"),
+        (
+            CUE1 + "2\n00:00:03,000 00:00:04,000\nx\n",
+            6,
+            "expected a timing line after the cue number, got '00:00:03,000 00:00:04,000'",
+        ),
+        (
+            CUE1 + "2\n00:03 --> 00:00:04,000\nx\n",
+            6,
+            "bad timestamp '00:03' in timing line '00:03 --> 00:00:04,000'",
+        ),
+        (CUE1 + "2\n00:00:03,000 --> 00:00:04,000\nx\x00y\n", 7, "a NUL character: not text"),
+        (
+            "1\n00:00:01,000 --> 00:00:02,000\n" + "a" * 20_001 + "\n",
+            3,
+            "the line is 20001 characters long (at most 20000)",
         ),
     ],
 )
@@ -140,6 +181,16 @@ def test_malformed_srt_names_the_line(text: str, line: int, words: str) -> None:
     assert caught.value.line == line
     assert str(caught.value).startswith(f"malformed SRT at line {line}: ")
     assert words in str(caught.value)
+
+
+def test_a_cue_without_a_number_and_a_missing_blank_line_are_tolerated() -> None:
+    text = "00:00:01,000 --> 00:00:02,000\nHei\n2\n00:00:03,000 --> 00:00:04,500\nHallo\n"
+    assert parse_srt(text).segments == (Segment(1000, 2000, "Hei"), Segment(3000, 4500, "Hallo"))
+
+
+def test_fraction_digits_and_fullwidth_delimiters_read_as_players_do() -> None:
+    text = "1\n00:00:01.5 --> 00:01:02\uff0c250\nHei\n"
+    assert parse_srt(text).segments == (Segment(1005, 62250, "Hei"),)
 
 
 async def test_a_malformed_srt_fails_the_job_at_once_naming_the_line(
@@ -191,7 +242,8 @@ async def test_a_job_writes_only_into_its_own_workspace(
     pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path
 ) -> None:
     other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
-    (media_root / "srt" / "two.srt").write_text(TWO_CUES)
+    (media_root.parent / str(other) / "srt").mkdir(parents=True)
+    (media_root.parent / str(other) / "srt" / "two.srt").write_text(TWO_CUES)
     await parse_job(pool, db_url, other, {"srt_path": "srt/two.srt"}, media_root)
     await parse_job(pool, db_url, workspace, {"srt_path": "srt/episode.srt"}, media_root)
     assert len(await transcripts_store.get_segments(pool, workspace, "ep-1")) == 10
@@ -221,8 +273,8 @@ async def test_an_srt_is_read_from_forgejo_at_the_given_commit(
             {"forgejo": {"owner": "sidelinja", "repo": "transcripts", "path": "nope.srt"}},
             "Forgejo has no file sidelinja/transcripts/nope.srt",
         ),
-        ({"srt_path": "../../etc/passwd"}, "is outside MEDIA_ROOT"),
-        ({"srt_path": "srt/missing.srt"}, "not found under MEDIA_ROOT"),
+        ({"srt_path": "../../etc/passwd"}, "is outside this workspace's media folder"),
+        ({"srt_path": "srt/missing.srt"}, "not found in this workspace's media folder"),
         ({}, "invalid payload: (payload): Value error, give exactly one of srt_path or forgejo"),
         (
             {

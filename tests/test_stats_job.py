@@ -29,6 +29,14 @@ def ln(ts: float = 3600, **fields: object) -> bytes:
     return line(ts=DAY0 + ts, **fields)  # type: ignore[arg-type]
 
 
+@pytest.fixture
+def media(tmp_path: Path, workspace: UUID) -> Path:
+    """The workspace's media folder, MEDIA_ROOT/<workspace id>."""
+    folder = tmp_path / "media" / str(workspace)
+    folder.mkdir(parents=True)
+    return folder
+
+
 async def _run(
     pool: asyncpg.Pool,
     db_url: str,
@@ -43,7 +51,10 @@ async def _run(
         for _ in range(jobs)
     ]
     await run_burst(
-        pool, db_url, config=ServiceConfig({"MEDIA_ROOT": str(root)}), max_concurrent=max(jobs, 1)
+        pool,
+        db_url,
+        config=ServiceConfig({"MEDIA_ROOT": str(root.parent)}),
+        max_concurrent=max(jobs, 1),
     )
     return [await store.get_job(pool, i) for i in ids]
 
@@ -71,10 +82,10 @@ def _rotated(folder: Path, data: bytes, kind: str) -> None:
 
 
 async def test_counts_by_the_rules_and_a_rerun_adds_nothing(
-    pool: asyncpg.Pool, db_url: str, workspace: UUID, tmp_path: Path
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
 ) -> None:
     _write(
-        tmp_path / "logs" / "access.log",
+        media / "logs" / "access.log",
         # A: three ranges that together are the whole file (no media file: 100% rule)
         ln(start=0, size=4_000_000),
         ln(start=4_000_000, size=4_000_000),
@@ -88,7 +99,7 @@ async def test_counts_by_the_rules_and_a_rerun_adds_nothing(
         ln(ip="198.51.100.32", range_="bytes=0-1", size=2),
         ln(ip="198.51.100.33", ua="Googlebot/2.1", status=200, range_=None, size=SIZE),
     )
-    [job] = await _run(pool, db_url, workspace, tmp_path)
+    [job] = await _run(pool, db_url, workspace, media)
     assert job["status"] == "completed", job["error_msg"]
     assert job["result"]["new_downloads"] == 3
     expected = [
@@ -97,7 +108,7 @@ async def test_counts_by_the_rules_and_a_rerun_adds_nothing(
         (DAY + timedelta(days=1), EP, "Apple Podcasts", 1),
     ]
     assert await _daily(pool, workspace) == expected
-    [again] = await _run(pool, db_url, workspace, tmp_path)
+    [again] = await _run(pool, db_url, workspace, media)
     assert again["result"]["lines"] == 0 and again["result"]["new_downloads"] == 0
     assert await _daily(pool, workspace) == expected
     # Addresses are never stored: only keyed hashes.
@@ -106,29 +117,29 @@ async def test_counts_by_the_rules_and_a_rerun_adds_nothing(
 
 
 async def test_threshold_from_the_media_file_bitrate(
-    pool: asyncpg.Pool, db_url: str, workspace: UUID, tmp_path: Path
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
 ) -> None:
     frame = b"\xff\xfb\x90\x64" + b"\x00" * 413  # MPEG-1 layer III, 128 kbit/s: 960,000 B/min
-    _write(tmp_path / "media" / "ep1.mp3", frame * 20_000)
+    _write(media / "media" / "ep1.mp3", frame * 20_000)
     await pool.execute(
         "UPDATE workspaces SET settings = $2 WHERE id = $1",
         workspace,
         {"stats": {"url_prefix": "/podcast/", "media_dir": "media", "episodes": {EP: "ep-1"}}},
     )
     _write(
-        tmp_path / "logs" / "access.log",
+        media / "logs" / "access.log",
         ln(ip="198.51.100.1", size=960_000),  # one minute: a download
         ln(ip="198.51.100.2", size=959_999),
     )  # a byte short
-    [job] = await _run(pool, db_url, workspace, tmp_path)
+    [job] = await _run(pool, db_url, workspace, media)
     assert job["status"] == "completed", job["error_msg"]
     assert await _daily(pool, workspace) == [(DAY, "ep-1", "Apple Podcasts", 1)]
 
 
 async def test_ranges_and_a_partial_line_across_runs(
-    pool: asyncpg.Pool, db_url: str, workspace: UUID, tmp_path: Path
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
 ) -> None:
-    live = tmp_path / "logs" / "access.log"
+    live = media / "logs" / "access.log"
     first, second, third = (
         ln(start=0, size=6_000_000),
         ln(start=6_000_000, size=4_000_000, ts=4000),
@@ -136,10 +147,10 @@ async def test_ranges_and_a_partial_line_across_runs(
     )  # a replay: same download
     # 6 MB now, 4 + 1 MB in the next run: only the sum across runs reaches the 10 MB file size.
     _write(live, first, second[:200])  # the second line is still being written
-    [one] = await _run(pool, db_url, workspace, tmp_path)
+    [one] = await _run(pool, db_url, workspace, media)
     assert one["result"]["lines"] == 1 and await _daily(pool, workspace) == []
     _write(live, first, second, third)
-    [two] = await _run(pool, db_url, workspace, tmp_path)
+    [two] = await _run(pool, db_url, workspace, media)
     assert two["result"]["lines"] == 2 and two["result"]["new_downloads"] == 1
     assert await _daily(pool, workspace) == [(DAY, EP, "Apple Podcasts", 1)]
 
@@ -166,19 +177,19 @@ async def _rotation(
 
 
 async def test_rotated_gz_file_is_known_as_already_read(
-    pool: asyncpg.Pool, db_url: str, workspace: UUID, tmp_path: Path
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
 ) -> None:
-    await _rotation(pool, db_url, workspace, tmp_path, "gz")
+    await _rotation(pool, db_url, workspace, media, "gz")
 
 
 async def test_rotated_zst_file_is_known_as_already_read(
-    pool: asyncpg.Pool, db_url: str, workspace: UUID, tmp_path: Path
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
 ) -> None:
-    await _rotation(pool, db_url, workspace, tmp_path, "zst")
+    await _rotation(pool, db_url, workspace, media, "zst")
 
 
 async def test_racing_runs_count_once_and_schedule_one_next_run(
-    pool: asyncpg.Pool, db_url: str, workspace: UUID, tmp_path: Path
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
 ) -> None:
     await pool.execute(
         "UPDATE workspaces SET settings = $2 WHERE id = $1",
@@ -186,11 +197,11 @@ async def test_racing_runs_count_once_and_schedule_one_next_run(
         {"stats": {"interval": "1h"}},
     )
     _write(
-        tmp_path / "logs" / "access.log",
+        media / "logs" / "access.log",
         *(ln(ip=f"198.51.100.{i}", status=200, range_=None, size=SIZE) for i in range(1, 6)),
     )
     before = datetime.now(UTC)
-    jobs = await _run(pool, db_url, workspace, tmp_path, schedule=True, jobs=2)
+    jobs = await _run(pool, db_url, workspace, media, schedule=True, jobs=2)
     assert [j["status"] for j in jobs] == ["completed", "completed"], [j["error_msg"] for j in jobs]
     assert sorted(j["result"]["new_downloads"] for j in jobs) == [0, 5]
     assert await _daily(pool, workspace) == [(DAY, EP, "Apple Podcasts", 5)]
@@ -211,29 +222,29 @@ async def test_racing_runs_count_once_and_schedule_one_next_run(
 
 
 async def test_bad_paths_fail_permanently(
-    pool: asyncpg.Pool, db_url: str, workspace: UUID, tmp_path: Path
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
 ) -> None:
-    root = tmp_path / "root"
-    _write(tmp_path / "outside" / "access.log", ln())
+    root = media
+    _write(media.parent / "outside" / "access.log", ln())  # another workspace's folder
     _write(root / "empty" / "readme.txt", b"x")
     outside, missing, empty = [
         await client.enqueue(pool, workspace, "stats_parse", {"logs": p})
         for p in ("../outside", "nope", "empty")
     ]
-    await run_burst(pool, db_url, config=ServiceConfig({"MEDIA_ROOT": str(root)}))
+    await run_burst(pool, db_url, config=ServiceConfig({"MEDIA_ROOT": str(root.parent)}))
     errors = [
         (j["status"], j["error_msg"])
         for j in [await store.get_job(pool, i) for i in (outside, missing, empty)]
     ]
     assert errors == [
-        ("error", "logs '../outside' is outside MEDIA_ROOT"),
-        ("error", "logs 'nope' not found under MEDIA_ROOT"),
+        ("error", "logs '../outside' is outside this workspace's media folder"),
+        ("error", "logs 'nope' not found in this workspace's media folder"),
         ("error", "logs 'empty': no log files found"),
     ]
 
 
 async def test_country_from_a_geoip_database(
-    pool: asyncpg.Pool, db_url: str, workspace: UUID, tmp_path: Path
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
 ) -> None:
     pytest.importorskip("maxminddb")
     writer_mod = pytest.importorskip("mmdb_writer")
@@ -243,10 +254,10 @@ async def test_country_from_a_geoip_database(
     )
     writer.insert_network(netaddr.IPSet(["198.51.100.0/24"]), {"country": {"iso_code": "NO"}})
     writer.insert_network(netaddr.IPSet(["2001:db8:1::/48"]), {"country": {"iso_code": "SE"}})
-    writer.to_db_file(str(tmp_path / "geo.mmdb"))
+    writer.to_db_file(str(media / "geo.mmdb"))
     whole = {"status": 200, "range_": None, "size": SIZE}
     _write(
-        tmp_path / "logs" / "access.log",
+        media / "logs" / "access.log",
         ln(ip="198.51.100.1", **whole),
         ln(ip="2001:db8:1:2::1", **whole),
         ln(ip="203.0.113.1", **whole),
@@ -255,7 +266,9 @@ async def test_country_from_a_geoip_database(
     await run_burst(
         pool,
         db_url,
-        config=ServiceConfig({"MEDIA_ROOT": str(tmp_path), "GEOIP_DB": str(tmp_path / "geo.mmdb")}),
+        config=ServiceConfig(
+            {"MEDIA_ROOT": str(media.parent), "GEOIP_DB": str(media / "geo.mmdb")}
+        ),
     )
     rows = await stats_store.daily_downloads(pool, workspace)
     assert sorted((r.country, r.downloads) for r in rows) == [("", 1), ("NO", 1), ("SE", 1)]

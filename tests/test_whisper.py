@@ -504,12 +504,12 @@ async def test_livekit_down_uses_the_governed_whisper_or_retries(
 @pytest.mark.parametrize(
     "audio_path, words",
     [
-        ("../../etc/passwd", "is outside MEDIA_ROOT"),
-        ("/etc/passwd", "is outside MEDIA_ROOT"),
-        ("episodes/../../outside.wav", "is outside MEDIA_ROOT"),
-        ("episodes/link.wav", "is outside MEDIA_ROOT"),
-        ("episodes/missing.wav", "not found under MEDIA_ROOT"),
-        ("episodes", "not found under MEDIA_ROOT"),
+        ("../../etc/passwd", "is outside this workspace's media folder"),
+        ("/etc/passwd", "is outside this workspace's media folder"),
+        ("episodes/../../outside.wav", "is outside this workspace's media folder"),
+        ("episodes/link.wav", "is outside this workspace's media folder"),
+        ("episodes/missing.wav", "not found in this workspace's media folder"),
+        ("episodes", "not found in this workspace's media folder"),
     ],
 )
 async def test_audio_paths_are_confined_to_media_root(

@@ -6,7 +6,10 @@ configured are listed with the variables to set. No canned answers."""
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from importlib import resources
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -48,20 +51,24 @@ async def run_demo(db: Database, pool: asyncpg.Pool, config: ServiceConfig) -> i
         f"enqueued {len(ids)} sample jobs in workspace {DEMO_WORKSPACE}; running them:\n",
         flush=True,
     )
-    media_root = str(resources.files("sidelinja_worker.cli").joinpath("demo_data"))
-    config = ServiceConfig({**config.values, "MEDIA_ROOT": media_root})
-    worker = Worker(
-        pool,
-        db.url,
-        REGISTRY,
-        WorkerSettings(max_concurrent=3, burst=True, poll_interval_s=0.2),
-        config,
-    )
+    # Files are confined to MEDIA_ROOT/<workspace id>: the sample files are copied into the
+    # demo workspace's folder under a throwaway MEDIA_ROOT.
     died: WorkerDied | None = None
-    try:
-        await worker.run()
-    except WorkerDied as exc:  # the summary below still shows where every sample got to
-        died = exc
+    with tempfile.TemporaryDirectory(prefix="sidelinja-demo-") as media_root:
+        with resources.as_file(resources.files("sidelinja_worker.cli") / "demo_data") as data:
+            shutil.copytree(data, Path(media_root) / str(DEMO_WORKSPACE))
+        config = ServiceConfig({**config.values, "MEDIA_ROOT": media_root})
+        worker = Worker(
+            pool,
+            db.url,
+            REGISTRY,
+            WorkerSettings(max_concurrent=3, burst=True, poll_interval_s=0.2),
+            config,
+        )
+        try:
+            await worker.run()
+        except WorkerDied as exc:  # the summary below still shows where every sample got to
+            died = exc
     print(f"\n{'SAMPLE':<11} {'TYPE':<12} {'STATUS':<10} {'TRIES':>5}  RESULT OR ERROR")
     for (label, job_type, _payload, _opts), job_id in zip(SAMPLES, ids, strict=True):
         row = await store.get_job(pool, job_id)

@@ -1,25 +1,46 @@
-"""Payload file paths confined to MEDIA_ROOT: a payload can name a file there and nowhere else."""
+"""Payload file paths confined to the job's own workspace's media folder.
+
+Layout: every workspace has its own folder `MEDIA_ROOT/<workspace id>/` (the id as the
+`workspaces.id` UUID is written, lower case with hyphens). Audio, SRT, log and programme paths
+in a payload are relative to that folder (or absolute inside it); a job never reads a file of
+another workspace, nor anything else under MEDIA_ROOT."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from uuid import UUID
 
 from sidelinja_worker.queue.errors import PermanentError
 
 
-def resolve_media_path(media_root: str, path: str) -> Path:
-    """The existing regular file `path` names, relative to `media_root` (or absolute inside it).
-    `..`, an absolute path elsewhere and a symlink leading out are refused: the resolved target
-    must lie under the resolved root. Every refusal is permanent: the payload will not change."""
+def workspace_media_root(media_root: str, workspace_id: UUID) -> Path:
+    """The workspace's own folder, resolved. Missing, it is a permanent error: the payload's
+    files cannot be there."""
     root = Path(media_root).resolve()
     if not root.is_dir():
         raise PermanentError("MEDIA_ROOT is not an existing folder")
+    folder = (root / str(workspace_id)).resolve()
+    if not folder.is_relative_to(root) or not folder.is_dir():
+        raise PermanentError(f"this workspace has no media folder (MEDIA_ROOT/{workspace_id})")
+    return folder
+
+
+def resolve_media_path(media_root: str, workspace_id: UUID, path: str) -> Path:
+    """The existing regular file `path` names, relative to the workspace's media folder (or
+    absolute inside it). `..`, an absolute path elsewhere (another workspace's folder included)
+    and a symlink leading out are refused: the resolved target must lie under the resolved
+    folder. Every refusal is permanent: the payload will not change."""
+    root = workspace_media_root(media_root, workspace_id)
     try:
         target = (root / path).resolve()  # an absolute `path` replaces root here, then is checked
     except (OSError, ValueError) as exc:  # a NUL byte, a symlink loop
         raise PermanentError(f"path {path!r} cannot be resolved: {exc}") from None
     if not target.is_relative_to(root):
-        raise PermanentError(f"path {path!r} is outside MEDIA_ROOT")
+        raise PermanentError(
+            f"path {path!r} is outside this workspace's media folder (MEDIA_ROOT/{workspace_id})"
+        )
     if not target.is_file():
-        raise PermanentError(f"file {path!r} not found under MEDIA_ROOT")
+        raise PermanentError(
+            f"file {path!r} not found in this workspace's media folder (MEDIA_ROOT/{workspace_id})"
+        )
     return target

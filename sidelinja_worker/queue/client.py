@@ -63,6 +63,12 @@ class NewJob:
         return self
 
 
+# A key whose holder finishes between our insert and the look-up is tried again; a key that is
+# neither insertable nor visible (a holder this connection's row-level security hides) would
+# loop forever, so the rounds are bounded.
+DUPLICATE_ROUNDS = 5
+
+
 async def enqueue_many(conn: store.Conn, jobs: Sequence[NewJob]) -> list[UUID]:
     """Enqueues `jobs` and returns their ids in the same order. A job whose unique key is held
     gets the holder's id instead of a new row. Jobs with `parents` are inserted with their
@@ -78,11 +84,11 @@ async def enqueue_many(conn: store.Conn, jobs: Sequence[NewJob]) -> list[UUID]:
     if any(j.parents for j in checked):
         async with conn.acquire() as one, one.transaction():
             return await _enqueue_graph(one, checked)
-    return await _enqueue_jobs(conn, checked)
+    return await _enqueue_jobs(conn, checked, DUPLICATE_ROUNDS)
 
 
 async def _enqueue_graph(conn: asyncpg.Connection, checked: list[NewJob]) -> list[UUID]:
-    ids = await _enqueue_jobs(conn, checked)
+    ids = await _enqueue_jobs(conn, checked, DUPLICATE_ROUNDS)
     # A job given an id in advance but deduplicated onto another keeps the holder's id.
     actual = {j.job_id: i for j, i in zip(checked, ids, strict=True) if j.job_id is not None}
     edges = [
@@ -94,7 +100,7 @@ async def _enqueue_graph(conn: asyncpg.Connection, checked: list[NewJob]) -> lis
     return ids
 
 
-async def _enqueue_jobs(conn: store.Conn, checked: list[NewJob]) -> list[UUID]:
+async def _enqueue_jobs(conn: store.Conn, checked: list[NewJob], rounds: int) -> list[UUID]:
     fresh = iter(uuid7s(sum(j.job_id is None for j in checked)))
     ids = [j.job_id if j.job_id is not None else next(fresh) for j in checked]
     rows = store.EnqueueRows(
@@ -117,7 +123,7 @@ async def _enqueue_jobs(conn: store.Conn, checked: list[NewJob]) -> list[UUID]:
     inserted = await store.enqueue(conn, rows)
     if len(inserted) == len(ids):
         return ids
-    return await _resolve_duplicates(conn, checked, ids, inserted)
+    return await _resolve_duplicates(conn, checked, ids, inserted, rounds)
 
 
 COPY_MIN_JOBS = 64  # below this a single INSERT is as quick and one round trip fewer
@@ -148,7 +154,7 @@ async def enqueue(
 
 
 async def _resolve_duplicates(
-    conn: store.Conn, jobs: Sequence[NewJob], ids: list[UUID], inserted: set[UUID]
+    conn: store.Conn, jobs: Sequence[NewJob], ids: list[UUID], inserted: set[UUID], rounds: int
 ) -> list[UUID]:
     """Maps each job that was not inserted to the job holding its unique key. If the holder
     finished between our insert and this look-up, the job is enqueued again."""
@@ -163,10 +169,14 @@ async def _resolve_duplicates(
             again.append(i)
         else:
             result[i] = holder
+    if again and rounds <= 1:
+        raise RuntimeError(
+            f"unique key {jobs[again[0]].unique_key!r} is held by a job this connection cannot "
+            "see (row-level security?), and no new job can take it"
+        )
     if again:
-        for i, job_id in zip(
-            again, await _enqueue_jobs(conn, [jobs[i] for i in again]), strict=True
-        ):
+        retried = await _enqueue_jobs(conn, [jobs[i] for i in again], rounds - 1)
+        for i, job_id in zip(again, retried, strict=True):
             result[i] = job_id
     return result
 

@@ -3,7 +3,9 @@ embeddings, with the gateway's errors mapped to the job outcomes (RetryJob / Per
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -18,6 +20,7 @@ from sidelinja_worker.queue.context import Services
 from sidelinja_worker.queue.errors import PermanentError, RetryJob
 from sidelinja_worker.queue.limits import RateLimiter
 from sidelinja_worker.queue.registry import describe_validation_error
+from sidelinja_worker.services import bounded
 
 log = logging.getLogger("sidelinja_worker.ai_gateway")
 
@@ -27,6 +30,13 @@ RATE_KEY = "ai_gateway"  # the rate_limits row every worker shares; a 429 pauses
 CHAT_TIMEOUT_S = 180.0
 EMBED_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 10.0
+# Caps on an answer's size. A chat answer is text of at most a few hundred thousand tokens;
+# an embeddings batch of 2048 inputs x 3072 dimensions as JSON floats is ~130 MB, a default
+# batch (64 x 1536) ~2 MB.
+MAX_CHAT_BYTES = 16 * 1024 * 1024
+MAX_EMBED_BYTES = 160 * 1024 * 1024
+# A Retry-After beyond this is not believed: the pause is cut to it.
+MAX_RETRY_AFTER_S = 3600.0
 MAX_MESSAGE_CHARS = 400
 # Statuses that will not change on a retry (interfaces.md §3): bad request, bad key, no
 # credits, moderation. 404/413/422 are bad requests too (unknown model, input too large).
@@ -72,26 +82,65 @@ class Embeddings:
     usage: Usage
 
 
+class GuardError(PermanentError):
+    """A call this job may not make: a model its workspace does not allow, or one paid call
+    past its limit. Never a per-case failure: the whole job stops."""
+
+
+@dataclass
+class CallGuard:
+    """What one job may spend through the gateway: the models it may name and how many paid
+    calls (chat completions, embeddings requests, a structured answer's second try included)
+    it may make. `models_rule` and `calls_rule` name the settings, for the error."""
+
+    models: frozenset[str]
+    max_calls: int
+    models_rule: str
+    calls_rule: str
+    calls: int = 0
+
+    def allow_model(self, model: str) -> None:
+        if model not in self.models:
+            raise GuardError(
+                f"model {model!r} is not allowed in this workspace ({self.models_rule})"
+            )
+
+    def spend(self, model: str) -> None:
+        self.allow_model(model)
+        if self.calls >= self.max_calls:
+            raise GuardError(
+                f"this job is past its limit of {self.max_calls} paid AI calls ({self.calls_rule})"
+            )
+        self.calls += 1
+
+
 class AnswerMismatch(Exception):
     """The model's answer is not JSON matching the schema; the message says how."""
 
 
 class AiGateway:
     def __init__(
-        self, http: httpx.AsyncClient, base_url: str, key: Secret, limiter: RateLimiter
+        self,
+        http: httpx.AsyncClient,
+        base_url: str,
+        key: Secret,
+        limiter: RateLimiter,
+        guard: CallGuard | None = None,
     ) -> None:
         self._http = http
         self._url = base_url.rstrip("/")
         self._key = key
         self._limiter = limiter
+        self.guard = guard
 
     @classmethod
-    def from_services(cls, services: Services) -> AiGateway:
+    def from_services(cls, services: Services, guard: CallGuard | None = None) -> AiGateway:
         return cls(
             services.http,
             services.config.require("AI_GATEWAY_URL"),
             services.config.secret("AI_GATEWAY_KEY"),
             services.limiter,
+            guard,
         )
 
     async def structured(
@@ -102,7 +151,7 @@ class AiGateway:
         body = chat_body(model, messages, answer)
         content, usage = await self.chat(body)
         try:
-            return Structured(parse_answer(answer, content), usage)
+            return Structured(await _parsed(answer, content), usage)
         except AnswerMismatch as exc:
             problem = str(exc)
         log.info(
@@ -115,7 +164,7 @@ class AiGateway:
         ]
         content, more = await self.chat(body)
         try:
-            return Structured(parse_answer(answer, content), usage + more)
+            return Structured(await _parsed(answer, content), usage + more)
         except AnswerMismatch as exc:
             raise PermanentError(
                 f"the model's answer did not match the {answer.__name__} "
@@ -125,7 +174,9 @@ class AiGateway:
     async def chat(self, body: Mapping[str, Any]) -> tuple[str | None, Usage]:
         """One chat completion: the answer's content and the tokens it cost. Errors that arrive
         with HTTP 200 (generation failed after it started) are classified like HTTP errors."""
-        data = await self._post("/chat/completions", body, CHAT_TIMEOUT_S)
+        if self.guard is not None:
+            self.guard.spend(str(body.get("model")))
+        data = await self._post("/chat/completions", body, CHAT_TIMEOUT_S, MAX_CHAT_BYTES)
         if isinstance(data.get("error"), Mapping):
             raise self._classify(200, data["error"], None)
         choices = data.get("choices")
@@ -137,7 +188,10 @@ class AiGateway:
             raise self._classify(200, error if isinstance(error, Mapping) else {}, None)
         message = choice.get("message")
         content = message.get("content") if isinstance(message, Mapping) else None
-        return (content if isinstance(content, str) else None), Usage.of(data)
+        if not isinstance(content, str):
+            return None, Usage.of(data)
+        # PostgreSQL stores no NUL character in text or jsonb: an answer is kept without them.
+        return content.replace("\x00", ""), Usage.of(data)
 
     async def embeddings(
         self, model: str, inputs: Sequence[str], *, dimensions: int | None = None
@@ -146,7 +200,9 @@ class AiGateway:
         body: dict[str, Any] = {"model": model, "input": list(inputs), "encoding_format": "float"}
         if dimensions is not None:
             body["dimensions"] = dimensions
-        data = await self._post("/embeddings", body, EMBED_TIMEOUT_S)
+        if self.guard is not None:
+            self.guard.spend(model)
+        data = await self._post("/embeddings", body, EMBED_TIMEOUT_S, MAX_EMBED_BYTES)
         if isinstance(data.get("error"), Mapping):
             raise self._classify(200, data["error"], None)
         items = sorted(data.get("data") or [], key=lambda item: item.get("index", 0))
@@ -158,11 +214,18 @@ class AiGateway:
             Usage.of(data),
         )
 
-    async def _post(self, path: str, body: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+    async def _post(
+        self, path: str, body: Mapping[str, Any], timeout_s: float, max_bytes: int
+    ) -> dict[str, Any]:
         await self._limiter.acquire(RATE_KEY)
         try:
-            resp = await self._http.post(
+            resp = await bounded.send(
+                self._http,
+                "POST",
                 self._url + path,
+                service="AI gateway",
+                max_bytes=max_bytes,
+                deadline_s=timeout_s + CONNECT_TIMEOUT_S,
                 json=body,
                 headers=self._headers(),
                 timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S),
@@ -174,7 +237,7 @@ class AiGateway:
         if resp.status_code >= 300:
             await self._raise_for_status(resp)
         try:
-            data = resp.json()
+            data = await bounded.json_body(resp)
         except ValueError:
             raise RetryJob("AI gateway answered with a body that is not JSON") from None
         if not isinstance(data, dict):
@@ -232,6 +295,13 @@ def retry_instruction(problem: str) -> str:
     )
 
 
+async def _parsed(answer: type[M], content: str | None) -> M:
+    """`parse_answer`, in a thread for a big answer: validating megabytes of JSON is CPU."""
+    if content is not None and len(content) >= bounded.OFF_LOOP_JSON_BYTES:
+        return await asyncio.to_thread(parse_answer, answer, content)
+    return parse_answer(answer, content)
+
+
 def parse_answer(answer: type[M], content: str | None) -> M:
     if not content or not content.strip():
         raise AnswerMismatch("the answer was empty")
@@ -281,15 +351,15 @@ def _strict(node: Any, defs: Mapping[str, Any]) -> Any:
 def error_object(resp: httpx.Response) -> dict[str, Any]:
     """`{"code", "message", "metadata"}` from the OpenRouter error shape, or a stand-in built
     from a body that is not (a proxy's HTML page, say)."""
-    try:
-        data = resp.json()
+    try:  # an error body is small; a huge one is not parsed on the event loop
+        data = resp.json() if len(resp.content) < bounded.OFF_LOOP_JSON_BYTES else None
     except ValueError:
         data = None
     if isinstance(data, dict) and isinstance(data.get("error"), dict):
         return data["error"]
     if isinstance(data, dict) and isinstance(data.get("error"), str):
         return {"code": resp.status_code, "message": data["error"]}
-    text = " ".join(resp.text.split())[:200]
+    text = " ".join(resp.text[:2000].split())[:200]
     return {"code": resp.status_code, "message": text or resp.reason_phrase}
 
 
@@ -315,17 +385,20 @@ def _short(value: Any) -> str:
 
 
 def parse_retry_after(value: str | None) -> float | None:
-    """Retry-After as seconds (delta-seconds or an HTTP date); None when absent or unreadable."""
+    """Retry-After as seconds (delta-seconds or an HTTP date), at most MAX_RETRY_AFTER_S; None
+    when absent or unreadable."""
     if not value:
         return None
     try:
-        return max(float(value), 0.0)
+        seconds = float(value)
     except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    if not math.isfinite(seconds):  # "nan", "inf": not a time
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max((when - datetime.now(UTC)).total_seconds(), 0.0)
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)

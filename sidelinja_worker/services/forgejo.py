@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ import httpx
 
 from sidelinja_worker.queue.config import Secret, ServiceConfig
 from sidelinja_worker.queue.errors import PermanentError, RetryJob
+from sidelinja_worker.services import bounded
 from sidelinja_worker.services.classify import (
     detail,
     is_transient,
@@ -22,6 +24,9 @@ from sidelinja_worker.services.classify import (
 
 SERVICE = "Forgejo"
 TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+DEADLINE_S = 120.0  # a whole exchange, however slowly the bytes come
+# A file's JSON carries its content in base64 (4/3 of its size): room for a 20 MB SRT.
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
 # A 409 means the file changed between our read and our write: read again, a few times at most.
 MAX_CONFLICT_ROUNDS = 3
 
@@ -69,7 +74,10 @@ class Forgejo:
         if response.status_code == 404:
             return None
         self._check(response)
-        return _file_state(response.json(), file.path)
+        body = await _json(response)
+        if len(response.content) < bounded.OFF_LOOP_JSON_BYTES:
+            return _file_state(body, file.path)
+        return await asyncio.to_thread(_file_state, body, file.path)  # a big file's base64
 
     async def write(self, file: RepoFile, content: bytes, message: str) -> Commit:
         """Creates the file (POST) or updates it with the current sha (PUT). Writing what is
@@ -83,7 +91,7 @@ class Forgejo:
                 "POST" if current is None else "PUT", self._contents_url(file), json=body
             )
             if response.status_code in (200, 201):
-                return _commit(response.json(), "created" if current is None else "updated")
+                return _commit(await _json(response), "created" if current is None else "updated")
             if not self._lost_race(response, created=current is None):
                 self._check(response)
         raise RetryJob(
@@ -118,7 +126,17 @@ class Forgejo:
     async def _call(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
         headers = {"Authorization": f"token {self._token.reveal()}", "Accept": "application/json"}
         try:
-            return await self._http.request(method, url, headers=headers, timeout=TIMEOUT, **kwargs)
+            return await bounded.send(
+                self._http,
+                method,
+                url,
+                service=SERVICE,
+                max_bytes=MAX_ANSWER_BYTES,
+                deadline_s=DEADLINE_S,
+                headers=headers,
+                timeout=TIMEOUT,
+                **kwargs,
+            )
         except httpx.TransportError as exc:
             raise transport_failure(SERVICE, exc) from None
 
@@ -137,6 +155,15 @@ class Forgejo:
         raise permanent_status(SERVICE, response, message)  # 403 404 409 413 422 423 ...
 
 
+async def _json(response: httpx.Response) -> Any:
+    try:
+        return await bounded.json_body(response)
+    except ValueError:
+        raise RetryJob(
+            f"{SERVICE} answered {response.status_code} with a body that is not JSON"
+        ) from None
+
+
 def _file_state(body: Any, path: str) -> FileState:
     if not isinstance(body, dict) or body.get("type") != "file":
         raise PermanentError(f"{SERVICE}: {path} is not a file")
@@ -146,11 +173,22 @@ def _file_state(body: Any, path: str) -> FileState:
         content = base64.b64decode(body["content"])
     except (binascii.Error, ValueError):
         raise PermanentError(f"{SERVICE}: {path} has content that is not base64") from None
-    return FileState(str(body["sha"]), content, body.get("last_commit_sha"))
+    if not isinstance(body.get("sha"), str):
+        raise PermanentError(f"{SERVICE}: {path} came without its sha")
+    last = body.get("last_commit_sha")
+    return FileState(body["sha"], content, last if isinstance(last, str) else None)
 
 
 def _commit(body: Any, action: str) -> Commit:
-    return Commit(action, str(body["content"]["sha"]), body.get("commit", {}).get("sha"))
+    """The blob and commit sha of a write's answer; an answer without the blob's sha is not
+    Forgejo's (the file may or may not be written: the next attempt reads it again)."""
+    content = body.get("content") if isinstance(body, dict) else None
+    sha = content.get("sha") if isinstance(content, dict) else None
+    if not isinstance(sha, str):
+        raise RetryJob(f"{SERVICE} answered a write without the file's sha")
+    commit = body.get("commit")
+    commit_sha = commit.get("sha") if isinstance(commit, dict) else None
+    return Commit(action, sha, commit_sha if isinstance(commit_sha, str) else None)
 
 
 def check_repo_path(path: str) -> str:

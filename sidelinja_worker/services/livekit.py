@@ -10,7 +10,8 @@ import httpx
 import jwt
 
 from sidelinja_worker.queue.config import Secret
-from sidelinja_worker.queue.errors import PermanentError
+from sidelinja_worker.queue.errors import PermanentError, RetryJob
+from sidelinja_worker.services import bounded
 from sidelinja_worker.services.classify import (
     detail,
     is_transient,
@@ -20,6 +21,8 @@ from sidelinja_worker.services.classify import (
 
 SERVICE = "LiveKit"
 TIMEOUT = httpx.Timeout(10.0)  # the SDK's default
+DEADLINE_S = 15.0  # the whole exchange, however slowly the bytes come
+MAX_ANSWER_BYTES = 4 * 1024 * 1024  # thousands of rooms
 TOKEN_TTL_S = 600
 CACHE_S = 5.0  # many transcription jobs starting together ask LiveKit once
 
@@ -83,13 +86,27 @@ async def _fetch(http: httpx.AsyncClient, server: LiveKitServer) -> tuple[Room, 
     url = server.http_url + "/twirp/livekit.RoomService/ListRooms"
     headers = {"Authorization": f"Bearer {room_list_token(server)}"}
     try:
-        response = await http.post(url, json={}, headers=headers, timeout=TIMEOUT)
+        response = await bounded.send(
+            http,
+            "POST",
+            url,
+            service=SERVICE,
+            max_bytes=MAX_ANSWER_BYTES,
+            deadline_s=DEADLINE_S,
+            json={},
+            headers=headers,
+            timeout=TIMEOUT,
+        )
     except httpx.TransportError as exc:
         raise transport_failure(SERVICE, exc) from None
     if response.status_code != 200:
         raise _error(response, server)
-    body = response.json()
-    return tuple(_room(r) for r in body.get("rooms") or ())
+    try:
+        body = await bounded.json_body(response)
+        rooms = body.get("rooms") or ()
+        return tuple(_room(r) for r in rooms)
+    except (ValueError, TypeError, AttributeError):
+        raise RetryJob(f"{SERVICE} answered 200 with a room list that cannot be read") from None
 
 
 def _room(raw: dict[str, Any]) -> Room:

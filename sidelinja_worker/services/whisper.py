@@ -13,6 +13,7 @@ import httpx
 
 from sidelinja_worker.queue.config import Secret
 from sidelinja_worker.queue.errors import PermanentError, RetryJob
+from sidelinja_worker.services import bounded
 from sidelinja_worker.services.classify import (
     detail,
     is_transient,
@@ -27,6 +28,10 @@ SERVICE = "whisper"
 # the read timeout is the longest transcription we wait for; the job's own timeout is longer.
 TIMEOUT = httpx.Timeout(connect=10.0, read=3 * 3600.0, write=600.0, pool=60.0)
 CHUNK_BYTES = 1 << 20
+# The whole exchange: the upload, the transcription and the answer.
+DEADLINE_S = 4 * 3600.0 - 60.0
+# Ten hours of speech is about 1.5 MB of SRT; an answer past this is not a transcript.
+MAX_ANSWER_BYTES = 20 * 1024 * 1024
 
 UploadProgress = Callable[[int, int], Awaitable[None]]  # (bytes sent, bytes in all)
 
@@ -63,8 +68,16 @@ async def transcribe_srt(
         headers["Authorization"] = f"Bearer {server.api_key.reveal()}"
     url = server.base_url.rstrip("/") + "/v1/audio/transcriptions"
     try:
-        response = await http.post(
-            url, content=body.stream(on_upload), headers=headers, timeout=TIMEOUT
+        response = await bounded.send(
+            http,
+            "POST",
+            url,
+            service=SERVICE,
+            max_bytes=MAX_ANSWER_BYTES,
+            deadline_s=DEADLINE_S,
+            content=body.stream(on_upload),
+            headers=headers,
+            timeout=TIMEOUT,
         )
     except httpx.TransportError as exc:
         raise transport_failure(SERVICE, exc) from None
@@ -75,7 +88,12 @@ def _answer(response: httpx.Response, model: str, api_key: Secret | None) -> str
     """The SRT, or the outcome its status means (interfaces.md §1 "Errors seen in the code")."""
     status = response.status_code
     if status == 200:
-        return response.text
+        try:
+            return response.content.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PermanentError(
+                f"whisper answered 200 with bytes that are not UTF-8 (byte {exc.start})"
+            ) from None
     message = detail(
         response, ("detail", "message", "error"), [api_key.reveal()] if api_key else []
     )

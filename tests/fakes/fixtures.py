@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from uuid import UUID
 
+import asyncpg
 import pytest
 
 from sidelinja_worker.queue.config import ServiceConfig
@@ -27,8 +29,10 @@ SECRETS = (FORGEJO_TOKEN, FORGEJO_READ_TOKEN, LIVEKIT_SECRET, WHISPER_KEY)
 
 
 @pytest.fixture(name="media_root")
-def media_root_fixture(tmp_path: Path) -> Path:
-    root = tmp_path / "media"
+def media_root_fixture(tmp_path: Path, workspace: UUID) -> Path:
+    """The test workspace's own media folder, MEDIA_ROOT/<workspace id>; `service_config`
+    points MEDIA_ROOT at its parent."""
+    root = tmp_path / "media" / str(workspace)
     (root / "episodes").mkdir(parents=True)
     (root / "episodes" / "ep1.wav").write_bytes(fake_audio(2))
     (root / "srt").mkdir()
@@ -52,8 +56,30 @@ async def governed_whisper_fake_fixture() -> AsyncIterator[FakeWhisper]:
         yield fake
 
 
+async def allow_repos(pool: asyncpg.Pool, workspace: UUID, *repos: str) -> None:
+    """Adds `repos` to the workspace's `forgejo.repos` setting (its other settings kept)."""
+    await pool.execute(
+        "UPDATE workspaces SET settings = settings || jsonb_build_object('forgejo', "
+        "jsonb_build_object('repos', $2::text[])) WHERE id = $1",
+        workspace,
+        list(repos),
+    )
+
+
+async def allow_models(pool: asyncpg.Pool, workspace: UUID, *models: str) -> None:
+    """Sets the workspace's `ai.models` setting to `models` (its other settings kept)."""
+    await pool.execute(
+        "UPDATE workspaces SET settings = settings || jsonb_build_object('ai', "
+        "coalesce(settings->'ai', '{}') || jsonb_build_object('models', $2::text[])) "
+        "WHERE id = $1",
+        workspace,
+        list(models),
+    )
+
+
 @pytest.fixture(name="forgejo_fake")
-async def forgejo_fake_fixture() -> AsyncIterator[FakeForgejo]:
+async def forgejo_fake_fixture(pool: asyncpg.Pool, workspace: UUID) -> AsyncIterator[FakeForgejo]:
+    await allow_repos(pool, workspace, "sidelinja/transcripts")  # the fake's repository
     fake = FakeForgejo(
         tokens={FORGEJO_TOKEN: "write", FORGEJO_READ_TOKEN: "read"},
         repos={("sidelinja", "transcripts"): Repo()},
@@ -84,8 +110,8 @@ def service_config(
 ) -> ServiceConfig:
     """The settings pointing at the running fakes, plus `extra` overrides."""
     values: dict[str, str] = {}
-    if media_root is not None:
-        values["MEDIA_ROOT"] = str(media_root)
+    if media_root is not None:  # a workspace's folder (the `media_root` fixture)
+        values["MEDIA_ROOT"] = str(media_root.parent)
     if whisper is not None:
         values["WHISPER_URL"] = whisper.url
     if governed is not None:

@@ -6,11 +6,13 @@ Workspace settings read (all optional; `workspaces.settings`):
     ai.model            model for every AI job type (default DEFAULT_MODEL)
     ai.context_tokens   input budget per request, in tokens (default DEFAULT_CONTEXT_TOKENS)
     ai.names            people and places, spelled right; put into every prompt
+    ai.models, ai.max_paid_calls_per_job   what a job may call and how often (jobs/silos.py)
     ai.<job_type>.model / .prompt / .combine_prompt / .context_tokens   per job type overrides
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
@@ -19,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from sidelinja_worker.jobs.ai import store as ai_store
 from sidelinja_worker.jobs.ai.text import budget_chars, group_for_combine, split_text
+from sidelinja_worker.jobs.silos import call_guard, check_planned_calls
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.queue.registry import describe_validation_error
@@ -145,9 +148,15 @@ def user_message(text: str, note: str, part: int, parts: int) -> dict[str, str]:
 async def run_ai_task(ctx: JobContext, task: AiTask[M], text: str, note: str = "") -> AiRun[M]:
     """Asks the gateway for `task.answer` about `text`; a text over the context budget is split
     into parts, each part answered, and the answers combined."""
-    settings = resolve_settings(await ctx.workspace_settings(), task)
-    gateway = AiGateway.from_services(ctx.services)
-    parts = split_text(text, budget_chars(settings.context_tokens))
+    raw = await ctx.workspace_settings()
+    settings = resolve_settings(raw, task)
+    guard = call_guard(raw, (DEFAULT_MODEL,))
+    guard.allow_model(settings.model)
+    gateway = AiGateway.from_services(ctx.services, guard)
+    parts = await asyncio.to_thread(split_text, text, budget_chars(settings.context_tokens))
+    # Each part is a call and, without a local merge, combining takes at most one call fewer.
+    combine = len(parts) - 1 if task.merge is None else 0
+    check_planned_calls(guard, len(parts) + combine, f"a text in {len(parts)} parts")
     system = system_message(settings.prompt, settings.names)
     answers: list[M] = []
     usage = Usage()

@@ -3,6 +3,7 @@ what, due date when said); stored in `ai_results`."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict
 from datetime import date
 from typing import Any
@@ -10,7 +11,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sidelinja_worker.jobs.ai.common import (
+    DEFAULT_MODEL,
     AiRun,
+    AiSettings,
     AiTask,
     TranscriptSource,
     combine_answers,
@@ -22,12 +25,13 @@ from sidelinja_worker.jobs.ai.common import (
     user_message,
 )
 from sidelinja_worker.jobs.ai.text import budget_chars, split_text
+from sidelinja_worker.jobs.silos import call_guard, check_planned_calls
 from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.registry import JobType
-from sidelinja_worker.services.ai_gateway import AiGateway, Usage
+from sidelinja_worker.services.ai_gateway import AiGateway, CallGuard, Usage
 
 
 class PartOf(BaseModel):
@@ -97,9 +101,12 @@ async def run(ctx: JobContext, payload: MeetingPayload) -> dict[str, Any]:
         return await _combine_parts(ctx, payload)
     text = await source_text(ctx, payload)
     if payload.fan_out:
-        settings = resolve_settings(await ctx.workspace_settings(), TASK)
-        parts = split_text(text, budget_chars(settings.context_tokens))
+        settings, _gateway, guard = await _gateway_for(ctx)
+        parts = await asyncio.to_thread(split_text, text, budget_chars(settings.context_tokens))
         if len(parts) > 1:
+            # The whole graph's calls, checked before any job of it is made: a call per part
+            # and at most one fewer to combine.
+            check_planned_calls(guard, 2 * len(parts) - 1, f"a text in {len(parts)} parts")
             return _fan_out(ctx, payload, parts)
     result = await run_ai_task(ctx, TASK, text, context_note(payload))
     return await store_result(ctx, TASK, result, payload.ref or payload.transcript_ref)
@@ -125,9 +132,17 @@ def _fan_out(ctx: JobContext, payload: MeetingPayload, parts: list[str]) -> dict
     return {"parts": len(parts), "part_jobs": [str(c) for c in children], "join": str(join_id)}
 
 
+async def _gateway_for(ctx: JobContext) -> tuple[AiSettings, AiGateway, CallGuard]:
+    """The settings and a gateway bounded by the workspace's models and paid-call limit."""
+    raw = await ctx.workspace_settings()
+    settings = resolve_settings(raw, TASK)
+    guard = call_guard(raw, (DEFAULT_MODEL,))
+    guard.allow_model(settings.model)
+    return settings, AiGateway.from_services(ctx.services, guard), guard
+
+
 async def _summarize_part(ctx: JobContext, payload: MeetingPayload, part: PartOf) -> dict[str, Any]:
-    settings = resolve_settings(await ctx.workspace_settings(), TASK)
-    gateway = AiGateway.from_services(ctx.services)
+    settings, gateway, _guard = await _gateway_for(ctx)
     assert payload.text is not None  # a part job carries its part's text
     messages = [
         system_message(settings.prompt, settings.names),
@@ -151,8 +166,7 @@ async def _combine_parts(ctx: JobContext, payload: MeetingPayload) -> dict[str, 
     parts = [r for r in parts if "minutes" in r]
     if not parts:
         raise PermanentError("a combine job needs its part jobs as parents")
-    settings = resolve_settings(await ctx.workspace_settings(), TASK)
-    gateway = AiGateway.from_services(ctx.services)
+    settings, gateway, _guard = await _gateway_for(ctx)
     answers = [Minutes.model_validate(r["minutes"]) for r in parts]
     value, more = await combine_answers(gateway, TASK, settings, answers, context_note(payload))
     usage = Usage()

@@ -34,15 +34,17 @@ def split_text(text: str, max_chars: int) -> list[str]:
 
 
 def _pieces(text: str, max_chars: int) -> Iterator[str]:
-    """Lines, with a line longer than `max_chars` broken after a space (or hard, if none)."""
+    """Lines, with a line longer than `max_chars` broken after a space (or hard, if none).
+    A long line is cut by position, never re-sliced: linear in its length."""
     for line in text.splitlines(keepends=True):
-        while len(line) > max_chars:
-            cut = line.rfind(" ", 0, max_chars)
-            cut = cut + 1 if cut > 0 else max_chars
-            yield line[:cut]
-            line = line[cut:]
-        if line:
-            yield line
+        start, end = 0, len(line)
+        while end - start > max_chars:
+            cut = line.rfind(" ", start, start + max_chars)
+            cut = cut + 1 if cut > start else start + max_chars
+            yield line[start:cut]
+            start = cut
+        if start < end:
+            yield line[start:]
 
 
 def group_for_combine(items: Sequence[str], max_chars: int) -> list[list[str]]:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sidelinja_worker.jobs.knowledge import store as knowledge_store
 from sidelinja_worker.jobs.knowledge.common import (
+    DEFAULT_EMBEDDING_MODEL,
     EmbeddingSettings,
     batches,
     content_hash,
@@ -20,6 +21,7 @@ from sidelinja_worker.jobs.knowledge.common import (
     embedding_settings,
 )
 from sidelinja_worker.jobs.knowledge.store import NewEmbedding, Similar
+from sidelinja_worker.jobs.silos import call_guard, check_planned_calls
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.queue.priorities import default_priority
@@ -108,9 +110,14 @@ async def run(ctx: JobContext, payload: EmbeddingsPayload) -> dict[str, Any]:
     todo = [
         ref for ref, d in digests.items() if not unchanged(state.get(ref), d, settings.dimensions)
     ]
-    gateway = AiGateway.from_services(ctx.services)
+    guard = call_guard(await ctx.workspace_settings(), (DEFAULT_EMBEDDING_MODEL,))
+    guard.allow_model(settings.model)
+    gateway = AiGateway.from_services(ctx.services, guard)
     usage = Usage()
     chunks = batches(todo, settings.batch_size)
+    check_planned_calls(
+        guard, len(chunks), f"{len(todo)} texts in batches of {settings.batch_size}"
+    )
     for i, chunk in enumerate(chunks, 1):
         await ctx.progress(f"Lager embeddings ({i}/{len(chunks)})…", 5 + 90 * (i - 1) / len(chunks))
         got = await embed_batch(

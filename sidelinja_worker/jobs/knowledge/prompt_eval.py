@@ -17,19 +17,22 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sidelinja_worker.jobs.ai.common import DEFAULT_MODEL
 from sidelinja_worker.jobs.knowledge import store as knowledge_store
+from sidelinja_worker.jobs.knowledge.common import DEFAULT_EMBEDDING_MODEL
 from sidelinja_worker.jobs.knowledge.prompt_eval_scoring import (
     Check,
     JudgeCheck,
     Score,
-    score,
+    score_all,
 )
 from sidelinja_worker.jobs.knowledge.store import EvalRow
+from sidelinja_worker.jobs.silos import call_guard, check_planned_calls
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.registry import JobType
-from sidelinja_worker.services.ai_gateway import AiGateway, Usage
+from sidelinja_worker.services.ai_gateway import AiGateway, CallGuard, GuardError, Usage
 
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 MAX_OUTPUT_CHARS = 20_000  # stored per result; a runaway answer must not bloat the table
@@ -106,11 +109,13 @@ def chat_body(payload: EvalPayload, case: Case, model: str) -> dict[str, Any]:
 class Lab:
     """One job's run: the gateway, the concurrency bound, the judge and the progress count."""
 
-    def __init__(self, ctx: JobContext, payload: EvalPayload, judge_model: str | None) -> None:
+    def __init__(
+        self, ctx: JobContext, payload: EvalPayload, judge_model: str | None, guard: CallGuard
+    ) -> None:
         self.ctx = ctx
         self.payload = payload
         self.judge_model = judge_model
-        self.gateway = AiGateway.from_services(ctx.services)
+        self.gateway = AiGateway.from_services(ctx.services, guard)
         self.slots = asyncio.Semaphore(payload.max_concurrency)
         self.total = len(payload.cases) * len(payload.models)
         self.done = 0
@@ -130,11 +135,14 @@ class Lab:
         started = time.monotonic()
         try:
             content, usage = await self.gateway.chat(chat_body(self.payload, case, model))
+        except GuardError:
+            raise  # past the workspace's limits: the whole job stops
         except PermanentError as exc:  # this model or input is refused; the others go on
             return Outcome(EvalRow(model, case.id, False, None, str(exc), [], None, 0, 0), Usage())
         latency_ms = round((time.monotonic() - started) * 1000)
         output = content or ""
-        scores = [score(c, output) for c in case.expect if not isinstance(c, JudgeCheck)]
+        # In a thread: an answer can be megabytes, and JSON parsing and matching it is CPU.
+        scores = await asyncio.to_thread(score_all, case.expect, output)
         judge_usage = Usage()
         for check in (c for c in case.expect if isinstance(c, JudgeCheck)):
             verdict, used = await self.judge(case, output, check)
@@ -164,6 +172,8 @@ class Lab:
                 [{"role": "system", "content": JUDGE_PROMPT}, {"role": "user", "content": text}],
                 Verdict,
             )
+        except GuardError:
+            raise
         except PermanentError as exc:
             return Score("judge", False, f"judge failed: {exc}"), Usage()
         return Score("judge", got.value.passed, got.value.reason), got.usage
@@ -218,7 +228,18 @@ async def resolve_judge(ctx: JobContext, payload: EvalPayload) -> str | None:
 
 
 async def run(ctx: JobContext, payload: EvalPayload) -> dict[str, Any]:
-    lab = Lab(ctx, payload, await resolve_judge(ctx, payload))
+    judge = await resolve_judge(ctx, payload)
+    guard = call_guard(await ctx.workspace_settings(), (DEFAULT_MODEL, DEFAULT_EMBEDDING_MODEL))
+    for model in [*payload.models, *([judge] if judge else [])]:
+        guard.allow_model(model)
+    judged = sum(isinstance(c, JudgeCheck) for case in payload.cases for c in case.expect)
+    planned = len(payload.models) * (len(payload.cases) + judged)
+    check_planned_calls(
+        guard,
+        planned,
+        f"{len(payload.cases)} cases x {len(payload.models)} models and {judged} judge checks",
+    )
+    lab = Lab(ctx, payload, judge, guard)
     await ctx.progress(f"Prompt-lab: {lab.total} svar å hente…", 2)
     outcomes = await gather_bounded(
         [lab.run_case(case, model) for model in payload.models for case in payload.cases]

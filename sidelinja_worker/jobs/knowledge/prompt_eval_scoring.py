@@ -14,8 +14,17 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import re2
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+# Patterns from tenants' test sets run on RE2: matching is linear in the answer's length
+# whatever the pattern, where Python's engine can backtrack for hours. RE2 has no
+# backreferences or lookaround: such a pattern fails its case, saying so. Its \d, \w and
+# \b are ASCII-only: write \pL for Norwegian letters.
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # an unsupported pattern is the case's result, not a log line
+_RE2_OPTIONS.max_mem = 8 << 20  # a compiled pattern's memory; a bigger one fails its case
+MAX_PATTERN_CHARS = 2000
 NUMBER = re.compile(r"-?\d+(?:[.,]\d+)?")
 _TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),
@@ -46,7 +55,7 @@ class ContainsCheck(_Check):
 
 class RegexCheck(_Check):
     kind: Literal["regex"]
-    pattern: str = Field(min_length=1)
+    pattern: str = Field(min_length=1, max_length=MAX_PATTERN_CHARS)
 
     @field_validator("pattern")
     @classmethod
@@ -90,6 +99,11 @@ class Score:
         return {"kind": self.kind, "passed": self.passed, "detail": self.detail}
 
 
+def score_all(checks: list[Check], output: str) -> list[Score]:
+    """Every non-judge check of `output`, in order."""
+    return [score(c, output) for c in checks if not isinstance(c, JudgeCheck)]
+
+
 def score(check: Check, output: str) -> Score:
     """One non-judge check of `output`."""
     text = output.strip()
@@ -106,12 +120,37 @@ def score(check: Check, output: str) -> Score:
         )
         return Score("contains", b in a)
     if isinstance(check, RegexCheck):
-        return Score("regex", re.search(check.pattern, output) is not None)
+        return _regex_score(check.pattern, output)
     if isinstance(check, JsonSchemaCheck):
         return _json_score(check.json_schema, text)
     if isinstance(check, NumericCheck):
         return _numeric_score(check, text)
     raise TypeError(f"{check.kind} is scored by the judge")
+
+
+def linear_search(pattern: str, text: str) -> bool:
+    """Whether `pattern` matches somewhere in `text`, on RE2. Raises ValueError, with RE2's
+    reason, for a pattern RE2 cannot run."""
+    try:
+        compiled = re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as exc:
+        reason = exc.args[0] if exc.args else exc
+        if isinstance(reason, bytes):
+            reason = reason.decode("utf-8", "replace")
+        raise ValueError(str(reason)) from None
+    return compiled.search(text) is not None
+
+
+def _regex_score(pattern: str, output: str) -> Score:
+    try:
+        return Score("regex", linear_search(pattern, output))
+    except ValueError as exc:
+        return Score(
+            "regex",
+            False,
+            f"pattern not supported by the linear-time engine (RE2: {exc}); "
+            "backreferences and lookaround are not available",
+        )
 
 
 def _json_score(schema: dict[str, Any], text: str) -> Score:
@@ -195,6 +234,10 @@ def _scalar_errors(schema: dict[str, Any], value: Any, where: str) -> list[str]:
             errors.append(f"{where}: shorter than {schema['minLength']}")
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             errors.append(f"{where}: longer than {schema['maxLength']}")
-        if "pattern" in schema and re.search(schema["pattern"], value) is None:
-            errors.append(f"{where}: does not match {schema['pattern']!r}")
+        if "pattern" in schema:
+            try:
+                if not linear_search(str(schema["pattern"]), value):
+                    errors.append(f"{where}: does not match {schema['pattern']!r}")
+            except ValueError as exc:
+                errors.append(f"{where}: pattern {schema['pattern']!r} not supported (RE2: {exc})")
     return errors

@@ -1,6 +1,7 @@
-"""`valgomat_generate_profile`: a party programme (file under MEDIA_ROOT, or text) and the quiz's
-statements -> a synthetic candidate profile: a position on every statement with a short
-justification citing the programme; schema-validated and stored in `valgomat_profiles`."""
+"""`valgomat_generate_profile`: a party programme (a file in the workspace media folder, or
+text) and the quiz's statements -> a synthetic candidate profile: a position on every statement
+with a short justification citing the programme; schema-validated and stored in
+`valgomat_profiles`."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class ProfilePayload(BaseModel):
     party: str = Field(min_length=1, max_length=200)
     programme_path: str | None = Field(
         default=None, min_length=1, max_length=1000
-    )  # under MEDIA_ROOT
+    )  # in the workspace media folder
     programme_text: str | None = Field(default=None, min_length=1)
     statements: list[Statement] = Field(min_length=1, max_length=MAX_STATEMENTS)
 
@@ -103,7 +104,9 @@ async def programme_of(ctx: JobContext, payload: ProfilePayload) -> str:
     if payload.programme_text is not None:
         return payload.programme_text
     assert payload.programme_path is not None
-    path = resolve_media_path(ctx.services.config.require("MEDIA_ROOT"), payload.programme_path)
+    path = resolve_media_path(
+        ctx.services.config.require("MEDIA_ROOT"), ctx.workspace_id, payload.programme_path
+    )
     if path.stat().st_size > MAX_PROGRAMME_BYTES:
         raise PermanentError(
             f"programme {payload.programme_path!r} is over {MAX_PROGRAMME_BYTES} bytes"

@@ -15,9 +15,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sidelinja_worker.jobs.ai.common import AiTask, resolve_settings, system_message
+from sidelinja_worker.jobs.ai.common import (
+    DEFAULT_MODEL,
+    AiTask,
+    resolve_settings,
+    system_message,
+)
 from sidelinja_worker.jobs.knowledge import store as knowledge_store
 from sidelinja_worker.jobs.knowledge.common import (
+    DEFAULT_EMBEDDING_MODEL,
     EmbeddingSettings,
     content_hash,
     cosine,
@@ -25,6 +31,7 @@ from sidelinja_worker.jobs.knowledge.common import (
     embedding_settings,
 )
 from sidelinja_worker.jobs.knowledge.store import NewEmbedding, QuizQuestion
+from sidelinja_worker.jobs.silos import call_guard
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.queue.priorities import default_priority
@@ -136,7 +143,10 @@ async def run(ctx: JobContext, payload: ModerationPayload) -> dict[str, Any]:
     threshold = valgomat_settings(raw).duplicate_threshold
     emb = embedding_settings(raw)
     ai = resolve_settings(raw, TASK)
-    gateway = AiGateway.from_services(ctx.services)
+    guard = call_guard(raw, (DEFAULT_MODEL, DEFAULT_EMBEDDING_MODEL))
+    guard.allow_model(emb.model)
+    guard.allow_model(ai.model)
+    gateway = AiGateway.from_services(ctx.services, guard)
     vector, vectors, embed_usage = await question_vectors(
         ctx, gateway, emb, payload.quiz_id, payload.question
     )

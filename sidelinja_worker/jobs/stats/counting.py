@@ -9,6 +9,7 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -24,6 +25,7 @@ from sidelinja_worker.jobs.stats.records import (
     decoder_for,
     response_headers,
 )
+from sidelinja_worker.jobs.stats.spill import Record, write_records
 
 DAY_S = 86400
 AUDIO_EXTENSIONS = (".mp3", ".m4a", ".aac", ".ogg", ".opus", ".mp4", ".m4b", ".flac", ".wav")
@@ -93,6 +95,13 @@ class Tally:
     _bytes: dict[ListenerKey, int] = field(default_factory=dict)
     _whole: set[ListenerKey] = field(default_factory=set)
     _decoder: EntryDecoder = field(init=False, repr=False, compare=False)
+    # Past `spill_at` listeners in memory, they go to a sorted run file in `spill_dir` and
+    # memory starts again: bounded by the threshold, not by the log (spill.py).
+    spill_at: int | None = None
+    spill_dir: Path | None = None
+    runs: list[Path] = field(default_factory=list)
+    spilled_days: set[int] = field(default_factory=set)
+    spilled_episodes: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._decoder = decoder_for(bool(self.rules.hosts))
@@ -118,6 +127,8 @@ class Tally:
         if stop is not None:
             self._decoder = FULL_DECODER
             self.add_entries(FULL_DECODER.decode_lines(block)[stop:])
+        if self.spill_at is not None and len(self._bytes) >= self.spill_at:
+            self.spill()
 
     def add_lines(self, lines: list[bytes]) -> None:
         good: list[bytes] = []
@@ -135,6 +146,32 @@ class Tally:
         if stop is not None:
             self._decoder = FULL_DECODER
             self.add_entries([FULL_DECODER.decode(line) for line in good[stop:]])
+        if self.spill_at is not None and len(self._bytes) >= self.spill_at:
+            self.spill()
+
+    def records(self) -> list[Record]:
+        """The listeners in memory as spill records, in key order."""
+        whole, families = self._whole, self.families
+        return [
+            (key[0], key[1], key[2], key[3], families.get(key[3], ""), sent, key in whole)
+            for key, sent in sorted(self._bytes.items())
+        ]
+
+    def spill(self) -> None:
+        """Writes the listeners in memory to a new sorted run and forgets them (and the agent
+        cache, so that an agent seen again records its family again)."""
+        if not self._bytes:
+            return
+        assert self.spill_dir is not None, "spill_at needs a spill_dir"
+        path = self.spill_dir / f"run-{len(self.runs):05d}"
+        write_records(path, self.records())
+        self.runs.append(path)
+        self.spilled_days.update(key[0] for key in self._bytes)
+        self.spilled_episodes.update(key[1] for key in self._bytes)
+        self._bytes.clear()
+        self._whole.clear()
+        self.families.clear()
+        self._agents.clear()
 
     def add_entries(self, entries: Sequence[Entry]) -> int | None:
         """Counts each entry's bytes towards its listener, or drops it by the IAB rules. The hot

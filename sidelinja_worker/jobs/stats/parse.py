@@ -4,7 +4,7 @@ worker process, returning plain, picklable totals."""
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from sidelinja_worker.jobs.stats.counting import (
     Tally,
 )
 from sidelinja_worker.jobs.stats.logfiles import LogFile, read_blocks
+from sidelinja_worker.jobs.stats.spill import CHUNK_RECORDS, Record, merge_runs, read_chunks
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,28 @@ class ParseResult:
     bad_lines: int = 0
     counted_requests: int = 0
     errors: list[str] = field(default_factory=list)
+    # A parse that spilled leaves `listens` empty and its merged listeners in this file.
+    spill: str | None = None
+    days: list[int] = field(default_factory=list)  # the UTC days with listeners, sorted
+    episodes: list[str] = field(default_factory=list)  # the episodes with listeners, sorted
+    listeners: int = 0
+
+    def listen_batches(self) -> Iterator[list[Record]]:
+        """Every listener as a spill record, a chunk at a time, from memory or the file."""
+        if self.spill is not None:
+            yield from read_chunks(Path(self.spill))
+            return
+        families = self.families
+        batch: list[Record] = []
+        for (day, episode, ip, agent), listen in self.listens.items():
+            batch.append(
+                (day, episode, ip, agent, families.get(agent, ""), listen.bytes, listen.whole)
+            )
+            if len(batch) >= CHUNK_RECORDS:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
 
     def __reduce__(self) -> tuple[Callable[..., ParseResult], tuple[Any, ...]]:
         # The child hands this to the worker pickled. As columns of plain values it pickles in
@@ -68,6 +91,10 @@ class ParseResult:
             self.bad_lines,
             self.counted_requests,
             self.errors,
+            self.spill,
+            self.days,
+            self.episodes,
+            self.listeners,
         )
 
 
@@ -79,9 +106,16 @@ def _unpickle(columns: tuple[list[Any], ...], *rest: Any) -> ParseResult:
     return ParseResult(listens, *rest)
 
 
-def parse_files(tasks: list[FileTask], rules: EpisodeRules) -> ParseResult:
-    """Reads every task's new lines into one tally. Pure apart from reading the files."""
-    tally = Tally(rules)
+def parse_files(
+    tasks: list[FileTask],
+    rules: EpisodeRules,
+    spill_dir: Path | None = None,
+    spill_at: int | None = None,
+) -> ParseResult:
+    """Reads every task's new lines into one tally. Pure apart from reading the files (and,
+    past `spill_at` listeners in memory, writing sorted runs into `spill_dir`, merged at the
+    end into `spill_dir/listeners`)."""
+    tally = Tally(rules, spill_at=spill_at, spill_dir=spill_dir)
     done: list[FileDone] = []
     errors: list[str] = []
     # The tally only grows (no reference cycles), and the collector's repeated scans of its
@@ -94,8 +128,11 @@ def parse_files(tasks: list[FileTask], rules: EpisodeRules) -> ParseResult:
     finally:
         if was_enabled:
             gc.enable()
+    if tally.runs:
+        return _spilled(tally, done, errors)
+    listens = tally.listens
     return ParseResult(
-        tally.listens,
+        listens,
         tally.families,
         tally.sizes,
         tally.paths,
@@ -104,6 +141,35 @@ def parse_files(tasks: list[FileTask], rules: EpisodeRules) -> ParseResult:
         tally.bad_lines,
         tally.counted_requests,
         errors,
+        None,
+        sorted({key[0] for key in listens}),
+        sorted({key[1] for key in listens}),
+        len(listens),
+    )
+
+
+def _spilled(tally: Tally, done: list[FileDone], errors: list[str]) -> ParseResult:
+    """The runs merged into one file of every listener, in key order, the runs removed."""
+    tally.spill()
+    assert tally.spill_dir is not None
+    merged = tally.spill_dir / "listeners"
+    count = merge_runs(tally.runs, merged)
+    for run in tally.runs:
+        run.unlink()
+    return ParseResult(
+        {},
+        {},
+        tally.sizes,
+        tally.paths,
+        done,
+        tally.lines,
+        tally.bad_lines,
+        tally.counted_requests,
+        errors,
+        str(merged),
+        sorted(tally.spilled_days),
+        sorted(tally.spilled_episodes),
+        count,
     )
 
 

@@ -1,15 +1,24 @@
 """`stats_parse`: Caddy access logs -> daily podcast downloads (IAB rules), then the next run.
 
 Workspace settings, under `settings["stats"]` (all optional): `interval` ("1h"), `url_prefix`
-("/"), `media_dir` ("", under MEDIA_ROOT), `episodes` ({path: id}), `hosts` ([])."""
+("/"), `media_dir` ("", in the workspace media folder MEDIA_ROOT/<workspace id>), `episodes`
+({path: id}), `hosts` ([]); `interval` is at least 60 s and at most 31 days.
+
+Bounds on hostile logs: a line longer than logfiles.MAX_LINE_BYTES (1 MiB) is dropped; a
+compressed file expanding more than logfiles.MAX_EXPANSION_RATIO (200) times its size (beyond
+16 MiB) fails the job permanently, naming the file; past SPILL_LISTENERS listeners the parse
+spills to sorted files in the system's temporary folder (memory stays ~100 MB whatever the log
+holds; the totals are the same)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import pickle
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -17,12 +26,14 @@ from typing import Any
 import zstandard
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sidelinja_worker.jobs.media_paths import workspace_media_root
 from sidelinja_worker.jobs.stats import store as stats_store
 from sidelinja_worker.jobs.stats.counting import AUDIO_EXTENSIONS, EpisodeRules
 from sidelinja_worker.jobs.stats.geo import country_lookup
 from sidelinja_worker.jobs.stats.logfiles import LogFile, discover, fingerprint
 from sidelinja_worker.jobs.stats.media import threshold_bytes
 from sidelinja_worker.jobs.stats.parse import FileTask, ParseResult
+from sidelinja_worker.jobs.stats.spill import Record
 from sidelinja_worker.jobs.stats.store import FileSave, ListenRow
 from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.context import JobContext
@@ -33,7 +44,13 @@ from sidelinja_worker.queue.registry import JobType, describe_validation_error
 
 # A concurrent run that committed first makes this one re-read from its offsets; a few rounds.
 COMMIT_ROUNDS = 3
+# Listeners a parse holds in memory before it spills them to a sorted file (~400 bytes each
+# with their strings): bounds the parse's memory whatever the log holds.
+SPILL_LISTENERS = 100_000
+# Listener rows per INSERT, read, hashed and sent a batch at a time.
+ROW_BATCH = 20_000
 MIN_INTERVAL_S = 60.0
+MAX_INTERVAL_S = 31 * 86400.0
 _GLOB = set("*?[")
 
 
@@ -41,7 +58,7 @@ class StatsParsePayload(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     logs: str = Field(
-        min_length=1, description="log folder, live log file or glob, under MEDIA_ROOT"
+        min_length=1, description="log folder, live log file or glob, in the workspace media folder"
     )
     schedule: bool = Field(default=True, description="enqueue the next run after this one")
 
@@ -59,15 +76,22 @@ class StatsSettings(BaseModel):
         return EpisodeRules(self.url_prefix, AUDIO_EXTENSIONS, self.episodes, tuple(self.hosts))
 
     def interval_s(self) -> float:
+        """Seconds between runs: at least MIN_INTERVAL_S; a value past MAX_INTERVAL_S (or not
+        finite: "inf", "nan") fails the job naming the setting."""
         try:
             seconds = parse_duration_s(str(self.interval))
         except UserError as exc:
             raise PermanentError(f"settings stats.interval: {exc}") from None
+        if not math.isfinite(seconds) or seconds > MAX_INTERVAL_S:
+            raise PermanentError(
+                f"settings stats.interval: {self.interval!r} is longer than "
+                f"{MAX_INTERVAL_S / 86400:g} days"
+            )
         return max(seconds, MIN_INTERVAL_S)
 
 
 async def run(ctx: JobContext, payload: StatsParsePayload) -> dict[str, Any]:
-    media_root = Path(ctx.services.config.require("MEDIA_ROOT")).resolve()  # noqa: ASYNC240 - a few stats
+    media_root = workspace_media_root(ctx.services.config.require("MEDIA_ROOT"), ctx.workspace_id)
     settings = _settings(await ctx.workspace_settings())
     logs = resolve_logs(media_root, payload.logs)
     summary = await _parse_and_commit(ctx, logs, settings, media_root)
@@ -86,14 +110,15 @@ def _settings(workspace: dict[str, Any]) -> StatsSettings:
 
 
 def resolve_logs(media_root: Path, logs: str) -> list[LogFile]:
-    """The payload's log files; a path outside MEDIA_ROOT or naming nothing is permanent."""
+    """The payload's log files, under `media_root` (the workspace's media folder); a path
+    outside it or naming nothing is permanent."""
     parts = Path(logs).parts
     cut = next((i for i, p in enumerate(parts) if _GLOB & set(p)), len(parts))
     base = (media_root / Path(*parts[:cut])).resolve() if cut else media_root
     if not base.is_relative_to(media_root):
-        raise PermanentError(f"logs {logs!r} is outside MEDIA_ROOT")
+        raise PermanentError(f"logs {logs!r} is outside this workspace's media folder")
     if not base.exists():
-        raise PermanentError(f"logs {logs!r} not found under MEDIA_ROOT")
+        raise PermanentError(f"logs {logs!r} not found in this workspace's media folder")
     pattern = str(Path(*parts[cut:])) if cut < len(parts) else None
     files = [f for f in discover(base, pattern) if f.path.resolve().is_relative_to(media_root)]
     if not files:
@@ -110,20 +135,24 @@ async def _parse_and_commit(
         states = await stats_store.file_states(pool, ws, list(prints.values()))
         tasks, saves = plan(logs, prints, states)
         await ctx.progress(f"reading {len(tasks)} of {len(prints)} log files", None)
-        result = await parse_in_child(tasks, settings.rules())
-        thresholds = await asyncio.to_thread(_thresholds, result, media_root, settings)
-        listens = await _listen_rows(pool, ws, result, ctx.services.config.get("GEOIP_DB"))
-        async with pool.acquire() as conn:
-            added = await stats_store.commit_run(
-                conn,
-                ws,
-                {t.fingerprint: t.start for t in tasks},
-                saves
-                + [FileSave(f.fingerprint, f.name, f.offset, f.complete) for f in result.files],
-                listens,
-                thresholds,
-                datetime.now(UTC).date(),
-            )
+        with tempfile.TemporaryDirectory(prefix="sidelinja-stats-") as spill_dir:
+            result = await parse_in_child(tasks, settings.rules(), Path(spill_dir))
+            thresholds = await asyncio.to_thread(_thresholds, result, media_root, settings)
+            days = [date.fromordinal(_EPOCH + d) for d in result.days]
+            salts = await stats_store.salts(pool, ws, days)
+            country = country_lookup(ctx.services.config.get("GEOIP_DB"))
+            async with pool.acquire() as conn:
+                added = await stats_store.commit_run(
+                    conn,
+                    ws,
+                    {t.fingerprint: t.start for t in tasks},
+                    saves
+                    + [FileSave(f.fingerprint, f.name, f.offset, f.complete) for f in result.files],
+                    _row_batches(result, salts, country),
+                    days,
+                    thresholds,
+                    datetime.now(UTC).date(),
+                )
         if added is not None:
             return {
                 "files": len(prints),
@@ -172,8 +201,12 @@ def plan(
     return tasks, saves
 
 
-async def parse_in_child(tasks: list[FileTask], rules: EpisodeRules) -> ParseResult:
-    """The CPU-bound parse in a child process, killed if this job is cancelled or times out."""
+async def parse_in_child(
+    tasks: list[FileTask], rules: EpisodeRules, spill_dir: Path | None = None
+) -> ParseResult:
+    """The CPU-bound parse in a child process, killed if this job is cancelled or times out.
+    With `spill_dir`, listeners past SPILL_LISTENERS go to sorted files there (memory stays
+    bounded); the caller removes the folder after reading them."""
     if not tasks:
         return ParseResult()
     proc = await asyncio.create_subprocess_exec(
@@ -185,7 +218,8 @@ async def parse_in_child(tasks: list[FileTask], rules: EpisodeRules) -> ParseRes
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        out, err = await proc.communicate(pickle.dumps((tasks, rules)))
+        spill_at = SPILL_LISTENERS if spill_dir is not None else None
+        out, err = await proc.communicate(pickle.dumps((tasks, rules, spill_dir, spill_at)))
     finally:
         if proc.returncode is None:
             proc.kill()
@@ -205,12 +239,11 @@ async def parse_in_child(tasks: list[FileTask], rules: EpisodeRules) -> ParseRes
 def _thresholds(
     result: ParseResult, media_root: Path, settings: StatsSettings
 ) -> dict[str, int | None]:
-    episodes = {key[1] for key in result.listens}
     return {
         ep: threshold_bytes(
             _media_file(media_root, settings, result.paths.get(ep)), result.sizes.get(ep)
         )
-        for ep in episodes
+        for ep in result.episodes
     }
 
 
@@ -223,39 +256,36 @@ def _media_file(media_root: Path, settings: StatsSettings, url_path: str | None)
     return path if path.is_relative_to(media_root) else None
 
 
-async def _listen_rows(
-    pool: Any, workspace_id: Any, result: ParseResult, geoip_db: str | None
-) -> list[ListenRow]:
-    """The run's listeners with the address and agent replaced by a keyed hash under the day's
-    salt: the raw IP never leaves this process's memory."""
-    days = {key[0] for key in result.listens}
-    salts = await stats_store.salts(
-        pool, workspace_id, [date.fromordinal(_EPOCH + d) for d in days]
-    )
-    return await asyncio.to_thread(_hash_rows, result, salts, country_lookup(geoip_db))
+async def _row_batches(
+    result: ParseResult, salts: dict[date, bytes], country: Callable[[str], str]
+) -> AsyncIterator[list[ListenRow]]:
+    """The run's listeners, ROW_BATCH at a time, with the address and agent replaced by a keyed
+    hash under the day's salt: the raw IP never leaves this process's memory. Read and hashed
+    in a thread, a batch at a time (a spilled parse's file is read as it goes)."""
+    chunks = result.listen_batches()
+    while True:
+        rows = await asyncio.to_thread(_hash_batch, chunks, salts, country)
+        if not rows:
+            return
+        yield rows
 
 
 _EPOCH = date(1970, 1, 1).toordinal()
 
 
-def _hash_rows(
-    result: ParseResult, salts: dict[date, bytes], country: Callable[[str], str]
+def _hash_batch(
+    chunks: Iterator[list[Record]], salts: dict[date, bytes], country: Callable[[str], str]
 ) -> list[ListenRow]:
-    rows = []
-    for (day_n, episode, ip, agent), listen in result.listens.items():
-        day = date.fromordinal(_EPOCH + day_n)
-        key = hashlib.blake2b(f"{ip}\n{agent}".encode(), digest_size=16, key=salts[day]).digest()
-        rows.append(
-            ListenRow(
-                day,
-                episode,
-                key,
-                result.families.get(agent, ""),
-                country(ip),
-                listen.bytes,
-                listen.whole,
-            )
-        )
+    rows: list[ListenRow] = []
+    for chunk in chunks:
+        for day_n, episode, ip, agent, family, sent, whole in chunk:
+            day = date.fromordinal(_EPOCH + day_n)
+            key = hashlib.blake2b(
+                f"{ip}\n{agent}".encode(), digest_size=16, key=salts[day]
+            ).digest()
+            rows.append(ListenRow(day, episode, key, family, country(ip), sent, whole))
+        if len(rows) >= ROW_BATCH:
+            break
     return rows
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import AsyncIterable, Sequence
 from dataclasses import dataclass
 from datetime import date
 from uuid import UUID
@@ -76,11 +76,12 @@ async def commit_run(
     workspace_id: UUID,
     started: dict[str, int],
     files: Sequence[FileSave],
-    listens: Sequence[ListenRow],
+    listens: AsyncIterable[Sequence[ListenRow]],
+    days: Sequence[date],
     thresholds: dict[str, int | None],
     today: date,
 ) -> int | None:
-    """Adds the run's listens, counts the listeners that reached their threshold and records
+    """Adds the run's listens (batches, read as they come), counts the listeners that reached their threshold and records
     the offsets, in one transaction. None (nothing written) when another run committed offsets
     for these files since `started` was read: the caller re-reads from the new offsets."""
     async with conn.transaction():
@@ -88,10 +89,14 @@ async def commit_run(
         now = await file_states(conn, workspace_id, list(started))
         if any((now[f].read_offset if f in now else 0) != off for f, off in started.items()):
             return None
-        await _add_listens(conn, workspace_id, listens)
-        days = sorted({r.day for r in listens})
+        async for batch in listens:
+            await _add_listens(conn, workspace_id, batch)
         added = await conn.fetchval(
-            Q["count_downloads"], workspace_id, list(thresholds), list(thresholds.values()), days
+            Q["count_downloads"],
+            workspace_id,
+            list(thresholds),
+            list(thresholds.values()),
+            sorted(days),
         )
         await conn.execute(
             Q["save_files"],

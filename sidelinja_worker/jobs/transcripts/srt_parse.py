@@ -1,4 +1,4 @@
-"""`srt_parse`: an SRT (under MEDIA_ROOT or in Forgejo) -> the workspace's transcript tables."""
+"""`srt_parse`: an SRT (in the workspace media folder or in Forgejo) -> the workspace's transcript tables."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from sidelinja_worker.jobs.media_paths import resolve_media_path
+from sidelinja_worker.jobs.silos import check_repo
 from sidelinja_worker.jobs.transcripts import store as transcripts_store
-from sidelinja_worker.jobs.transcripts.subtitles import SrtError, Transcript, parse_srt
+from sidelinja_worker.jobs.transcripts.subtitles import SrtError, Transcript, parse_srt_off_loop
 from sidelinja_worker.jobs.transcripts.whisper_transcribe import forgejo_source
 from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.context import JobContext
@@ -35,7 +36,9 @@ class SrtParsePayload(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     transcript_ref: str = Field(min_length=1, max_length=200)
-    srt_path: str | None = Field(default=None, min_length=1, max_length=1000)  # under MEDIA_ROOT
+    srt_path: str | None = Field(
+        default=None, min_length=1, max_length=1000
+    )  # in the workspace media folder
     forgejo: ForgejoSource | None = None
     language: str | None = Field(default=None, pattern=r"^[a-z]{2,3}$")
     # In a graph: the transcript is then also embedded for the knowledge graph, by a
@@ -58,7 +61,8 @@ PASSAGE_CHARS = 1500
 async def run_srt_parse(ctx: JobContext, payload: SrtParsePayload) -> Any:
     raw, source = await _load(ctx, payload)
     try:
-        transcript = parse_srt(_decode(raw))
+        text = await asyncio.to_thread(_decode, raw)
+        transcript = await parse_srt_off_loop(text)
     except SrtError as exc:
         raise PermanentError(str(exc)) from None
     await ctx.progress("Lagrer transkripsjonen…", 80)
@@ -91,16 +95,19 @@ async def _load(ctx: JobContext, payload: SrtParsePayload) -> tuple[bytes, dict[
     """The SRT's bytes and a description of where they came from (stored with the transcript)."""
     config = ctx.services.config
     if payload.srt_path is not None:
-        path = resolve_media_path(config.require("MEDIA_ROOT"), payload.srt_path)
+        path = resolve_media_path(config.require("MEDIA_ROOT"), ctx.workspace_id, payload.srt_path)
         if path.stat().st_size > MAX_SRT_BYTES:
             raise PermanentError(f"{payload.srt_path!r} is over {MAX_SRT_BYTES} bytes: not an SRT")
         return await asyncio.to_thread(path.read_bytes), {"path": payload.srt_path}
     src = payload.forgejo or await _parent_source(ctx)
     forgejo = Forgejo.from_config(ctx.services.http, config)
+    check_repo(await ctx.workspace_settings(), src.owner, src.repo)
     state = await forgejo.read(RepoFile(src.owner, src.repo, src.path, src.ref))
     if state is None:
         where = f"{src.owner}/{src.repo}/{src.path}" + (f" at {src.ref}" if src.ref else "")
         raise PermanentError(f"Forgejo has no file {where}")
+    if len(state.content) > MAX_SRT_BYTES:
+        raise PermanentError(f"Forgejo's {src.path!r} is over {MAX_SRT_BYTES} bytes: not an SRT")
     return state.content, {"forgejo": {**src.model_dump(), "sha": state.sha}}
 
 

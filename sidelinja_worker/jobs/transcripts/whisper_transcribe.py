@@ -8,8 +8,9 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from sidelinja_worker.jobs.media_paths import resolve_media_path
+from sidelinja_worker.jobs.silos import check_repo
 from sidelinja_worker.jobs.transcripts.governor import Route, choose_whisper
-from sidelinja_worker.jobs.transcripts.subtitles import SrtError, Transcript, parse_srt
+from sidelinja_worker.jobs.transcripts.subtitles import SrtError, Transcript, parse_srt_off_loop
 from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError
@@ -33,7 +34,7 @@ class ForgejoTarget(BaseModel):
 class WhisperTranscribePayload(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    audio_path: str = Field(min_length=1, max_length=1000)  # relative to MEDIA_ROOT
+    audio_path: str = Field(min_length=1, max_length=1000)  # in the workspace media folder
     transcript_ref: str = Field(min_length=1, max_length=200)
     language: str = Field(default="no", pattern=r"^[a-z]{2,3}$")  # whisper codes: no, nn, en
     forgejo: ForgejoTarget
@@ -42,13 +43,14 @@ class WhisperTranscribePayload(BaseModel):
 
 async def run_whisper_transcribe(ctx: JobContext, payload: WhisperTranscribePayload) -> Any:
     config = ctx.services.config
-    audio = resolve_media_path(config.require("MEDIA_ROOT"), payload.audio_path)
+    check_repo(await ctx.workspace_settings(), payload.forgejo.owner, payload.forgejo.repo)
+    audio = resolve_media_path(config.require("MEDIA_ROOT"), ctx.workspace_id, payload.audio_path)
     route = await choose_whisper(ctx.services.http, config)
     log.info("job %s whisper_transcribe: %s", ctx.job_id, route.reason)
     model = payload.model or config.get("WHISPER_MODEL") or whisper.DEFAULT_MODEL
     request = whisper.TranscribeRequest(audio, model, payload.language)
     srt_text = await _transcribe(ctx, route, request)
-    transcript = _checked(srt_text)
+    transcript = await _checked(srt_text)
     await ctx.progress("Lagrer transkripsjonen i Forgejo…", 85)
     commit = await _commit(ctx, payload, srt_text, model)
     # In a graph made with its srt_parse (the episode pipeline), that child reads this job's
@@ -94,9 +96,9 @@ async def _transcribe(ctx: JobContext, route: Route, req: whisper.TranscribeRequ
     return await whisper.transcribe_srt(ctx.services.http, server, req, on_upload)
 
 
-def _checked(srt_text: str) -> Transcript:
+async def _checked(srt_text: str) -> Transcript:
     try:
-        return parse_srt(srt_text)
+        return await parse_srt_off_loop(srt_text)
     except SrtError as exc:
         raise PermanentError(f"whisper answered 200 but not with valid SRT: {exc}") from None
 

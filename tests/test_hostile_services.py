@@ -1,0 +1,248 @@
+"""Hostile outside services: every service client against a server that answers as an attacker
+(or a broken proxy) would. Each case asserts the documented outcome: the error class (a
+RetryJob for what may heal, a PermanentError for what will not) and its message.
+
+Documented outcomes (services/bounded.py and each client):
+- a body over the service's size cap, declared or found while reading: PermanentError naming
+  the limit; the client stops reading.
+- a body dripped so slowly that the whole answer overruns the deadline: RetryJob.
+- a redirect, to another host or not: PermanentError naming the host; never followed.
+- a body that is not JSON (malformed, invalid UTF-8) where JSON is due: RetryJob.
+- JSON of the wrong shape: RetryJob (Forgejo's write, LiveKit) or PermanentError naming what
+  is missing (Forgejo's file without a sha).
+- NUL characters in a model's answer are removed (PostgreSQL cannot store them); an SRT from
+  whisper that is not UTF-8 is a PermanentError.
+- an absurd header value: an unreadable Content-Length is a protocol error (RetryJob); a
+  Retry-After of nan, inf or years is ignored or capped at an hour."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import httpx
+import pytest
+
+from sidelinja_worker.queue.config import Secret
+from sidelinja_worker.queue.errors import PermanentError, RetryJob
+from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
+from sidelinja_worker.services import ai_gateway as gateway_module
+from sidelinja_worker.services import bounded, livekit, whisper
+from sidelinja_worker.services.ai_gateway import AiGateway, parse_retry_after
+from sidelinja_worker.services.forgejo import Forgejo, RepoFile
+from tests.fakes.hostile_server import Answer, HostileServer, hostile_server, json_answer
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hei"}]}
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(5.0)) as client:
+        yield client
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[HostileServer]:
+    async with hostile_server() as fake:
+        yield fake
+
+
+def gateway(http: httpx.AsyncClient, url: str, pool: asyncpg.Pool) -> AiGateway:
+    return AiGateway(http, url, Secret("key-SECRET"), RateLimiter(pool, LimitsCache(pool)))
+
+
+async def test_a_redirect_to_another_host_is_refused_and_not_followed(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, tmp_path: Path
+) -> None:
+    async with hostile_server(json_answer(b'{"choices": []}')) as elsewhere:
+        where = elsewhere.url.replace("127.0.0.1", "localhost") + "/steal"
+        server.answer = Answer(302, [("Location", where)])
+        expected = (
+            "answered 302, a redirect to host 'localhost'; redirects are not followed: "
+            "configure the service's final URL"
+        )
+        with pytest.raises(PermanentError) as caught:
+            await gateway(http, server.url, pool).chat(CHAT)
+        assert str(caught.value) == f"AI gateway {expected}"
+        with pytest.raises(PermanentError) as caught:
+            await Forgejo(http, server.url, Secret("t")).read(RepoFile("o", "r", "a.srt"))
+        assert str(caught.value) == f"Forgejo {expected}"
+        with pytest.raises(PermanentError) as caught:
+            await livekit.list_rooms(http, livekit.LiveKitServer(server.url, "k", Secret("s" * 40)))
+        assert str(caught.value) == f"LiveKit {expected}"
+        audio = tmp_path / "a.wav"
+        audio.write_bytes(b"RIFF" + b"\x00" * 100)
+        with pytest.raises(PermanentError) as caught:
+            await whisper.transcribe_srt(
+                http,
+                whisper.WhisperServer(server.url),
+                whisper.TranscribeRequest(audio, "m", "no"),
+            )
+        assert str(caught.value) == f"whisper {expected}"
+        assert elsewhere.requests == []  # never contacted
+
+
+async def test_a_declared_enormous_body_is_refused_unread(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer
+) -> None:
+    server.answer = json_answer(b"{}", content_length=str(10**12))
+    with pytest.raises(PermanentError) as caught:
+        await gateway(http, server.url, pool).chat(CHAT)
+    assert str(caught.value) == (
+        "AI gateway's answer declares 1000000000000 bytes, over the limit of 16777216 bytes"
+    )
+
+
+async def test_an_undeclared_endless_body_is_cut_at_the_limit(
+    http: httpx.AsyncClient,
+    pool: asyncpg.Pool,
+    server: HostileServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gateway_module, "MAX_CHAT_BYTES", 1 << 20)
+    server.answer = json_answer(b'{"a": 1}', content_length="", stream_bytes=50 << 20)
+    with pytest.raises(PermanentError) as caught:
+        await gateway(http, server.url, pool).chat(CHAT)
+    assert str(caught.value) == "AI gateway's answer goes on, over the limit of 1048576 bytes"
+
+
+async def test_a_dripped_answer_overruns_the_deadline_and_retries(
+    http: httpx.AsyncClient,
+    pool: asyncpg.Pool,
+    server: HostileServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(gateway_module, "CHAT_TIMEOUT_S", 0.4)
+    monkeypatch.setattr(gateway_module, "CONNECT_TIMEOUT_S", 0.2)
+    # Each byte well inside the read timeout; the whole answer far outside the deadline.
+    server.answer = json_answer(b'{"choices": []}' + b" " * 100, drip_s=0.05)
+    with pytest.raises(RetryJob) as caught:
+        await gateway(http, server.url, pool).chat(CHAT)
+    assert str(caught.value) == "AI gateway did not answer within 0.6 s"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"choices": [',  # malformed
+        b'{"choices": [{"message": {"content": "\xff\xfe"}}]}',  # invalid UTF-8
+        b"<html>\x00\x00</html>",  # a proxy's page, with NUL bytes
+    ],
+)
+async def test_a_body_that_is_not_json_retries(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, body: bytes
+) -> None:
+    server.answer = json_answer(body)
+    with pytest.raises(RetryJob) as caught:
+        await gateway(http, server.url, pool).chat(CHAT)
+    assert str(caught.value) == "AI gateway answered with a body that is not JSON"
+
+
+async def test_nul_characters_are_removed_from_a_models_answer(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer
+) -> None:
+    server.answer = json_answer(b'{"choices": [{"message": {"content": "O\\u0000slo\\u0000"}}]}')
+    content, _ = await gateway(http, server.url, pool).chat(CHAT)
+    assert content == "Oslo"
+
+
+@pytest.mark.parametrize("length", ["-5", "abc", "1, 2"])
+async def test_an_unreadable_content_length_is_a_protocol_error_that_retries(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, length: str
+) -> None:
+    server.answer = json_answer(b"{}", content_length=length)
+    with pytest.raises(RetryJob) as caught:
+        await gateway(http, server.url, pool).chat(CHAT)
+    assert str(caught.value) == "AI gateway unreachable (RemoteProtocolError)"
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("nan", None),
+        ("inf", None),
+        ("-inf", None),
+        ("1e308", 3600.0),
+        ("99999999999999999999", 3600.0),
+        ("-30", 0.0),
+        ("Fri, 31 Dec 9999 23:59:59 GMT", 3600.0),
+        ("Mon, 99 Foo 2025", None),
+        ("\x00", None),
+    ],
+)
+def test_absurd_retry_after_values_are_ignored_or_capped(value: str, seconds: float | None) -> None:
+    assert parse_retry_after(value) == seconds
+
+
+async def test_a_429_with_an_infinite_retry_after_retries_without_a_pause(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer
+) -> None:
+    server.answer = Answer(
+        429,
+        [("Content-Type", "application/json"), ("Retry-After", "inf")],
+        b'{"error": {"code": 429, "message": "slow down"}}',
+    )
+    with pytest.raises(RetryJob) as caught:
+        await gateway(http, server.url, pool).chat(CHAT)
+    assert (str(caught.value), caught.value.after_s) == ("AI gateway 429: slow down", None)
+    assert await pool.fetchval("SELECT count(*) FROM rate_limits WHERE paused_until > now()") == 0
+
+
+async def test_forgejo_answers_of_the_wrong_shape(
+    http: httpx.AsyncClient, server: HostileServer
+) -> None:
+    forgejo = Forgejo(http, server.url, Secret("t"))
+    file = RepoFile("o", "r", "a.srt")
+    server.answer = json_answer(b'{"type": "file", "encoding": "base64", "content": "aGk="}')
+    with pytest.raises(PermanentError, match="^Forgejo: a.srt came without its sha$"):
+        await forgejo.read(file)
+    server.answer = json_answer(b"[1, 2")
+    with pytest.raises(RetryJob, match="^Forgejo answered 200 with a body that is not JSON$"):
+        await forgejo.read(file)
+    server.answer = json_answer(b"{}", content_length=str(1 << 40))
+    with pytest.raises(PermanentError, match="declares 1099511627776 bytes, over the limit"):
+        await forgejo.read(file)
+
+
+async def test_a_whisper_srt_that_is_not_utf8_is_refused(
+    http: httpx.AsyncClient, server: HostileServer, tmp_path: Path
+) -> None:
+    audio = tmp_path / "a.wav"
+    audio.write_bytes(b"RIFF" + b"\x00" * 100)
+    server.answer = Answer(200, [("Content-Type", "text/plain")], b"1\n00:00:01,000 --> \xff\n")
+    with pytest.raises(PermanentError) as caught:
+        await whisper.transcribe_srt(
+            http, whisper.WhisperServer(server.url), whisper.TranscribeRequest(audio, "m", "no")
+        )
+    assert str(caught.value) == "whisper answered 200 with bytes that are not UTF-8 (byte 19)"
+
+
+@pytest.mark.parametrize(
+    "body", [b"{", b'{"rooms": [{"num_participants": "many"}]}', b'{"rooms": 5}', b"[]"]
+)
+async def test_a_livekit_room_list_that_cannot_be_read_retries(
+    http: httpx.AsyncClient, server: HostileServer, body: bytes
+) -> None:
+    livekit.clear_cache()
+    server.answer = json_answer(body)
+    with pytest.raises(RetryJob) as caught:
+        await livekit.list_rooms(http, livekit.LiveKitServer(server.url, "k", Secret("s" * 40)))
+    assert str(caught.value) == "LiveKit answered 200 with a room list that cannot be read"
+
+
+async def test_big_json_is_parsed_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    threads: list[str] = []
+
+    def loads(data: bytes) -> object:
+        import threading
+
+        threads.append(threading.current_thread().name)
+        return {}
+
+    monkeypatch.setattr(bounded.json, "loads", loads)
+    small = httpx.Response(200, content=b"{}")
+    big = httpx.Response(200, content=b" " * bounded.OFF_LOOP_JSON_BYTES + b"{}")
+    await bounded.json_body(small)
+    await bounded.json_body(big)
+    assert threads[0] == "MainThread" and threads[1] != "MainThread"
