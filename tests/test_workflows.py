@@ -499,7 +499,7 @@ async def test_a_confined_app_role_declares_and_resumes_graphs(
     pool: asyncpg.Pool, workspace: UUID
 ) -> None:
     # The web app's role, confined to one workspace by row-level security, writes the graph and
-    # retries it; the triggers run as that role.
+    # retries it.
     async with pool.acquire() as conn:
         async with conn.transaction():
             await conn.execute("SET LOCAL ROLE sidelinja_app")

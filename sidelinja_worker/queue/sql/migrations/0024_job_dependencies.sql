@@ -156,10 +156,14 @@ CREATE TRIGGER job_dependencies_insert
     FOR EACH STATEMENT EXECUTE FUNCTION sidelinja_edges_added();
 
 -- Deleted jobs (retention, or by hand) take their edges with them: one statement per DELETE
--- statement, which only pruning runs.
+-- statement, which only pruning runs. As the owner (SECURITY DEFINER): a role allowed to delete
+-- jobs but not edges still deletes them whole, and it touches only the edges of rows it deleted.
 CREATE OR REPLACE FUNCTION sidelinja_jobs_deleted() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM gone) THEN
+        RETURN NULL;
+    END IF;
     DELETE FROM job_dependencies WHERE child_id IN (SELECT id FROM gone);
     DELETE FROM job_dependencies WHERE parent_id IN (SELECT id FROM gone);
     RETURN NULL;
@@ -172,9 +176,12 @@ CREATE TRIGGER job_queue_delete_edges
     REFERENCING OLD TABLE AS gone
     FOR EACH STATEMENT EXECUTE FUNCTION sidelinja_jobs_deleted();
 
--- A parent finished, failed, or was put back after failing: its children follow.
+-- A parent finished, failed, or was put back after failing: its children follow. As the owner
+-- (SECURITY DEFINER): any role that may change a job's status (the web app's, older roles
+-- without rights on job_dependencies) moves its graph on. Its edges were checked when added
+-- (the insert trigger runs as the inserting role, so they join only jobs that role could see).
 CREATE OR REPLACE FUNCTION sidelinja_parent_changed() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
     PERFORM sidelinja_settle_children(ARRAY(
         SELECT d.child_id FROM job_dependencies d
@@ -199,8 +206,8 @@ CREATE TRIGGER job_queue_parent_changed
 -- read and add edges, confined as for job_queue. An edge is visible when its child is. Which
 -- jobs an edge may join is checked by the insert trigger, which runs as that role and so finds
 -- only the jobs it sees (one workspace): a policy's WITH CHECK cannot do it, as it runs before
--- the end of the statement and would not see jobs inserted by the same statement. The other
--- triggers run as that role too, so a retry resumes the children it may see.
+-- the end of the statement and would not see jobs inserted by the same statement. The finish
+-- and delete triggers run as the owner (above).
 GRANT SELECT, INSERT ON job_dependencies TO sidelinja_app;
 ALTER TABLE job_dependencies ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS job_dependencies_workspace ON job_dependencies;
