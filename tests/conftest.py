@@ -41,7 +41,8 @@ def admin_url() -> str:
     url = os.environ.get("DATABASE_URL")
     if url:
         return url
-    folder = Path(tempfile.gettempdir()) / "sidelinja-worker-tests"
+    # One folder per user: another user's server there is not ours to join or start.
+    folder = Path(tempfile.gettempdir()) / f"sidelinja-worker-tests-{os.getuid()}"
     return start_embedded(folder)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -14,7 +15,7 @@ from tests.helpers import cli, one_line_error
 def test_help_lists_subcommands_and_each_has_help() -> None:
     top = cli("--help", url=None)
     assert top.returncode == 0
-    for command in ("migrate", "enqueue", "run", "types", "demo", "jobs"):
+    for command in ("migrate", "enqueue", "run", "types", "demo", "jobs", "workspace", "admin"):
         assert command in top.stdout
         assert cli(command, "--help", url=None).returncode == 0
 
@@ -149,10 +150,12 @@ def test_demo_runs_every_job_type_that_needs_no_service(db_url: str) -> None:
     assert "completed" in rows["downloads"] and '"new_downloads": 4' in rows["downloads"]
     assert "error" in rows["flaky"] and "the service answered 503" in rows["flaky"]
     assert "AI_GATEWAY_URL" in out.stdout  # the unconfigured types say what to set
+    shown = cli("jobs", "show", rows["hello"].split()[1], url=db_url)  # the summary's job id
+    assert shown.returncode == 0 and json.loads(shown.stdout)["status"] == "completed"
 
 
-async def test_service_settings_are_flags_too(
-    db_url: str, pool: asyncpg.Pool, workspace: UUID
+async def test_service_settings_are_flags_and_secrets_come_from_env_or_file(
+    db_url: str, pool: asyncpg.Pool, workspace: UUID, tmp_path: Path
 ) -> None:
     job_id = await pool.fetchval(
         "INSERT INTO job_queue (workspace_id, job_type, payload, max_attempts)"
@@ -166,7 +169,110 @@ async def test_service_settings_are_flags_too(
     await pool.execute(
         "UPDATE job_queue SET status = 'pending', attempts = 0 WHERE id = $1", job_id
     )
-    flags = ("--ai-gateway-url", "http://127.0.0.1:1/api/v1", "--ai-gateway-key", "sk-hemmelig")
+    # A secret is no flag (it would show in `ps`): its variable, or a file named by NAME_FILE.
+    assert "--ai-gateway-key" not in cli("run", "--help", url=None).stdout
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-hemmelig\n")
+    env["AI_GATEWAY_KEY_FILE"] = str(key_file)
+    flags = ("--ai-gateway-url", "http://127.0.0.1:1/api/v1")
     assert cli("run", "--burst", *flags, url=db_url, env=env).returncode == 0
     message = await pool.fetchval("SELECT error_msg FROM job_queue WHERE id = $1", job_id)
     assert "not set" not in message and "hemmelig" not in message  # it tried the gateway
+    both = cli("run", "--burst", url=db_url, env={**env, "AI_GATEWAY_KEY": "sk-x"})
+    assert "AI_GATEWAY_KEY and AI_GATEWAY_KEY_FILE are both set" in one_line_error(both)
+
+
+def test_run_no_longer_takes_the_spacetimedb_flag_it_never_read() -> None:
+    out = cli("run", "--spacetimedb-url", "http://127.0.0.1:1", "--burst", url=None)
+    assert out.returncode == 2 and "unrecognized arguments: --spacetimedb-url" in out.stderr
+    assert "--spacetimedb-url" in cli("admin", "--help", url=None).stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--in", "10"], "--in: bad duration '10': a unit is needed, e.g. 10s or 10m"),
+        (["--in", "-5m"], "--in: bad duration '-5m': must not be negative"),
+        (["--timeout", "0s"], "--timeout must be at least 1s, not '0s'"),
+        (["--timeout", "10"], "--timeout: bad duration '10': a unit is needed, e.g. 10s or 10m"),
+        (["--max-attempts", "0"], "--max-attempts must be 1 to 32767, not 0"),
+        (["--priority", "99999"], "--priority must be -32767 to 32767"),
+    ],
+)
+async def test_enqueue_names_the_flag_and_the_rule(
+    db_url: str, pool: asyncpg.Pool, workspace: UUID, args: list[str], expected: str
+) -> None:
+    out = cli("enqueue", "noop", "--workspace", str(workspace), *args, url=db_url)
+    assert one_line_error(out) == f"sidelinja-worker: error: {expected}"
+    assert await pool.fetchval("SELECT count(*) FROM job_queue") == 0
+
+
+async def test_enqueue_warns_of_a_past_time_and_a_service_not_set_here(
+    db_url: str, pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    no_gateway = {"AI_GATEWAY_URL": "", "AI_GATEWAY_KEY": ""}
+    past = cli(
+        "enqueue",
+        "research_clip",
+        "--workspace",
+        str(workspace),
+        "--payload",
+        '{"text": "hei"}',
+        "--at",
+        "2020-01-01T12:00",
+        url=db_url,
+        env=no_gateway,
+    )
+    assert past.returncode == 0, past.stderr
+    job_id = UUID(past.stdout.strip())
+    assert "warning: --at 2020-01-01T12:00 is in the past; the job is due now" in past.stderr
+    assert "warning: research_clip needs AI_GATEWAY_URL, AI_GATEWAY_KEY, not set here" in (
+        past.stderr
+    )
+    why = cli("jobs", "why", str(job_id), url=db_url, env=no_gateway)
+    assert why.returncode == 0, why.stderr
+    assert "research_clip needs AI_GATEWAY_URL, AI_GATEWAY_KEY, not set here" in why.stdout
+    configured = {"AI_GATEWAY_URL": "http://127.0.0.1:1", "AI_GATEWAY_KEY": "sk-x"}
+    quiet = cli(
+        "enqueue", "noop", "--workspace", str(workspace), "--in", "1h", url=db_url, env=configured
+    )
+    assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.stderr
+    why = cli("jobs", "why", str(job_id), url=db_url, env=configured)
+    assert "not set here" not in why.stdout
+
+
+async def test_workspace_list_shows_every_workspace(db_url: str) -> None:
+    empty = cli("workspace", "list", url=db_url)
+    assert empty.returncode == 0 and empty.stdout == "", empty
+    ws = uuid4()
+    assert cli("workspace", "create", "Podkast", "--id", str(ws), url=db_url).returncode == 0
+    listed = cli("workspace", "list", url=db_url)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines() == [f"{ws}  Podkast"]
+
+
+def test_booleans_and_durations_follow_one_rule_everywhere(db_url: str) -> None:
+    for word in ("on", "1", "TRUE", "yes"):
+        out = cli("run", url=db_url, env={"SIDELINJA_BURST": word, "SIDELINJA_NO_LISTEN": word})
+        assert out.returncode == 0, (word, out.stderr)  # burst: it ends
+    bad = cli("run", url=db_url, env={"SIDELINJA_BURST": "maybe"})
+    assert "--burst / SIDELINJA_BURST: 'maybe' is not on/off, true/false, yes/no or 1/0" in (
+        one_line_error(bad)
+    )
+    assert "a unit is needed" in one_line_error(
+        cli("run", "--burst", url=db_url, env={"SIDELINJA_GRACE": "30"})
+    )
+    assert "--lease / SIDELINJA_LEASE must be 1s to 1d" in one_line_error(
+        cli("run", "--burst", "--lease=500ms", url=db_url)
+    )
+
+
+async def test_limits_fair_takes_the_same_booleans(db_url: str, pool: asyncpg.Pool) -> None:
+    fair = "SELECT value FROM queue_settings WHERE name = 'fair_workspaces'"
+    assert cli("limits", "fair", "no", url=db_url).returncode == 0
+    assert await pool.fetchval(fair) is False
+    assert cli("limits", "fair", "ON", url=db_url).returncode == 0
+    assert await pool.fetchval(fair) is True
+    assert "limits fair takes on or off" in one_line_error(
+        cli("limits", "fair", "maybe", url=db_url)
+    )

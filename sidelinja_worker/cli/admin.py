@@ -5,27 +5,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 from uuid import UUID
 
 import asyncpg
 
+from sidelinja_worker import settings
 from sidelinja_worker.admin import auth, store
 from sidelinja_worker.admin.spacetime import SpacetimeTarget
 from sidelinja_worker.admin.store import JobFilter, Scope
 from sidelinja_worker.cli.session import opened
 from sidelinja_worker.queue.config import Secret
 from sidelinja_worker.queue.errors import UserError
+from sidelinja_worker.settings import Settings
 
 ALL = Scope(token_id=None, workspace_id=None)
-SPACETIME_FLAGS = (
-    ("SPACETIMEDB_URL", "forward job events to this SpacetimeDB (optional)"),
-    ("SPACETIMEDB_DATABASE", "its database name or identity"),
-    ("SPACETIMEDB_REDUCER", "the reducer called with each event's JSON (job_event)"),
-    ("SPACETIMEDB_TOKEN", "its bearer token (secret)"),
-)
 COLUMNS = (
     "id",
     "workspace_id",
@@ -40,32 +35,14 @@ COLUMNS = (
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("admin", help="serve the admin web view (/admin/jobs, /metrics)")
-    p.add_argument(
-        "--bind",
-        default=os.environ.get("SIDELINJA_ADMIN_BIND", "127.0.0.1:8080"),
-        help="HOST:PORT to listen on [env SIDELINJA_ADMIN_BIND] (127.0.0.1:8080)",
-    )
-    for env, help_text in SPACETIME_FLAGS:
-        p.add_argument(
-            "--" + env.lower().replace("_", "-"),
-            default=os.environ.get(env),
-            help=f"{help_text} [env {env}]",
-        )
+    settings.add_flags(p, "admin")
     p = sub.add_parser("admin-token", help="tokens for the admin view")
     tsub = p.add_subparsers(dest="token_command", required=True, metavar="ACTION")
     t = tsub.add_parser("create", help="create a token and print it (shown once)")
     which = t.add_mutually_exclusive_group(required=True)
-    which.add_argument(
-        "--workspace",
-        default=os.environ.get("SIDELINJA_TOKEN_WORKSPACE"),
-        help="the workspace it may see [env SIDELINJA_TOKEN_WORKSPACE]",
-    )
+    which.add_argument("--workspace", help="the workspace it may see")
     which.add_argument("--all", action="store_true", help="every workspace (platform admins)")
-    t.add_argument(
-        "--label",
-        default=os.environ.get("SIDELINJA_TOKEN_LABEL"),
-        help="a note on whose token it is [env SIDELINJA_TOKEN_LABEL]",
-    )
+    t.add_argument("--label", help="a note on whose token it is")
     t = tsub.add_parser("revoke", help="revoke a token by its id (see `list`)")
     t.add_argument("token_id", metavar="ID")
     tsub.add_parser("list", help="list tokens (ids, scopes; never the tokens)")
@@ -80,32 +57,13 @@ def add_jobs_commands(jsub: argparse._SubParsersAction) -> None:  # type: ignore
     )
     j.add_argument(
         "--status",
-        default=os.environ.get("SIDELINJA_JOBS_STATUS", "error"),
-        help="error|retry|pending|running|completed|cancelled|all "
-        "[env SIDELINJA_JOBS_STATUS] (error)",
+        default="error",
+        help="error|retry|pending|running|completed|cancelled|all (error)",
     )
-    j.add_argument(
-        "--type",
-        default=os.environ.get("SIDELINJA_JOBS_TYPE"),
-        help="only this job type [env SIDELINJA_JOBS_TYPE]",
-    )
-    j.add_argument(
-        "--workspace",
-        default=os.environ.get("SIDELINJA_JOBS_WORKSPACE"),
-        help="only this workspace [env SIDELINJA_JOBS_WORKSPACE]",
-    )
-    j.add_argument(
-        "--limit",
-        type=int,
-        default=int(os.environ.get("SIDELINJA_JOBS_LIMIT", "50")),
-        help="at most this many [env SIDELINJA_JOBS_LIMIT] (50)",
-    )
-    j.add_argument(
-        "--json",
-        action="store_true",
-        default=(os.environ.get("SIDELINJA_JOBS_JSON") or "") in {"1", "true", "yes"},
-        help="one JSON array, for scripts [env SIDELINJA_JOBS_JSON=1]",
-    )
+    j.add_argument("--type", help="only this job type")
+    j.add_argument("--workspace", help="only this workspace")
+    j.add_argument("--limit", type=int, default=50, help="at most this many (50)")
+    j.add_argument("--json", action="store_true", help="one JSON array, for scripts")
     j = jsub.add_parser("retry", help="an error or retry job back to pending, due now")
     j.add_argument("job_id", metavar="ID")
 
@@ -203,34 +161,41 @@ async def serve(args: argparse.Namespace) -> int:
 
     from sidelinja_worker.admin.app import create_app
 
-    host, _, port = args.bind.rpartition(":")
+    bind = args.settings.admin_bind
+    host, _, port = bind.rpartition(":")
     if not host or not port.isdigit():
-        raise UserError(f"--bind {args.bind!r} is not HOST:PORT")
+        raise UserError(f"--bind / SIDELINJA_ADMIN_BIND {bind!r} is not HOST:PORT")
     async with opened(args) as (db, _pool):
         config = uvicorn.Config(
-            create_app(db.url, spacetime_target(args)),
+            create_app(db.url, spacetime_target(args.settings)),
             host=host.strip("[]"),
             port=int(port),
             log_level="warning",
             timeout_graceful_shutdown=2,
         )
-        print(f"sidelinja-worker admin: http://{args.bind}/admin/jobs", file=sys.stderr, flush=True)
+        print(f"sidelinja-worker admin: http://{bind}/admin/jobs", file=sys.stderr, flush=True)
         await uvicorn.Server(config).serve()
     return 0
 
 
-def spacetime_target(args: argparse.Namespace) -> SpacetimeTarget | None:
-    if not args.spacetimedb_url:
+def spacetime_target(s: Settings) -> SpacetimeTarget | None:
+    if not s.spacetimedb_url:
         return None
-    if not args.spacetimedb_database:
+    if not s.spacetimedb_database:
         raise UserError("SPACETIMEDB_URL is set but SPACETIMEDB_DATABASE is not")
-    token = Secret(args.spacetimedb_token) if args.spacetimedb_token else None
+    token = s.spacetimedb_token
     return SpacetimeTarget(
-        args.spacetimedb_url,
-        args.spacetimedb_database,
-        args.spacetimedb_reducer or "job_event",
-        token,
+        s.spacetimedb_url,
+        s.spacetimedb_database,
+        s.spacetimedb_reducer,
+        Secret(token.get_secret_value()) if token else None,
     )
+
+
+async def workspaces(pool: asyncpg.Pool) -> list[asyncpg.Record]:
+    """Every workspace (`workspace list`), read as a platform admin."""
+    async with store.scoped(pool, ALL) as conn:
+        return await store.workspaces(conn)
 
 
 def _uuid(text: str | None, what: str) -> UUID:

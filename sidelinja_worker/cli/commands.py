@@ -19,7 +19,7 @@ from sidelinja_worker.cli.session import opened, parse_uuid
 from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.jobs.transcripts import pipeline
 from sidelinja_worker.queue import client, embedded, gctune, metrics, migrate, store
-from sidelinja_worker.queue.config import SETTINGS, ServiceConfig
+from sidelinja_worker.queue.client import SMALLINT_MAX
 from sidelinja_worker.queue.db import (
     connect,
     resolve_database,
@@ -27,7 +27,6 @@ from sidelinja_worker.queue.db import (
 )
 from sidelinja_worker.queue.durations import parse_duration_s
 from sidelinja_worker.queue.errors import UserError
-from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.why import explain
 from sidelinja_worker.queue.worker import EXIT_WORKER_DIED, Worker, WorkerDied
 
@@ -51,7 +50,7 @@ async def dispatch(args: argparse.Namespace) -> int:
 
 
 async def cmd_migrate(args: argparse.Namespace) -> int:
-    db = resolve_database(args.database_url, args.data_dir)
+    db = resolve_database(args.settings.database, args.settings.data_dir)
     say(f"sidelinja-worker: {db.describe()}")
     conn = await connect(db.url, timeout=10)
     try:
@@ -91,6 +90,14 @@ async def cmd_enqueue(args: argparse.Namespace) -> int:
             )
         job_id = await client.enqueue_many(pool, [job])
     print(job_id[0])
+    if job.scheduled_for is not None and job.scheduled_for < datetime.now(UTC):
+        say(f"sidelinja-worker: warning: --at {args.at} is in the past; the job is due now")
+    missing = args.settings.service_config().missing(REGISTRY[job.job_type].needs_settings)
+    if missing:
+        say(
+            f"sidelinja-worker: warning: {job.job_type} needs {', '.join(missing)}, not set "
+            "here; a worker without them fails the job at once"
+        )
     return 0
 
 
@@ -105,23 +112,36 @@ def parse_new_job(args: argparse.Namespace) -> client.NewJob:
     if not isinstance(payload, dict):
         raise UserError(f"--payload must be a JSON object, got {type(payload).__name__}")
     workspace = parse_uuid(args.workspace, "--workspace")
-    scheduled_for = parse_timestamp(args.at) if args.at else None
-    delay_s = parse_duration_s(args.delay) if args.delay else None
-    timeout_s = max(1, round(parse_duration_s(args.timeout))) if args.timeout else None
+    if not 1 <= args.max_attempts <= SMALLINT_MAX:
+        raise UserError(f"--max-attempts must be 1 to {SMALLINT_MAX}, not {args.max_attempts}")
+    if args.priority is not None and not -SMALLINT_MAX <= args.priority <= SMALLINT_MAX:
+        raise UserError(f"--priority must be -{SMALLINT_MAX} to {SMALLINT_MAX}")
+    timeout_s = None
+    if args.timeout:
+        timeout_s = math.ceil(_duration("--timeout", args.timeout))
+        if timeout_s < 1:
+            raise UserError(f"--timeout must be at least 1s, not {args.timeout!r}")
     try:
         return client.NewJob(
             workspace,
             args.job_type,
             payload,
             priority=args.priority,
-            scheduled_for=scheduled_for,
-            delay_s=delay_s,
+            scheduled_for=parse_timestamp(args.at) if args.at else None,
+            delay_s=_duration("--in", args.delay) if args.delay else None,
             max_attempts=args.max_attempts,
             unique_key=args.unique_key,
             timeout_s=timeout_s,
         ).checked()
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+def _duration(flag: str, text: str) -> float:
+    try:
+        return parse_duration_s(text)
+    except UserError as exc:
+        raise UserError(f"{flag}: {exc}") from None
 
 
 def parse_timestamp(text: str) -> datetime:
@@ -134,60 +154,15 @@ def parse_timestamp(text: str) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-def worker_settings(args: argparse.Namespace) -> WorkerSettings:
-    try:
-        max_concurrent = int(args.max_concurrent)
-    except ValueError:
-        raise UserError(f"--max-concurrent {args.max_concurrent!r} is not a number") from None
-    if max_concurrent < 1:
-        raise UserError("--max-concurrent must be at least 1")
-    types = tuple(t.strip() for t in args.types.split(",") if t.strip())
-    unknown = [t for t in types if t not in REGISTRY]
-    if unknown:
-        raise UserError(
-            f"unknown job types in --types: {', '.join(unknown)}; "
-            f"known: {', '.join(sorted(REGISTRY))}"
-        )
-    lease_s = _duration(args.lease, "--lease", MAX_LEASE_S)
-    if lease_s < 1:
-        raise UserError("--lease must be at least 1s")
-    return WorkerSettings(
-        max_concurrent=max_concurrent,
-        poll_interval_s=max(_duration(args.poll_interval, "--poll-interval", 3600), 0.01),
-        job_types=types,
-        burst=args.burst,
-        lease_s=lease_s,
-        grace_s=_duration(args.grace, "--grace", MAX_SETTING_S),
-        listen=not args.no_listen,
-        max_timeout_s=max(_duration(args.max_timeout, "--max-timeout", MAX_SETTING_S), 0.001),
-        keep_completed_s=_duration(args.keep_completed, "--keep-completed", MAX_SETTING_S),
-        keep_errors_s=_duration(args.keep_errors, "--keep-errors", MAX_SETTING_S),
-    )
-
-
-MAX_LEASE_S = 86400.0  # a lease longer than a day would leave a dead worker's jobs for days
-MAX_SETTING_S = 100 * 365 * 86400.0  # beyond any sensible setting, within PostgreSQL's interval
-
-
-def _duration(text: str, flag: str, most_s: float) -> float:
-    """A duration flag, finite and at most `most_s`: NaN or 1e999s would otherwise reach SQL
-    intervals and timers and fail there, far from the flag that caused it."""
-    seconds = parse_duration_s(text)
-    if not math.isfinite(seconds) or seconds > most_s:
-        raise UserError(f"{flag} {text!r} is out of range (at most {most_s:g}s)")
-    return seconds
-
-
 async def cmd_run(args: argparse.Namespace) -> int:
-    settings = worker_settings(args)  # bad flags fail before any database work
+    settings = args.settings.worker_settings(tuple(REGISTRY))  # bad flags fail before the database
     async with opened(args, pool_size=5) as (db, pool):
-        config = ServiceConfig.from_env(_service_overrides(args))
+        config = args.settings.service_config()
         worker = Worker(pool, db.url, REGISTRY, settings, config)
         install_stop_signals(worker)
         gctune.tune_for_serving()
-        if args.metrics_port:  # the server lives on this loop until the process ends
-            host = os.environ.get("SIDELINJA_METRICS_BIND") or metrics.DEFAULT_HOST
-            await metrics.serve(pool, args.metrics_port, host)
+        if args.settings.metrics_port:  # the server lives on this loop until the process ends
+            await metrics.serve(pool, args.settings.metrics_port, args.settings.metrics_bind)
             worker.supervise_also("metrics", lambda: metrics.gauge_loop(pool))
         try:
             await worker.run()
@@ -217,6 +192,14 @@ def install_stop_signals(worker: Worker) -> None:
 
 
 async def cmd_workspace(args: argparse.Namespace) -> int:
+    if args.workspace_command == "list":
+        async with opened(args) as (_db, pool):
+            rows = await admin_cli.workspaces(pool)
+        for r in rows:
+            print(f"{r['id']}  {r['name']}")
+        if not rows:
+            say("no workspaces yet: `sidelinja-worker workspace create NAME`")
+        return 0
     workspace_id = parse_uuid(args.id, "--id") if args.id else uuid4()
     async with opened(args) as (_db, pool):
         await store.ensure_workspace(pool, workspace_id, args.name)
@@ -231,8 +214,13 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
             facts = await store.why_facts(pool, job_id)
             if facts is None:
                 raise UserError(f"no job {job_id}")
+            needs = (
+                REGISTRY[facts["job_type"]].needs_settings if facts["job_type"] in REGISTRY else ()
+            )
+            missing = args.settings.service_config().missing(needs)
             relatives = await store.job_relatives(pool, job_id)
-            for reason in explain({**facts, "parents": _relatives(relatives, "parent")}):
+            facts_ = {**facts, "parents": _relatives(relatives, "parent")}
+            for reason in explain(facts_, missing):
                 print(f"- {reason}")
             return 0
         if args.jobs_command == "show":
@@ -298,10 +286,6 @@ def _relatives(rows: list[Any], relation: str) -> list[dict[str, Any]]:
     ]
 
 
-def _service_overrides(args: argparse.Namespace) -> dict[str, str | None]:
-    return {s.env: getattr(args, f"service_{s.env}", None) for s in SETTINGS}
-
-
 def _json_default(value: Any) -> str:
     if isinstance(value, datetime):
         return value.isoformat()
@@ -317,4 +301,4 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     from sidelinja_worker.cli.demo import run_demo
 
     async with opened(args, pool_size=5) as (db, pool):
-        return await run_demo(db, pool, ServiceConfig.from_env(_service_overrides(args)))
+        return await run_demo(db, pool, args.settings.service_config())

@@ -69,13 +69,15 @@ async def run_demo(db: Database, pool: asyncpg.Pool, config: ServiceConfig) -> i
             await worker.run()
         except WorkerDied as exc:  # the summary below still shows where every sample got to
             died = exc
-    print(f"\n{'SAMPLE':<11} {'TYPE':<12} {'STATUS':<10} {'TRIES':>5}  RESULT OR ERROR")
+    print(
+        f"\n{'SAMPLE':<11} {'JOB ID':<36} {'TYPE':<12} {'STATUS':<10} {'TRIES':>5}  RESULT OR ERROR"
+    )
     for (label, job_type, _payload, _opts), job_id in zip(SAMPLES, ids, strict=True):
         row = await store.get_job(pool, job_id)
         assert row is not None
         outcome = _short(row["result"]) if row["status"] == "completed" else row["error_msg"]
         print(
-            f"{label:<11} {job_type:<12} {row['status']:<10} "
+            f"{label:<11} {job_id!s:<36} {job_type:<12} {row['status']:<10} "
             f"{row['attempts']:>2}/{row['max_attempts']}  {outcome}"
         )
     if died is not None:
@@ -88,7 +90,7 @@ async def run_demo(db: Database, pool: asyncpg.Pool, config: ServiceConfig) -> i
     _print_unconfigured(config)
     print(
         "\nNext: `sidelinja-worker types` lists every job type; "
-        "`sidelinja-worker jobs show ID` shows one job whole."
+        f"`sidelinja-worker jobs show {ids[0]}` shows one job whole."
     )
     return 0
 

@@ -11,6 +11,7 @@ from sidelinja_worker.cli.session import parse_uuid
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.durations import parse_duration_s
 from sidelinja_worker.queue.errors import UserError
+from sidelinja_worker.settings import FALSE, TRUE
 
 USAGE = """examples:
   sidelinja-worker limits                                  show every limit
@@ -39,9 +40,10 @@ async def run(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
     if args.name is None or (args.kind != "fair" and args.value is None):
         raise UserError("usage: limits type|workspace|rate NAME VALUE, or limits fair on|off")
     if args.kind == "fair":
-        if args.name not in ("on", "off"):
-            raise UserError("limits fair takes on or off")
-        await store.set_queue_setting(pool, "fair_workspaces", args.name == "on")
+        word = args.name.lower()
+        if word not in TRUE | FALSE:
+            raise UserError("limits fair takes on or off (or yes/no, true/false, 1/0)")
+        await store.set_queue_setting(pool, "fair_workspaces", word in TRUE)
     elif args.kind == "type":
         await store.set_type_limit(pool, args.name, _count(args.value))
     elif args.kind == "workspace":

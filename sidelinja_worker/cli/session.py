@@ -28,8 +28,8 @@ START_ATTEMPTS = 4  # a connection lost while starting is tried again, ~0.7 s in
 async def opened(
     args: argparse.Namespace, *, pool_size: int = 2, must_be_migrated: bool = True
 ) -> AsyncIterator[tuple[Database, asyncpg.Pool]]:
-    """The database named by the arguments, announced in one line, migrated if embedded."""
-    db = resolve_database(args.database_url, args.data_dir)
+    """The database named by the settings, announced in one line, migrated if embedded."""
+    db = resolve_database(args.settings.database, args.settings.data_dir)
     say(f"sidelinja-worker: {db.describe()}")
     for attempt in range(START_ATTEMPTS):
         conn = await connect(db.url, timeout=10)  # unreachable: a UserError, at once

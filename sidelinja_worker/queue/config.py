@@ -1,11 +1,12 @@
-"""Outside-service settings (DESIGN.md §6): each is an env var and a `run` flag; secrets are
-wrapped so they never print."""
+"""The outside services' settings as the engine receives them; secrets are wrapped so they
+never print."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from sidelinja_worker.queue.errors import PermanentError
 
@@ -27,36 +28,22 @@ class Secret:
     __str__ = __repr__
 
 
-@dataclass(frozen=True)
-class Setting:
-    env: str
-    help: str
-    secret: bool = False
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.env.lower().replace("_", "-")
-
-
-SETTINGS: tuple[Setting, ...] = (
-    Setting("WHISPER_URL", "faster-whisper-server / speaches base URL"),
-    Setting(
-        "WHISPER_GOVERNED_URL", "low-thread whisper instance used while a LiveKit room is live"
-    ),
-    Setting("WHISPER_MODEL", "whisper model id (default Systran/faster-whisper-large-v3)"),
-    Setting("MEDIA_ROOT", "folder that audio and log paths in payloads are confined to"),
-    Setting("FORGEJO_URL", "Forgejo base URL (transcripts are committed there)"),
-    Setting("FORGEJO_TOKEN", "Forgejo access token (write:repository)", secret=True),
-    Setting(
-        "AI_GATEWAY_URL", "OpenAI-compatible gateway base URL, e.g. https://openrouter.ai/api/v1"
-    ),
-    Setting("AI_GATEWAY_KEY", "AI gateway API key", secret=True),
-    Setting("LIVEKIT_URL", "LiveKit server URL (resource governor)"),
-    Setting("LIVEKIT_API_KEY", "LiveKit API key"),
-    Setting("LIVEKIT_API_SECRET", "LiveKit API secret", secret=True),
-    Setting("SPACETIMEDB_URL", "SpacetimeDB URL for live status events (optional)"),
-    Setting("WHISPER_API_KEY", "API key of the whisper servers, if they require one", secret=True),
-    Setting("GEOIP_DB", "MaxMind-format country database (.mmdb) for stats_parse (optional)"),
+# The outside services' variables. The settings object (sidelinja_worker/settings.py) owns
+# their flags, help and parsing; this list lets a Worker built in Python read them alone.
+SERVICE_ENV: tuple[str, ...] = (
+    "WHISPER_URL",
+    "WHISPER_GOVERNED_URL",
+    "WHISPER_MODEL",
+    "WHISPER_API_KEY",
+    "MEDIA_ROOT",
+    "FORGEJO_URL",
+    "FORGEJO_TOKEN",
+    "AI_GATEWAY_URL",
+    "AI_GATEWAY_KEY",
+    "LIVEKIT_URL",
+    "LIVEKIT_API_KEY",
+    "LIVEKIT_API_SECRET",
+    "GEOIP_DB",
 )
 
 
@@ -67,9 +54,17 @@ class ServiceConfig:
     values: Mapping[str, str]
 
     @classmethod
-    def from_env(cls, overrides: Mapping[str, str | None] | None = None) -> ServiceConfig:
-        values = {s.env: os.environ[s.env] for s in SETTINGS if os.environ.get(s.env)}
-        values.update({k: v for k, v in (overrides or {}).items() if v})
+    def from_env(cls) -> ServiceConfig:
+        """The services named in the environment, for a Worker built without the CLI (which
+        passes the settings object's values instead)."""
+        values = {}
+        for name in SERVICE_ENV:
+            value = os.environ.get(name)
+            path = os.environ.get(f"{name}_FILE")
+            if not value and path:
+                value = Path(path).read_text(encoding="utf-8").rstrip("\r\n")
+            if value:
+                values[name] = value
         return cls(values)
 
     def get(self, env: str) -> str | None:
@@ -80,8 +75,7 @@ class ServiceConfig:
         value = self.values.get(env)
         if not value:
             raise PermanentError(
-                f"{env} is not set: configure it (env var or --"
-                f"{env.lower().replace('_', '-')}) to run this job type"
+                f"{env} is not set: set it in the worker's environment to run this job type"
             )
         return value
 

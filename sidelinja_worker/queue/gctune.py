@@ -1,4 +1,4 @@
-"""Python's garbage collector set for a long-running worker process (issue 7).
+"""Python's garbage collector set for a long-running worker process.
 
 A draining worker allocates a few dozen container objects per job (a claimed row, a context, a
 payload model, an outcome), nearly all freed at once by reference counting. With the default

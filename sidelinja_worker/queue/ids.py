@@ -5,9 +5,9 @@ non-HOT update (the status is indexed), so each adds a new entry for the job's i
 old one. With random ids those entries land on random leaf pages of the whole index; with
 time-ordered ids the jobs claimed together sit together, and a bulk enqueue appends to the
 index's right edge. Measured on the 2-core machine with a SQL-only drain of 20,000 jobs in
-claims of 500: PostgreSQL's CPU per job 54-58 µs with uuid4, 44.5 µs with these (issue 7).
-A plain-SQL insert keeps the seed's `gen_random_uuid()` default (DESIGN.md §2: defaults exactly
-as the seed writes them); both kinds of id live side by side in the same column. An id made here
+claims of 500: PostgreSQL's CPU per job 54-58 µs with uuid4, 44.5 µs with these.
+A plain-SQL insert keeps the table's original `gen_random_uuid()` default; both kinds of id live
+side by side in the same column. An id made here
 reveals when the job was enqueued, to the millisecond, which `created_at` shows anyway."""
 
 from __future__ import annotations

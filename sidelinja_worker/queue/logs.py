@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import os
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -52,18 +51,18 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(line, default=str).decode()
 
 
-def want_json(stream: Any = None) -> bool:
-    """SIDELINJA_LOG_FORMAT=json|text forces a format; otherwise JSON unless on a terminal."""
-    forced = (os.environ.get("SIDELINJA_LOG_FORMAT") or "").lower()
+def want_json(stream: Any = None, forced: str | None = None) -> bool:
+    """`forced` ("json" or "text", the settings' log format) wins; otherwise JSON unless on a
+    terminal."""
     if forced in ("json", "text"):
         return forced == "json"
     stream = stream or sys.stderr
     return not (hasattr(stream, "isatty") and stream.isatty())
 
 
-def setup() -> None:
+def setup(forced: str | None = None) -> None:
     """Replaces the root handler's formatter; call after logging.basicConfig."""
-    if not want_json():
+    if not want_json(forced=forced):
         return
     for handler in logging.getLogger().handlers:
         handler.setFormatter(JsonFormatter())

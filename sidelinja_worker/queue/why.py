@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
-def explain(facts: Mapping[str, Any]) -> list[str]:
-    """Reasons, most decisive first. Pure: the facts come from store.why_facts, and a job's
-    `parents` (id, job_type, status) from store.job_relatives."""
+def explain(facts: Mapping[str, Any], missing_settings: Sequence[str] = ()) -> list[str]:
+    """Reasons, most decisive first. Pure: the facts come from store.why_facts (and a job's
+    `parents`, id, job_type and status, from store.job_relatives), and `missing_settings` are
+    the settings its job type needs that this machine has not set."""
     status = facts["status"]
     if status == "running":
         return [
@@ -26,6 +27,11 @@ def explain(facts: Mapping[str, Any]) -> list[str]:
         ended = f": {facts['error_msg']}" if facts["error_msg"] else ""
         return [f"it is {status}{ended}; it will not run again unless retried"]
     reasons = _deferral(facts)
+    if missing_settings:
+        reasons.append(
+            f"{facts['job_type']} needs {', '.join(missing_settings)}, not set here: a worker "
+            "without them fails the job at once (check the workers' environment)"
+        )
     if facts["not_due"]:
         reasons.append(f"not due until {facts['scheduled_for']:%Y-%m-%d %H:%M:%S %Z}")
     if facts["live_workers"] == 0:

@@ -38,7 +38,7 @@ MAX_EMBED_BYTES = 160 * 1024 * 1024
 # A Retry-After beyond this is not believed: the pause is cut to it.
 MAX_RETRY_AFTER_S = 3600.0
 MAX_MESSAGE_CHARS = 400
-# Statuses that will not change on a retry (interfaces.md §3): bad request, bad key, no
+# Statuses that will not change on a retry: bad request, bad key, no
 # credits, moderation. 404/413/422 are bad requests too (unknown model, input too large).
 PERMANENT_STATUSES = frozenset({400, 401, 402, 403, 404, 413, 422})
 # Keywords strict structured outputs reject on some providers (OpenAI lists no string length

@@ -1,4 +1,4 @@
-"""Forgejo contents API: read a file; create or update one in one commit (interfaces.md §2)."""
+"""Forgejo contents API: read a file; create or update one in one commit."""
 
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ class Forgejo:
             raise transport_failure(SERVICE, exc) from None
 
     def _check(self, response: httpx.Response) -> None:
-        """Nothing for a success; else the outcome the status means (interfaces.md §2 Errors)."""
+        """Nothing for a success; else the outcome the status means."""
         status = response.status_code
         if status < 300:
             return

@@ -1,4 +1,4 @@
-"""LiveKit RoomService over Twirp JSON: which rooms are live (interfaces.md §6). ListRooms only."""
+"""LiveKit RoomService over Twirp JSON: which rooms are live. ListRooms only."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""speaches / faster-whisper-server: an audio file streamed in, SRT text out (interfaces.md §1)."""
+"""speaches / faster-whisper-server: an audio file streamed in, SRT text out."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ async def transcribe_srt(
 
 
 def _answer(response: httpx.Response, model: str, api_key: Secret | None) -> str:
-    """The SRT, or the outcome its status means (interfaces.md §1 "Errors seen in the code")."""
+    """The SRT, or the outcome its status means."""
     status = response.status_code
     if status == 200:
         try:

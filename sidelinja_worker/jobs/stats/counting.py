@@ -84,7 +84,7 @@ class Tally:
     bad_lines: int = 0
     counted_requests: int = 0
     # Per-distinct-value caches of the hot loop. Their values are also the objects the listener
-    # keys hold, so a key shares its strings and day with every other key (memory, issue 8).
+    # keys hold, so a key shares its strings and day with every other key (memory).
     _uris: dict[str, str | None] = field(default_factory=dict)  # URI -> episode or None
     _agents: dict[str, str | None] = field(default_factory=dict)  # UA -> itself, None if a bot
     _ips: dict[str, str] = field(default_factory=dict)  # address -> listener part

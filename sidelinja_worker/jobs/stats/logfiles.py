@@ -15,7 +15,7 @@ import zstandard
 from isal import igzip
 
 # Read, and decoded, a chunk at a time: the ~140 Caddy lines of 128 KiB stay in the CPU cache
-# while they are counted; the entries of a 1 MiB chunk did not (measured 1.2-1.5x slower, issue 8).
+# while they are counted; the entries of a 1 MiB chunk did not (1.2-1.5x slower).
 CHUNK_BYTES = 1 << 17
 # A longer "line" is not a Caddy entry; dropping it keeps memory bounded on a hostile file.
 MAX_LINE_BYTES = 1 << 20
@@ -103,7 +103,7 @@ def open_stream(path: Path) -> Stream:
 
 class GzipReader(io.RawIOBase):
     """A gzip file's text, decompressed by ISA-L's igzip: 3.1x the stdlib's zlib here (1,575 vs
-    501 MB/s; ~1.3 us less per ~950-byte line, a quarter of a rotated file's parse, issue 8).
+    501 MB/s; ~1.3 us less per ~950-byte line, a quarter of a rotated file's parse).
 
     igzip drops what it had decompressed of its last input buffer when it meets damage, where
     the stdlib yields everything up to it. So on any error it reads again with the stdlib's
@@ -163,7 +163,7 @@ def read_blocks(log: LogFile, start: int) -> Iterator[tuple[memoryview, int]]:
     A block is a view into one reused buffer, valid until the next block is asked for: the
     file is read into it (no bytes object per chunk, and none per line: the decoder takes the
     whole block in one call). Joining each chunk to the previous one's unfinished line copied
-    every byte once more, ~4 % of a parse's instructions (callgrind, issue 8)."""
+    every byte once more, ~4 % of a parse's instructions (callgrind)."""
     limit = expansion_limit(log.path) if log.compressed else None
     with open_stream(log.path) as stream:
         _skip(stream, start, log.compressed)

@@ -76,7 +76,7 @@ class ParseResult:
     def __reduce__(self) -> tuple[Callable[..., ParseResult], tuple[Any, ...]]:
         # The child hands this to the worker pickled. As columns of plain values it pickles in
         # C, ~3x faster and with a much smaller memo than a tuple and a Listen per listener, and
-        # each shared string (episode, agent, address) goes once (issue 8).
+        # each shared string (episode, agent, address) goes once.
         keys = self.listens.keys()
         days, episodes, ips, agents = ([key[i] for key in keys] for i in range(4))
         sent = [listen.bytes for listen in self.listens.values()]

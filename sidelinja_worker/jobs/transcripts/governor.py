@@ -1,4 +1,4 @@
-"""The resource governor (DESIGN.md §4): which whisper a transcription may use right now.
+"""The resource governor: which whisper a transcription may use right now.
 
 whisper takes its thread count per server, not per request, so while a LiveKit room is live a
 transcription goes to the low-thread WHISPER_GOVERNED_URL, or waits (a deferral, not an attempt)."""

@@ -1,4 +1,5 @@
--- The seed's schema, exactly as docs/infra/jobbkø.md writes it (DESIGN.md §2).
+-- The platform's original job table, exactly as its design writes it: every column, type,
+-- default and the pending index. Everything later is additive.
 -- Written to be safe on the real platform, where `workspaces` (and perhaps the queue) already
 -- exist: every object is created only when it is absent.
 

@@ -1,4 +1,4 @@
--- Leases, error history, dedupe keys, timeouts and cancellation (issue 3). All additive.
+-- Leases, error history, dedupe keys, timeouts and cancellation. All additive.
 
 -- Workers that are alive. A worker renews `expires_at` with one UPDATE per heartbeat, so the
 -- lease of every job it runs is renewed at once instead of one row write per running job.

@@ -1,4 +1,4 @@
--- Wake-up (issue 3): PostgreSQL itself notifies the workers, so a plain-SQL INSERT from the web
+-- Wake-up: PostgreSQL itself notifies the workers, so a plain-SQL INSERT from the web
 -- app wakes them as fast as the Python client does.
 --
 -- Inserts: one notification per *statement* (a 20,000-row bulk insert sends one), no transition

@@ -1,4 +1,4 @@
--- Progress reports (issue 5) and cluster-wide limits (issue 6). All additive.
+-- Progress reports and cluster-wide limits. All additive.
 
 -- The latest progress report of a running job: {"message", "percent", "attempt",
 -- "max_attempts", "at"}. Kept after the job ends, so a page shows where it stopped.

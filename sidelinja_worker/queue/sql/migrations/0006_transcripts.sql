@@ -1,4 +1,4 @@
--- Transcripts parsed from SRT by `srt_parse` (issue 4). Additive. A transcript is keyed by its
+-- Transcripts parsed from SRT by `srt_parse`. Additive. A transcript is keyed by its
 -- workspace and the platform's reference (episode id, file name…), so a re-parse of the same
 -- transcript replaces the earlier one in one transaction and two workspaces never share rows.
 

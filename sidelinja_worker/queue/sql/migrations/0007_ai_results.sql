@@ -1,4 +1,4 @@
--- Results of the AI job types (issue 4). Additive. The platform reads an episode's analysis,
+-- Results of the AI job types. Additive. The platform reads an episode's analysis,
 -- a research clip, a cleaned-up note or meeting minutes by its workspace and by what it was made
 -- from, long after job_queue rows are pruned, so the answer is kept here as well as in the job's
 -- `result`. One row per (workspace, job type, source): a re-run replaces the earlier answer, and

@@ -1,4 +1,4 @@
--- Podcast download statistics from Caddy access logs (issue 8, stats_parse). All additive.
+-- Podcast download statistics from Caddy access logs (stats_parse). All additive.
 
 -- The result: IAB downloads per workspace, UTC day and episode, split by app family (from the
 -- vendored user-agent list) and country ('' unless a GeoIP database is configured). Per-episode

@@ -1,4 +1,4 @@
--- Admin view, live status events and workspace isolation (issue 5). All additive: two tables,
+-- Admin view, live status events and workspace isolation. All additive: two tables,
 -- a trigger function on two triggers, one queue setting, small partial indexes, one role, and
 -- row-level security that changes nothing for the worker or any existing role.
 

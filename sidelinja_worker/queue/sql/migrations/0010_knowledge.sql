@@ -1,4 +1,4 @@
--- Knowledge job types (issue 8): embeddings of knowledge-graph nodes, the election quiz
+-- Knowledge job types: embeddings of knowledge-graph nodes, the election quiz
 -- (valgomat) and the prompt lab. Additive only. Every table is keyed by workspace_id, and every
 -- runtime statement (sql/knowledge.sql) filters on it: a job reads and writes its own workspace.
 
@@ -12,7 +12,7 @@ CREATE TABLE IF NOT EXISTS knowledge_nodes (
     PRIMARY KEY (workspace_id, node_id)
 );
 
--- Vectors need pgvector, which PostgreSQL 15 on Debian 12 cannot install (interfaces.md §7), so
+-- Vectors need pgvector, which PostgreSQL 15 on Debian 12 cannot install, so
 -- the embeddings table exists only where the extension is available; everything else in this
 -- file works without it, and `generate_embeddings` fails permanently with a clear message where
 -- the table is missing.

@@ -1,4 +1,4 @@
--- The admin list's pending jobs, newest first (issue 5). Without an index by created_at the
+-- The admin list's pending jobs, newest first. Without an index by created_at the
 -- page found every pending job through idx_job_queue_pending and sorted them all: 70-85 ms for
 -- 40,000 pending among 1,000,000 jobs, growing with the backlog, which is when someone looks.
 --

@@ -1,5 +1,5 @@
 -- The admin list's pending jobs by (created_at DESC, id DESC), replacing 0011's index on
--- created_at alone (issue 5, made affordable by issue 7's client ids).
+-- created_at alone (affordable since the client's ids are time-ordered).
 --
 -- 0011 left id out because a bulk enqueue gives its whole batch one created_at, and random
 -- UUIDs put each insert at a random place among them: +10-19 % server CPU for enqueue_many of
