@@ -1,10 +1,23 @@
 """How long one claim of 50 takes as the table grows: 10k pending, 10k pending beside 1M
-finished rows, and 1M pending; for the plain and the fair claim. Each claim runs in a
-transaction that is rolled back, so every claim sees the same queue."""
+finished rows, and 1M pending; for each claim statement (plain, capped, fair, fair capped).
+Each claim runs in a transaction that is rolled back, so every claim sees the same queue.
+
+Run alone, it times this checkout's statements beside another revision's in the same run
+(same database, same fill, claims interleaved by variant):
+
+    DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres \
+        .venv/bin/python bench/claim_latency.py [--compare REV] [--quick]
+"""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import os
+import re
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,27 +50,54 @@ FROM (SELECT g, now() - make_interval(secs => g / 100.0) AS t
 
 @dataclass(frozen=True)
 class Variant:
-    """One of the worker's claim statements: how to call it and how to EXPLAIN it."""
+    """One claim statement: its SQL and its arguments. The capped ones count running jobs of
+    `noop` against a cap (set by `measure`) that never bites, as a worker with a cap runs them;
+    the claim lock they take in the worker is left out (it is uncontended here)."""
 
     name: str
     query: str  # its block in sql/queries.sql
-    fair: bool | None  # None: `store.claim`; else `store.claim_with_limits(fair=...)`
+    sql: str
+    args: tuple[object, ...] = ()  # after (worker, limit, job types)
 
     async def claim(self, conn: asyncpg.Connection, worker_id: UUID) -> list[ClaimedJob]:
-        if self.fair is None:
-            return await store.claim(conn, worker_id, CLAIM_LIMIT, JOB_TYPES)
-        return await store.claim_with_limits(
-            conn, worker_id, CLAIM_LIMIT, JOB_TYPES, fair=self.fair, capped=False
-        )
+        rows = await conn.fetch(self.sql, *self.params(worker_id))
+        return [ClaimedJob(*r) for r in rows]
 
     def params(self, worker_id: UUID) -> tuple[object, ...]:
-        base = (worker_id, CLAIM_LIMIT, JOB_TYPES)
-        return base if self.fair is None else (*base, self.fair)
+        return (worker_id, CLAIM_LIMIT, JOB_TYPES, *self.args)
 
 
-# The plain claim is the one the issue names; the fair one is what a worker runs by default
-# (queue setting fair_workspaces, on unless turned off).
-VARIANTS = (Variant("plain", "claim", None), Variant("fair", "claim_fair", True))
+# The plain claim is the one the flat-claim target is about; the fair one is what a worker runs
+# by default (queue setting fair_workspaces, on unless turned off); the capped ones run when a
+# job type of the worker's has a cap.
+VARIANTS = tuple(
+    Variant(name, query, QUERIES[query], (None,))
+    for name, query in (
+        ("plain", "claim"),
+        ("capped", "claim_capped"),
+        ("fair", "claim_fair"),
+        ("fair capped", "claim_fair_capped"),
+    )
+)
+
+
+def old_variants(rev: str) -> tuple[Variant, ...]:
+    """The claims of revision `rev`, before each algorithm had its own statement: the plain
+    claim, and the one fair statement with fairness off or on ($4)."""
+    text = subprocess.run(
+        ["git", "show", f"{rev}:sidelinja_worker/queue/sql/queries.sql"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    ).stdout
+    pieces = re.split(r"^-- name: (\w+)\s*$", text, flags=re.MULTILINE)
+    old = dict(zip(pieces[1::2], (b.strip() for b in pieces[2::2]), strict=True))
+    return (
+        Variant("plain (old)", "claim", old["claim"]),
+        Variant("capped (old)", "claim_fair", old["claim_fair"], (False,)),
+        Variant("fair (old)", "claim_fair", old["claim_fair"], (True,)),
+    )
 
 
 @dataclass(frozen=True)
@@ -97,8 +137,10 @@ async def time_claims(
     return ClaimTiming(label, variant.name, statistics.median(samples), deciles[8])
 
 
-async def time_all(conn: asyncpg.Connection, worker_id: UUID, label: str) -> list[ClaimTiming]:
-    return [await time_claims(conn, worker_id, v, label) for v in VARIANTS]
+async def time_all(
+    conn: asyncpg.Connection, worker_id: UUID, label: str, variants: tuple[Variant, ...] = VARIANTS
+) -> list[ClaimTiming]:
+    return [await time_claims(conn, worker_id, v, label) for v in variants]
 
 
 async def explain(
@@ -112,7 +154,7 @@ async def explain(
         if generic:
             await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         rows = await conn.fetch(
-            "EXPLAIN (ANALYZE, BUFFERS) " + QUERIES[variant.query], *variant.params(worker_id)
+            "EXPLAIN (ANALYZE, BUFFERS) " + variant.sql, *variant.params(worker_id)
         )
     finally:
         await tx.rollback()
@@ -129,11 +171,13 @@ def plan_summary(plan: str) -> str:
     return f"{', '.join(indexes) or 'no index'}{'; SEQ SCAN of job_queue' if seq else ''}"
 
 
-async def write_plans(conn: asyncpg.Connection, worker_id: UUID, plan_file: Path) -> str:
+async def write_plans(
+    conn: asyncpg.Connection, worker_id: UUID, plan_file: Path, variants: tuple[Variant, ...]
+) -> str:
     """Both variants' custom and generic plans at 1M pending into `plan_file`; returns a
     one-line summary of which indexes each generic plan uses."""
     sections, summary = [], []
-    for variant in VARIANTS:
+    for variant in variants:
         for generic in (False, True):
             plan = await explain(conn, worker_id, variant, generic)
             kind = "generic plan (a reused prepared statement)" if generic else "custom plan"
@@ -148,26 +192,34 @@ async def write_plans(conn: asyncpg.Connection, worker_id: UUID, plan_file: Path
 
 
 async def measure(
-    conn: asyncpg.Connection, workspace_id: UUID, plan_file: Path
+    conn: asyncpg.Connection,
+    workspace_id: UUID,
+    plan_file: Path,
+    variants: tuple[Variant, ...] = VARIANTS,
+    large: int = LARGE,
 ) -> tuple[list[ClaimTiming], str]:
     """The table shapes, smallest first; returns every timing and the plan summary. The last
     three are the fair claim's hard cases: 10k pending jobs spread over 100 workspaces, each of
     which it must look at, 10k pending in one of 10,000 workspaces, where it must not look at
     the idle ones, and 10k pending over 1,000 of them, where a claim of 50 must not lock a row
     in each of the 1,000."""
+    big = "1M" if large == 1_000_000 else f"{large // 1000}k"
     await conn.execute("TRUNCATE job_queue, job_workers")
+    await store.set_type_limit(conn, "noop", 1_000_000)  # counted by the capped claims
     # As the worker's claim pool runs them (db.GENERIC_PLANS); reset at the end.
     await conn.execute("SET plan_cache_mode = force_generic_plan")
     worker_id = uuid4()
     await store.register_worker(conn, worker_id, "bench", 0, JOB_TYPES, 3600)
     await fill(conn, [workspace_id], SMALL, "pending")
-    timings = await time_all(conn, worker_id, "10k pending")
-    await fill(conn, [workspace_id], LARGE, "completed")
-    timings += await time_all(conn, worker_id, "10k pending + 1M completed")
+    timings = await time_all(conn, worker_id, variants=variants, label="10k pending")
+    await fill(conn, [workspace_id], large, "completed")
+    timings += await time_all(
+        conn, worker_id, variants=variants, label=f"10k pending + {big} completed"
+    )
     await conn.execute("TRUNCATE job_queue")
-    await fill(conn, [workspace_id], LARGE, "pending")
-    timings += await time_all(conn, worker_id, "1M pending")
-    plans = await write_plans(conn, worker_id, plan_file)
+    await fill(conn, [workspace_id], large, "pending")
+    timings += await time_all(conn, worker_id, variants=variants, label=f"{big} pending")
+    plans = await write_plans(conn, worker_id, plan_file, variants)
     await conn.execute("TRUNCATE job_queue")
     others = [
         r[0]
@@ -177,7 +229,9 @@ async def measure(
         )
     ]
     await fill(conn, [workspace_id, *others], SMALL, "pending")
-    timings += await time_all(conn, worker_id, "10k pending, 100 workspaces")
+    timings += await time_all(
+        conn, worker_id, variants=variants, label="10k pending, 100 workspaces"
+    )
     await conn.execute("TRUNCATE job_queue")
     # A platform of many workspaces, one busy: the idle ones must cost the fair claim nothing.
     others += [
@@ -188,11 +242,59 @@ async def measure(
         )
     ]
     await fill(conn, [workspace_id], SMALL, "pending")
-    timings += await time_all(conn, worker_id, "10k pending in 1 of 10,000 workspaces")
+    timings += await time_all(
+        conn, worker_id, variants=variants, label="10k pending in 1 of 10,000 workspaces"
+    )
     await conn.execute("TRUNCATE job_queue")
     await fill(conn, [workspace_id, *others[:999]], SMALL, "pending")
-    timings += await time_all(conn, worker_id, "10k pending over 1,000 busy of 10,000 workspaces")
+    timings += await time_all(
+        conn, worker_id, variants=variants, label="10k pending over 1,000 busy of 10,000 workspaces"
+    )
     await conn.execute("TRUNCATE job_queue")
     await conn.execute("DELETE FROM workspaces WHERE id = ANY($1::uuid[])", others)
+    await store.set_type_limit(conn, "noop", None)
     await conn.execute("RESET plan_cache_mode")
     return timings, plans
+
+
+async def _main(compare: str | None, quick: bool) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.common import create_database, drop_database
+    from sidelinja_worker.queue import migrate
+    from sidelinja_worker.queue.db import connect
+
+    admin_url = os.environ["DATABASE_URL"]
+    name = f"claim_bench_{os.getpid()}"
+    url = await create_database(admin_url, name)
+    try:
+        conn = await connect(url)
+        try:
+            await migrate.apply_all(conn)
+            workspace_id = await conn.fetchval(
+                "INSERT INTO workspaces (name) VALUES ('bench') RETURNING id"
+            )
+            variants = VARIANTS + (old_variants(compare) if compare else ())
+            # Interleaved by name, so old and new of one algorithm run back to back.
+            variants = tuple(sorted(variants, key=lambda v: v.name))
+            plan_file = Path(os.environ.get("TMPDIR", "/tmp")) / "claim_plans.txt"
+            timings, plans = await measure(
+                conn, workspace_id, plan_file, variants, 100_000 if quick else LARGE
+            )
+        finally:
+            await conn.close()
+    finally:
+        await drop_database(admin_url, name)
+    print(f"claim of {CLAIM_LIMIT}: median / p90 ms (generic plans); plans in {plan_file}")
+    for label in dict.fromkeys(t.label for t in timings):
+        print(f"\n{label}")
+        for t in (t for t in timings if t.label == label):
+            print(f"  {t.variant:<18} {t.median_ms:7.2f} / {t.p90_ms:7.2f}")
+    print(f"\n{plans}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compare", help="a git revision whose claims to time beside these")
+    parser.add_argument("--quick", action="store_true", help="100k rows instead of 1M")
+    ns = parser.parse_args()
+    asyncio.run(_main(ns.compare, ns.quick))

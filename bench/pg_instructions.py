@@ -40,7 +40,7 @@ from sidelinja_worker.queue.store import COMPLETE_QUIET
 
 DATABASE = "bench"
 # The statements' parameters as the procedure's variables (names no column has).
-PARAMS = {"$1": "v_worker", "$2": "v_batch", "$3": "v_types", "$4": "v_fair"}
+PARAMS = {"$1": "v_worker", "$2": "v_batch", "$3": "v_types", "$4": "v_now"}
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ LANGUAGE plpgsql AS $proc$
 DECLARE
     v_worker uuid := gen_random_uuid();
     v_types text[] := ARRAY['noop'];
-    v_fair bool := true;
+    v_now timestamptz;  -- NULL: the claims read the database clock
     ids uuid[];
     prev uuid[];
 BEGIN

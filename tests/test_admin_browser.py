@@ -14,7 +14,7 @@ import pytest
 
 from sidelinja_worker.queue import store
 from tests.admin_fixtures import admin_fixture, seed, token_for  # noqa: F401 (fixture)
-from tests.helpers import run_burst
+from tests.helpers import insert_jobs, run_burst
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
@@ -41,7 +41,9 @@ async def browser() -> AsyncIterator[object]:
 
 
 async def logged_in(browser: object, base: str, token: str) -> object:
-    page = await browser.new_page()  # type: ignore[attr-defined]
+    # bypass_csp: Playwright's wait_for_function evaluates its predicate with eval, which the
+    # pages' script-src 'self' refuses; the pages' own script still runs as served.
+    page = await browser.new_page(bypass_csp=True)  # type: ignore[attr-defined]
     await page.goto(f"{base}/admin/login")
     await page.fill("#token", token)
     await page.click("button[type=submit]")
@@ -170,3 +172,75 @@ async def test_a_workspace_token_never_sees_another_workspace(
         )
         == 0
     )
+
+
+async def test_pause_resume_and_the_workers_page_in_the_browser(
+    pool: asyncpg.Pool, db_url: str, admin: str, browser: object
+) -> None:
+    """A platform admin pauses a type from the overview, sees a worker and the job it runs,
+    drains it and resumes the type; a workspace token sees the workers but no drain button and
+    not the other workspace's job."""
+    a, b, _ = await seed(pool)
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'noop', '{}')", a
+    )
+    job_id = await pool.fetchval("SELECT id FROM job_queue WHERE status = 'pending'")
+    worker_id = await pool.fetchval("SELECT gen_random_uuid()")
+    await store.register_worker(pool, worker_id, "render-1", 4242, ["noop"], 600, "0.1.0", 8)
+    await pool.execute(
+        "UPDATE job_queue SET status = 'running', worker_id = $2, started_at = now(),"
+        " attempts = 1 WHERE id = $1",
+        job_id,
+        worker_id,
+    )
+    page = await logged_in(browser, admin, token_for(db_url, "--all"))
+    await page.goto(f"{admin}/admin")
+    await page.fill("#pause-form input[name=job_type]", "srt_parse")
+    await page.fill("#pause-form input[name=reason]", "parser bug")
+    await page.click("#pause-form button")
+    await page.wait_for_selector("#done")
+    assert "parser bug" in await page.inner_text("#pauses")
+    await page.goto(f"{admin}/admin/workers")
+    row = page.locator(f"tr[data-worker='{worker_id}']")
+    assert "render-1" in await row.inner_text() and str(job_id)[:8] in await row.inner_text()
+    await shot(page, "admin-workers.png")
+    await row.locator("button").click()
+    await page.wait_for_selector(f"tr[data-worker='{worker_id}'] >> text=draining")
+    assert await pool.fetchval(
+        "SELECT drain_requested_at IS NOT NULL FROM job_workers WHERE id = $1", worker_id
+    )
+    await page.goto(f"{admin}/admin")
+    await page.fill("#pauses input[name=reason]", "fixed")
+    await page.click("#pauses button")
+    await page.wait_for_selector("#done")
+    assert await pool.fetchval("SELECT count(*) FROM job_type_pauses") == 0
+
+    confined = await logged_in(browser, admin, token_for(db_url, "--workspace", str(b)))
+    await confined.goto(f"{admin}/admin/workers")
+    text = await confined.inner_text("#workers")
+    assert "render-1" in text and str(job_id)[:8] not in text
+    assert await confined.locator("#workers button").count() == 0
+
+
+async def test_the_dashboard_live_for_two_workspaces(
+    pool: asyncpg.Pool, db_url: str, admin: str, browser: object
+) -> None:
+    """A platform admin's dashboard counts both workspaces and updates by itself when more jobs
+    end; a workspace token's counts its own only."""
+    from tests.test_dashboard import REGISTRY, _two_workspaces
+
+    a, b = await _two_workspaces(pool, db_url)
+    page = await logged_in(browser, admin, token_for(db_url, "--all"))
+    await page.goto(f"{admin}/admin/dashboard")
+    assert await page.inner_text("#completed-hour") == "8"
+    assert await page.locator("svg.chart").count() >= 4  # two queue-wide, one per type
+    await insert_jobs(pool, b, 3, job_type_name="ok")
+    await run_burst(pool, db_url, REGISTRY)
+    await page.wait_for_function(
+        "document.getElementById('completed-hour').textContent === '11'", timeout=20_000
+    )
+    await shot(page, "admin-dashboard.png")
+    confined = await logged_in(browser, admin, token_for(db_url, "--workspace", str(a)))
+    await confined.goto(f"{admin}/admin/dashboard")
+    assert await confined.inner_text("#completed-hour") == "5"
+    assert await confined.inner_text("#failed-hour") == "2"

@@ -231,7 +231,7 @@ async def test_the_fair_claim_skips_workspaces_without_due_jobs(
         plan = "\n".join(
             r[0]
             for r in await conn.fetch(
-                "EXPLAIN " + QUERIES["claim_fair"], worker_id, 10, ["noop"], True
+                "EXPLAIN " + QUERIES["claim_fair"], worker_id, 10, ["noop"], None
             )
         )
     taken = [j.workspace_id for j in got]
@@ -301,7 +301,7 @@ async def test_a_claim_asks_only_as_many_workspaces_as_it_takes(
                 worker_id,
                 5,
                 ["noop"],
-                True,
+                None,
             )
         )
         assert _locked_rows(plan) == 5

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 import asyncpg
@@ -23,7 +24,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from sidelinja_worker.admin import auth, metrics_view, store
+from sidelinja_worker.admin import auth, dashboard, metrics_view, store
 from sidelinja_worker.admin.events import EventHub
 from sidelinja_worker.admin.forms import (
     job_filter,
@@ -42,6 +43,10 @@ BULK_LIMIT = 10_000
 
 
 class Denied(Exception):
+    pass
+
+
+class Forbidden(Exception):
     pass
 
 
@@ -136,7 +141,80 @@ async def overview_page(request: Request) -> Response:
         per_minute=per_minute,
         finished=sum(r["n"] for r in per_minute),
         limits=limits,
+        pauses=await worker_store.list_pauses(request.app.state.pool),
+        done=request.query_params.get("done"),
     )
+
+
+def actor(scope: Scope) -> str:
+    """Who, in the audit log, for an action taken in the admin view."""
+    return f"admin token {scope.token_id}" if scope.token_id else "admin"
+
+
+async def operator_form(request: Request) -> tuple[Scope, dict[str, str]]:
+    """The form of a queue-wide action: a platform admin's, with its CSRF value; Denied or
+    Forbidden otherwise (a workspace token steers its own jobs, never the whole queue)."""
+    scope, token = await session(request)
+    form = await request.form()
+    if not auth.csrf_ok(request, token, str(form.get("csrf") or "")):
+        raise Forbidden("bad CSRF token or origin")
+    if scope.workspace_id is not None:
+        raise Forbidden("only a platform admin token may pause, resume or drain")
+    return scope, {k: str(v) for k, v in form.items()}
+
+
+async def pause_action(request: Request) -> Response:
+    scope, form = await operator_form(request)
+    job_type, reason = form.get("job_type", "").strip(), form.get("reason", "").strip()
+    if not job_type or not reason:
+        return PlainTextResponse("a job type and a reason are required", status_code=400)
+    pool = request.app.state.pool
+    if request.path_params["action"] == "pause":
+        await worker_store.pause_type(pool, job_type, actor(scope), reason)
+    else:
+        await worker_store.resume_type(pool, job_type, actor(scope), reason)
+    return RedirectResponse(f"/admin?done={request.path_params['action']}", status_code=303)
+
+
+async def dashboard_page(request: Request) -> Response:
+    scope, token = await session(request)
+    async with store.scoped(request.app.state.pool, scope) as conn:
+        figures = await dashboard.load(conn, scope, await conn.fetchval("SELECT now()"))
+    paused = {p["job_type"] for p in await worker_store.list_pauses(request.app.state.pool)}
+    context: dict[str, Any] = {
+        "d": figures,
+        "chart": dashboard.chart,
+        "paused": paused,
+        "inf": float("inf"),
+    }
+    if request.query_params.get("part"):
+        return templates.TemplateResponse(request, "dashboard_body.html", context)
+    return render(request, "dashboard.html", token, scope, 200, **context)
+
+
+async def workers_page(request: Request) -> Response:
+    scope, token = await session(request)
+    # Under the scope: a workspace token sees every worker but only its own jobs on them.
+    async with store.scoped(request.app.state.pool, scope) as conn:
+        workers = await worker_store.list_workers(conn)
+    return render(request, "workers.html", token, scope, workers=workers)
+
+
+async def drain_action(request: Request) -> Response:
+    scope, form = await operator_form(request)
+    worker_id = parse_job_id(request.path_params["worker_id"])
+    drain = form.get("drain") != "0"
+    if worker_id is None or not await worker_store.drain_worker(
+        request.app.state.pool, worker_id, actor(scope), drain
+    ):
+        return PlainTextResponse("no such worker", status_code=404)
+    await store.audit_queue(
+        request.app.state.pool,
+        scope,
+        "drain" if drain else "undrain",
+        {"worker_id": str(worker_id)},
+    )
+    return RedirectResponse("/admin/workers", status_code=303)
 
 
 async def job_action(request: Request) -> Response:
@@ -265,6 +343,10 @@ async def denied(request: Request, _exc: Exception) -> Response:
     return PlainTextResponse("a valid admin token is required", status_code=401, headers=headers)
 
 
+async def forbidden(_request: Request, exc: Exception) -> Response:
+    return PlainTextResponse(str(exc), status_code=403)
+
+
 @contextlib.asynccontextmanager
 async def forwarding(hub: EventHub, target: SpacetimeTarget | None) -> AsyncIterator[None]:
     """Forwards the hub's payloads to SpacetimeDB while the app runs, if a target is set."""
@@ -292,6 +374,10 @@ ROUTES = [
     Route("/admin/jobs/bulk-retry", bulk_retry, methods=["POST"]),
     Route("/admin/jobs/{job_id}", job_page),
     Route("/admin/jobs/{job_id}/{action:str}", job_action, methods=["POST"]),
+    Route("/admin/pauses/{action:str}", pause_action, methods=["POST"]),
+    Route("/admin/dashboard", dashboard_page),
+    Route("/admin/workers", workers_page),
+    Route("/admin/workers/{worker_id}/drain", drain_action, methods=["POST"]),
     Route("/admin/events", events),
     Route("/metrics", metrics),
     Route("/admin/login", login_page),
@@ -322,6 +408,8 @@ def create_app(database_url: str, spacetime: SpacetimeTarget | None = None) -> S
             await app.state.hub.stop()
             await app.state.pool.close()
 
-    app = Starlette(routes=ROUTES, lifespan=lifespan, exception_handlers={Denied: denied})
+    app = Starlette(
+        routes=ROUTES, lifespan=lifespan, exception_handlers={Denied: denied, Forbidden: forbidden}
+    )
     app.add_middleware(auth.SecurityHeaders)
     return app

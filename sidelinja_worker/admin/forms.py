@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 from uuid import UUID
@@ -12,6 +14,9 @@ from sidelinja_worker.admin.store import STATUS_ORDER, Cursor, JobFilter, Scope
 
 STATUSES = ("error", "retry", "pending", "running", "completed", "cancelled")
 DEFAULT_STATUS = "error"  # the seed's use: failed jobs first
+# A payload search with no start time looks this far back: there is no index on payloads, so
+# it reads the rows of the window (see list_jobs in admin.sql).
+PAYLOAD_WINDOW = timedelta(days=1)
 
 
 def parse_job_id(text: str) -> UUID | None:
@@ -36,13 +41,43 @@ def job_filter(params: Mapping[str, Any], scope: Scope) -> JobFilter:
     database enforces it too); an unknown status means all."""
     status = str(params.get("status") or DEFAULT_STATUS)
     workspace = parse_job_id(str(params.get("workspace") or ""))
+    payload = payload_filter(str(params.get("payload") or ""))
+    time_from = _time(params.get("from"))
+    if payload and time_from is None:
+        time_from = (_time(params.get("to")) or datetime.now(UTC)) - PAYLOAD_WINDOW
     return JobFilter(
         status=status if status in STATUSES else None,
         job_type=str(params.get("type") or "") or None,
         workspace_id=scope.workspace_id or workspace,
-        time_from=_time(params.get("from")),
+        time_from=time_from,
         time_to=_time(params.get("to")),
+        id_prefix=id_prefix(str(params.get("id") or "")),
+        payload=payload,
     )
+
+
+def id_prefix(text: str) -> str | None:
+    """The hex digits of a job id's start ("3fa2", "3fa2c1d0-9b"), or None."""
+    digits = text.strip().lower().replace("-", "")
+    return digits if re.fullmatch(r"[0-9a-f]{1,32}", digits) else None
+
+
+def payload_filter(text: str) -> str | None:
+    """`episode_id=42, lang=nb` as the JSON object a payload must contain (a number where the
+    value is one, else a string), or None when nothing usable is given."""
+    fields: dict[str, Any] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            continue
+        value = value.strip()
+        try:
+            fields[key.strip()] = (
+                json.loads(value) if re.fullmatch(r"-?\d+(\.\d+)?", value) else value
+            )
+        except ValueError:
+            fields[key.strip()] = value
+    return json.dumps(fields) if fields else None
 
 
 def page_cursor(params: Mapping[str, Any], f: JobFilter) -> Cursor | None:
@@ -63,6 +98,10 @@ def query_string(f: JobFilter, last: Mapping[str, Any] | None) -> str:
         "workspace": str(f.workspace_id or ""),
         "from": f.time_from.isoformat() if f.time_from else "",
         "to": f.time_to.isoformat() if f.time_to else "",
+        "id": f.id_prefix or "",
+        "payload": ", ".join(f"{k}={v}" for k, v in json.loads(f.payload).items())
+        if f.payload
+        else "",
     }
     if last is not None:
         fields.update(

@@ -3,6 +3,7 @@ from `scoped()`, which runs as sidelinja_app under row-level security."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -42,9 +43,20 @@ class JobFilter:
     workspace_id: UUID | None = None
     time_from: datetime | None = None
     time_to: datetime | None = None
+    id_prefix: str | None = None  # hex digits a job id starts with
+    payload: str | None = None  # JSON object the payload must contain
 
     def args(self) -> tuple[Any, ...]:
         return (self.status, self.job_type, self.workspace_id, self.time_from, self.time_to)
+
+    def search_args(self) -> tuple[Any, ...]:
+        """The id prefix as the range of ids it covers, and the payload (decoded: the jsonb
+        codec encodes Python values)."""
+        payload = json.loads(self.payload) if self.payload else None
+        if not self.id_prefix:
+            return (None, None, payload)
+        low, high = (UUID(self.id_prefix.ljust(32, c)) for c in "0f")
+        return (low, high, payload)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +133,12 @@ async def list_jobs(
         at, job_id = (after.sort_at, after.id) if after and after.status == status else (None, None)
         query = Q["list_completed"] if status == "completed" else Q["list_jobs"]
         rows += await conn.fetch(
-            query, *replace(f, status=status).args(), at, job_id, limit - len(rows)
+            query,
+            *replace(f, status=status).args(),
+            at,
+            job_id,
+            limit - len(rows),
+            *f.search_args(),
         )
         if len(rows) >= limit:
             break
@@ -141,7 +158,7 @@ async def retry_job(conn: asyncpg.Connection, job_id: UUID) -> bool:
 
 
 async def bulk_retry(conn: asyncpg.Connection, f: JobFilter, limit: int) -> list[UUID]:
-    return [r[0] for r in await conn.fetch(Q["bulk_retry"], *f.args(), limit)]
+    return [r[0] for r in await conn.fetch(Q["bulk_retry"], *f.args(), limit, *f.search_args())]
 
 
 async def audit(
@@ -154,9 +171,32 @@ async def audit(
     await conn.execute(Q["enter_app_role" if scope.workspace_id else "enter_platform_role"])
 
 
+async def audit_queue(
+    pool: asyncpg.Pool, scope: Scope, action: str, detail: dict[str, Any]
+) -> None:
+    """A queue-wide action (a drain): a platform admin's, written with the privileged pool."""
+    await pool.execute(Q["audit"], scope.token_id, None, action, [], detail)
+
+
 async def throughput(conn: asyncpg.Connection) -> list[asyncpg.Record]:
     return await conn.fetch(Q["throughput"])
 
 
 async def workspaces(conn: asyncpg.Pool) -> list[asyncpg.Record]:
     return await conn.fetch(Q["workspaces"])
+
+
+async def dashboard_series(
+    conn: asyncpg.Connection, workspace_id: UUID, since: datetime
+) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["dashboard_series"], workspace_id, since)
+
+
+async def dashboard_buckets(
+    conn: asyncpg.Connection, workspace_id: UUID, since: datetime
+) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["dashboard_buckets"], workspace_id, since)
+
+
+async def dashboard_depth(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["dashboard_depth"])

@@ -15,6 +15,7 @@ from uuid import UUID, uuid4
 
 from sidelinja_worker.cli import admin as admin_cli
 from sidelinja_worker.cli import limits as limits_cli
+from sidelinja_worker.cli import operator as operator_cli
 from sidelinja_worker.cli.session import opened, parse_uuid
 from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.jobs.transcripts import pipeline
@@ -35,6 +36,8 @@ async def dispatch(args: argparse.Namespace) -> int:
     if args.command == "types":
         return show_types()
     if (code := await admin_cli.dispatch(args)) is not None:
+        return code
+    if (code := await operator_cli.dispatch(args)) is not None:
         return code
     handlers = {
         "migrate": cmd_migrate,

@@ -14,6 +14,7 @@ from sidelinja_worker import settings
 from sidelinja_worker.cli import admin as admin_cli
 from sidelinja_worker.cli import commands
 from sidelinja_worker.cli import limits as limits_cli
+from sidelinja_worker.cli import operator as operator_cli
 from sidelinja_worker.queue import logs
 from sidelinja_worker.queue.db import DB_ERRORS
 from sidelinja_worker.queue.errors import UserError
@@ -110,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     limits_cli.add_command(sub)
     admin_cli.add_commands(sub)
+    operator_cli.add_commands(sub)
     for command in sub.choices.values():  # `run --debug` as well as `--debug run`
         settings.add_flags(command, settings.GLOBAL)
     return parser

@@ -51,7 +51,11 @@ class LimitsCache:
     def capped(self, job_types: Sequence[str]) -> bool:
         """Whether a claim for these types must count running jobs against a cap."""
         lim = self.current
-        return lim.workspace_caps > 0 or any(t in lim.type_caps for t in job_types)
+        return lim.workspace_caps > 0 or self.type_capped(job_types)
+
+    def type_capped(self, job_types: Sequence[str]) -> bool:
+        """Whether any of these types has a cap (the claim must rank jobs per type)."""
+        return any(t in self.current.type_caps for t in job_types)
 
 
 class RateLimiter:

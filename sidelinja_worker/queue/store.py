@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -55,10 +55,26 @@ class EnqueueRows:
     timeouts_s: list[int | None]
 
 
+def claim_statement(fair: bool, type_capped: bool) -> str:
+    """The claim for the queue's settings: round-robin across workspaces or oldest first, with
+    or without job type caps to count (workspace caps are counted by the fair claims)."""
+    if fair:
+        return "claim_fair_capped" if type_capped else "claim_fair"
+    return "claim_capped" if type_capped else "claim"
+
+
 async def claim(
-    conn: Conn, worker_id: UUID, limit: int, job_types: Sequence[str] | None
+    conn: Conn,
+    worker_id: UUID,
+    limit: int,
+    job_types: Sequence[str] | None,
+    now: datetime | None = None,
 ) -> list[ClaimedJob]:
-    rows = await conn.fetch(Q["claim"], worker_id, limit, job_types, timeout=STATEMENT_TIMEOUT_S)
+    """The plain claim: oldest first, nothing counted. `now`: the claim's clock (None: the
+    database's)."""
+    rows = await conn.fetch(
+        Q["claim"], worker_id, limit, job_types, now, timeout=STATEMENT_TIMEOUT_S
+    )
     return [ClaimedJob(*r) for r in rows]
 
 
@@ -69,23 +85,20 @@ async def claim_with_limits(
     job_types: Sequence[str],
     fair: bool,
     capped: bool,
+    *,
+    type_capped: bool | None = None,
+    now: datetime | None = None,
 ) -> list[ClaimedJob]:
-    """The fair and/or capped claim; with `capped`, under the cluster-wide claim lock."""
+    """The claim `claim_statement` picks; with `capped` (some cap applies: running jobs are
+    counted), under the cluster-wide claim lock. `type_capped` defaults to `capped`."""
+    query = Q[claim_statement(fair, capped if type_capped is None else type_capped)]
+    args = (worker_id, limit, list(job_types), now)
     if capped:
         async with conn.transaction():
             await conn.execute(Q["lock_limited_claims"], timeout=STATEMENT_TIMEOUT_S)
-            rows = await conn.fetch(
-                Q["claim_fair"],
-                worker_id,
-                limit,
-                list(job_types),
-                fair,
-                timeout=STATEMENT_TIMEOUT_S,
-            )
+            rows = await conn.fetch(query, *args, timeout=STATEMENT_TIMEOUT_S)
     else:
-        rows = await conn.fetch(
-            Q["claim_fair"], worker_id, limit, list(job_types), fair, timeout=STATEMENT_TIMEOUT_S
-        )
+        rows = await conn.fetch(query, *args, timeout=STATEMENT_TIMEOUT_S)
     return [ClaimedJob(*r) for r in rows]
 
 
@@ -102,10 +115,8 @@ async def prepare_hot_path(conn: asyncpg.Connection, job_types: Sequence[str]) -
     use. Left to that first use, it cost the job it carried ~5 ms of parse and planning: the
     slowest pickup of the benchmark's 200 when the claim pool's second connection first
     claimed. No worker has the nil id, so the claims take nothing; limit 0 besides."""
-    await conn.fetch(Q["claim"], NIL_WORKER, 0, list(job_types), timeout=STATEMENT_TIMEOUT_S)
-    await conn.fetch(
-        Q["claim_fair"], NIL_WORKER, 0, list(job_types), True, timeout=STATEMENT_TIMEOUT_S
-    )
+    for name in ("claim", "claim_fair"):
+        await conn.fetch(Q[name], NIL_WORKER, 0, list(job_types), None, timeout=STATEMENT_TIMEOUT_S)
     await conn.execute(COMPLETE_QUIET, [], [], NIL_WORKER, timeout=STATEMENT_TIMEOUT_S)
 
 
@@ -228,6 +239,8 @@ async def register_worker(
     pid: int,
     job_types: Sequence[str] | None,
     lease_s: float,
+    version: str | None = None,
+    concurrency: int | None = None,
 ) -> None:
     await conn.execute(
         Q["register_worker"],
@@ -236,16 +249,16 @@ async def register_worker(
         pid,
         list(job_types) if job_types else None,
         lease_s,
+        version,
+        concurrency,
         timeout=STATEMENT_TIMEOUT_S,
     )
 
 
-async def heartbeat(conn: Conn, worker_id: UUID, lease_s: float) -> bool:
-    """Renews the lease; False if this worker was declared dead meanwhile."""
-    return (
-        await conn.fetchval(Q["heartbeat"], worker_id, lease_s, timeout=STATEMENT_TIMEOUT_S)
-        is not None
-    )
+async def heartbeat(conn: Conn, worker_id: UUID, lease_s: float) -> bool | None:
+    """Renews the lease; None if this worker was declared dead meanwhile, else whether an
+    operator asked it to drain."""
+    return await conn.fetchval(Q["heartbeat"], worker_id, lease_s, timeout=STATEMENT_TIMEOUT_S)
 
 
 async def held_jobs(conn: Conn, worker_id: UUID) -> dict[UUID, bool]:
@@ -404,3 +417,65 @@ async def counts(conn: Conn) -> list[asyncpg.Record]:
 async def oldest_due_s(conn: Conn) -> float:
     """Seconds the oldest due job has waited (0 with none)."""
     return float(await conn.fetchval(Q["oldest_due_s"], timeout=STATEMENT_TIMEOUT_S))
+
+
+async def pause_type(conn: Conn, job_type: str, by: str, reason: str) -> bool:
+    """Pauses `job_type` cluster-wide; False if it was paused already."""
+    return (
+        await conn.fetchval(Q["pause_type"], job_type, by, reason, timeout=STATEMENT_TIMEOUT_S)
+        is not None
+    )
+
+
+async def resume_type(
+    conn: asyncpg.Connection | asyncpg.Pool, job_type: str, by: str, reason: str
+) -> bool:
+    """Resumes `job_type`; False if it was not paused. One statement, so the settings that name
+    who and why (read by the audit trigger) end with its transaction."""
+    return (
+        await conn.fetchval(Q["resume_type"], job_type, by, reason, timeout=STATEMENT_TIMEOUT_S)
+        is not None
+    )
+
+
+async def list_pauses(conn: Conn) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["list_pauses"], timeout=STATEMENT_TIMEOUT_S)
+
+
+async def drain_worker(conn: Conn, worker_id: UUID, by: str, drain: bool = True) -> bool:
+    """Asks a worker to drain (or, with `drain` False, to claim again); False: no such worker."""
+    return (
+        await conn.fetchval(Q["drain_worker"], worker_id, by, drain, timeout=STATEMENT_TIMEOUT_S)
+        is not None
+    )
+
+
+async def list_workers(conn: Conn) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["list_workers"], timeout=STATEMENT_TIMEOUT_S)
+
+
+async def add_minute_stats(conn: Conn, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Adds (minute epoch, workspace, job type, completed, failed, *buckets) rows to
+    job_minute_stats."""
+    await conn.execute(
+        Q["add_minute_stats"],
+        [datetime.fromtimestamp(r[0], UTC) for r in rows],
+        [r[1] for r in rows],
+        [r[2] for r in rows],
+        [r[3] for r in rows],
+        [r[4] for r in rows],
+        [",".join(str(n) for n in r[5:]) for r in rows],
+        timeout=STATEMENT_TIMEOUT_S,
+    )
+
+
+async def prune_minute_stats(conn: Conn, keep_s: float) -> None:
+    await conn.execute(Q["prune_minute_stats"], keep_s, timeout=STATEMENT_TIMEOUT_S)
+
+
+async def top_throughput(conn: Conn, minutes: int) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["top_throughput"], minutes, timeout=STATEMENT_TIMEOUT_S)
+
+
+async def top_depth(conn: Conn) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["top_depth"], timeout=STATEMENT_TIMEOUT_S)

@@ -32,6 +32,12 @@ def explain(facts: Mapping[str, Any], missing_settings: Sequence[str] = ()) -> l
             f"{facts['job_type']} needs {', '.join(missing_settings)}, not set here: a worker "
             "without them fails the job at once (check the workers' environment)"
         )
+    if paused := facts.get("type_paused"):
+        reasons.append(
+            f"job type {facts['job_type']} is paused cluster-wide (by {paused['by']} at "
+            f"{paused['at']}: {paused['reason'] or 'no reason given'}); "
+            f"`sidelinja-worker resume {facts['job_type']}` lets workers take it again"
+        )
     if facts["not_due"]:
         reasons.append(f"not due until {facts['scheduled_for']:%Y-%m-%d %H:%M:%S %Z}")
     if facts["live_workers"] == 0:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
+from importlib import metadata
 from typing import Any
 from uuid import UUID, uuid4
 
@@ -127,6 +129,7 @@ class Worker:
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._stop = asyncio.Event()
+        self.draining = False  # an operator asked it to finish its jobs and claim no more
         self._lease_deadline = 0.0
         # Held while a claim is in flight and its jobs are being started, so the heartbeat's
         # reconciliation never mistakes a job on its way here for a lost one.
@@ -196,6 +199,9 @@ class Worker:
         try:
             await self._run()
         finally:
+            # The last seconds' counts for the dashboard, if the database answers at once.
+            with contextlib.suppress(*metrics.MINUTE_ERRORS):
+                await asyncio.wait_for(metrics.flush_minutes(self._pool), 1.0)
             await self._services.aclose()
             if self._queue_pool is not self._pool:
                 await self._queue_pool.close()
@@ -210,6 +216,7 @@ class Worker:
             self._supervise(rescue_loop(self._pool, self.settings), "rescue"),
             self._supervise(prune_loop(self._pool, self.settings), "prune"),
             self._supervise(metrics.lag_loop(LAG_TICK_S), "loop-lag"),
+            self._supervise(metrics.minute_loop(self._pool), "minute-stats"),
         ]
         loop_tasks += [self._supervise(factory(), name) for name, factory in self._extra]
         if self.settings.listen:
@@ -317,7 +324,7 @@ class Worker:
                 self._slot_freed.clear()
                 await self._wait_for(self._slot_freed)
                 continue
-            if loop.time() >= self._lease_deadline:  # cannot renew: start nothing new
+            if loop.time() >= self._lease_deadline or self.draining:  # start nothing new
                 await self._wait_for(self._stop, self.settings.poll_interval_s)
                 continue
             self._wake.clear()
@@ -390,12 +397,19 @@ class Worker:
     async def _claim(self, want: int) -> list[ClaimedJob]:
         async with self._claim_lock:
             capped = self._limits.capped(self.job_types)
-            if not capped and not self._limits.current.fair:
+            fair = self._limits.current.fair
+            if not capped and not fair:
                 jobs = await store.claim(self._queue_pool, self.id, want, self.job_types)
             else:
                 async with self._queue_pool.acquire() as conn:
                     jobs = await store.claim_with_limits(
-                        conn, self.id, want, self.job_types, self._limits.current.fair, capped
+                        conn,
+                        self.id,
+                        want,
+                        self.job_types,
+                        fair,
+                        capped,
+                        type_capped=self._limits.type_capped(self.job_types),
                     )
             self._ready.extend(sorted(jobs, key=lambda j: -j.priority))
             self.claimed_total += len(jobs)
@@ -431,6 +445,7 @@ class Worker:
 
     async def _run_job(self, job: ClaimedJob, slot_task: asyncio.Task[None]) -> None:
         metrics.picked_up(job.job_type, job.waited_s)
+        metrics.CURRENT_JOB.set((job.workspace_id, job.job_type))
         known = self._types.get(job.job_type)
         jt: JobType | None
         if known is not None and job.timeout_s is None:
@@ -498,6 +513,8 @@ class Worker:
                     os.getpid(),
                     self.job_types,
                     self.settings.lease_s,
+                    _version(),
+                    self.settings.max_concurrent,
                 )
                 break
             except DB_ERRORS as exc:
@@ -520,9 +537,14 @@ class Worker:
             await asyncio.sleep(self.settings.heartbeat_interval_s)
             sent = loop.time()
             try:
-                if not await store.heartbeat(self._pool, self.id, self.settings.lease_s):
+                drain = await store.heartbeat(self._pool, self.id, self.settings.lease_s)
+                if drain is None:
                     await self._declared_dead()
                     continue
+                if drain != self.draining:
+                    log.warning("worker %s %s", self.id, "draining" if drain else "claiming again")
+                    self.draining = drain
+                    self._wake.set()
                 self._lease_deadline = sent + self.settings.lease_s
                 self._job_ready.set()  # held jobs may start again if the lease had lapsed
                 await self._reconcile()
@@ -672,3 +694,10 @@ class Worker:
             await store.unregister_worker(self._pool, self.id)
         except DB_ERRORS as exc:
             log.warning("could not unregister (%s); the lease will expire on its own", exc)
+
+
+def _version() -> str | None:
+    try:
+        return metadata.version("sidelinja-worker")
+    except metadata.PackageNotFoundError:
+        return None

@@ -47,6 +47,10 @@ ORDER BY created_at;
 -- LEAKPROOF, so it stays an index condition (pending: idx_job_queue_admin_pending_by_id, 0013).
 -- Running jobs have no index by time (every claim would write it): found through
 -- idx_job_queue_running and sorted.
+-- Search: an id prefix is a range of the primary key ($9..$10); a payload field is a
+-- containment test ($11) on the rows of the status's index within the time window, which
+-- admin/forms.py never leaves open for it (a day back by default): there is no payload index,
+-- so the window is what keeps such a search to the rows of one day.
 SELECT id, workspace_id, job_type, status::text AS status, attempts, max_attempts,
        created_at, scheduled_for, completed_at, left(error_msg, 200) AS error_msg,
        created_at AS sort_at
@@ -57,6 +61,8 @@ WHERE status = $1::job_status
   AND ($4::timestamptz IS NULL OR created_at >= $4)
   AND ($5::timestamptz IS NULL OR created_at < $5)
   AND ($6::timestamptz IS NULL OR (created_at, id) < ($6, $7::uuid))
+  AND ($9::uuid IS NULL OR id BETWEEN $9 AND $10::uuid)
+  AND ($11::jsonb IS NULL OR payload @> $11::jsonb)
 ORDER BY created_at DESC, id DESC
 LIMIT $8;
 
@@ -77,6 +83,8 @@ WHERE status = 'completed' AND $1::job_status = 'completed'
   AND ($4::timestamptz IS NULL OR completed_at >= $4)
   AND ($5::timestamptz IS NULL OR completed_at < $5)
   AND ($6::timestamptz IS NULL OR (completed_at, id) < ($6, $7::uuid))
+  AND ($9::uuid IS NULL OR id BETWEEN $9 AND $10::uuid)
+  AND ($11::jsonb IS NULL OR payload @> $11::jsonb)
 ORDER BY completed_at DESC, id DESC
 LIMIT $8;
 
@@ -111,6 +119,8 @@ WHERE id = ANY(ARRAY(
       AND ($3::uuid IS NULL OR workspace_id = $3)
       AND ($4::timestamptz IS NULL OR created_at >= $4)
       AND ($5::timestamptz IS NULL OR created_at < $5)
+      AND ($7::uuid IS NULL OR id BETWEEN $7 AND $8::uuid)
+      AND ($9::jsonb IS NULL OR payload @> $9::jsonb)
     LIMIT $6
     FOR UPDATE SKIP LOCKED))
   AND status IN ('error', 'retry')
@@ -155,3 +165,34 @@ DELETE FROM admin_sessions WHERE secret_sha256 = $1;
 
 -- name: session_prune
 DELETE FROM admin_sessions WHERE expires_at <= now();
+
+-- name: dashboard_series
+-- The dashboard's numbers come from job_minute_stats only (never job_queue), for workspace $1
+-- (the nil workspace: the whole queue), a range of its primary key; row-level security scopes
+-- it as well. Per job type, the minutes since $2 (as offsets from $2) with their completed and
+-- failed counts, as three arrays: a day of rows travels and decodes as a few arrays, not
+-- thousands of records.
+SELECT job_type,
+       array_agg((extract(epoch FROM minute - $2::timestamptz) / 60)::int ORDER BY minute) AS at,
+       array_agg(completed ORDER BY minute) AS completed,
+       array_agg(failed ORDER BY minute) AS failed
+FROM job_minute_stats
+WHERE workspace_id = $1 AND minute >= $2::timestamptz
+GROUP BY job_type;
+
+-- name: dashboard_buckets
+-- Run-time bucket counts per job type since $2 (the last hour), summed in the database.
+SELECT job_type, array_agg(n ORDER BY k) AS buckets
+FROM (SELECT s.job_type, u.k, sum(u.n)::int AS n
+      FROM job_minute_stats s, unnest(s.run_buckets) WITH ORDINALITY AS u(n, k)
+      WHERE s.workspace_id = $1 AND s.minute >= $2::timestamptz
+      GROUP BY 1, 2) b
+GROUP BY job_type;
+
+-- name: dashboard_depth
+-- Waiting jobs by type, and how many are due: the pending index's rows only.
+SELECT job_type, count(*) AS waiting, count(*) FILTER (WHERE scheduled_for <= now()) AS due
+FROM job_queue
+WHERE status IN ('pending', 'retry')
+GROUP BY job_type
+ORDER BY job_type;

@@ -34,3 +34,17 @@ if (document.querySelector("[data-job]")) {
   source.onerror = () => { document.body.dataset.live = "off"; if (live) live.textContent = "live: reconnecting"; };
   source.onmessage = (message) => applyEvent(JSON.parse(message.data));
 }
+
+// The dashboard: its body fetched again every 5 s (the numbers change by the minute, not by
+// the job, so a periodic fetch is cheaper than reacting to every job event).
+const dashboard = document.getElementById("dashboard");
+if (dashboard) {
+  let refreshed = 0;
+  setInterval(async () => {
+    const response = await fetch(dashboard.dataset.refresh, { credentials: "same-origin" });
+    if (response.ok) {
+      dashboard.innerHTML = await response.text();
+      document.body.dataset.refreshed = String(++refreshed);
+    }
+  }, 5000);
+}

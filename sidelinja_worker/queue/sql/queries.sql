@@ -1,75 +1,119 @@
 -- The only runtime SQL of sidelinja-worker. Each block starts with `-- name: NAME`; store.py
 -- has one typed function per block. Parameters are asyncpg's $1, $2, ...
 
+-- The claims. One statement per algorithm; the worker picks one (store.claim_statement):
+--   claim              oldest first, no cap counted (fairness off, or nothing capped);
+--   claim_capped       oldest first, job type caps counted;
+--   claim_fair         round-robin across workspaces, workspace caps counted;
+--   claim_fair_capped  round-robin across workspaces, workspace and job type caps counted.
+-- All take $1 worker, $2 how many, $3 job types, $4 "now" (NULL: statement_timestamp(); tests
+-- pass a time). The one clock serves due-ness, the worker's lease, `started_at` and the wait.
+-- statement_timestamp(), not now(): a capped claim first waits for the claim lock in its
+-- transaction, and `started_at` must say when the job was really claimed. A worker whose lease
+-- has lapsed (declared dead by another worker) claims nothing. The attempt is counted here, at
+-- claim, so a job whose worker dies has used an attempt. `id = ANY(ARRAY(...))` keeps each
+-- UPDATE on the primary key; the obvious `UPDATE ... FROM picked` is often planned as a hash
+-- join over the whole table.
+
 -- name: claim
--- One statement claims up to $2 due jobs for worker $1, highest priority first, then oldest
--- scheduled_for (the seed's order). `id = ANY(ARRAY(...))` keeps the UPDATE on the primary
--- key; the obvious `UPDATE ... FROM picked` is often planned as a hash join over the whole
--- table. A worker whose lease has lapsed (declared dead by another worker) claims nothing.
--- The attempt is counted here, at claim, so a job whose worker dies has used an attempt.
+-- Up to $2 due jobs, highest priority first, then oldest scheduled_for (the seed's order).
 WITH picked AS (
     SELECT id
     FROM job_queue
     WHERE status IN ('pending', 'retry')
-      AND scheduled_for <= now()
-      AND ($3::text[] IS NULL OR job_type = ANY($3::text[]))
-      AND EXISTS (SELECT 1 FROM job_workers w WHERE w.id = $1 AND w.expires_at > now())
+      AND scheduled_for <= coalesce($4::timestamptz, statement_timestamp())
+      AND ($3::text[] IS NULL OR job_type = ANY(ARRAY(
+               SELECT unnest($3::text[]) EXCEPT SELECT job_type FROM job_type_pauses)))
+      AND ($3::text[] IS NOT NULL OR job_type <> ALL(ARRAY(SELECT job_type FROM job_type_pauses)))
+      AND EXISTS (SELECT 1 FROM job_workers w
+                  WHERE w.id = $1 AND w.expires_at > coalesce($4::timestamptz, statement_timestamp()))
     ORDER BY priority DESC, scheduled_for
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
 UPDATE job_queue
 SET status = 'running',
-    started_at = now(),
+    started_at = coalesce($4::timestamptz, statement_timestamp()),
     attempts = attempts + 1,
     worker_id = $1,
     cancel_requested_at = NULL
 WHERE id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts, timeout_s,
-          extract(epoch FROM now() - scheduled_for)::float8 AS waited_s;
+          extract(epoch FROM coalesce($4::timestamptz, statement_timestamp()) - scheduled_for)::float8
+              AS waited_s;
 
--- name: claim_fair
--- The claim when fairness or limits apply; otherwise `claim` above, which is cheaper.
--- Fair: within a priority level, jobs are taken round-robin across workspaces, so 50,000 jobs of
--- one workspace do not starve another's single job. Priority still comes first.
---   The workspaces with a due job are found first (a skip scan of
---   idx_job_queue_workspace_pending, no lock), and each is asked for an even share of the claim,
---   ceil($2 / workspaces), so a claim locks about as many rows as it takes whatever the number
---   of workspaces (asking each for all $2 locked 3,200 rows to claim 32 at 100 workspaces and
---   took 15x the plain claim). A workspace that gave its whole share may hold more: its next,
---   unseen job is the "frontier", and only candidates before the earliest frontier in the fair
---   order (priority DESC, turn) are taken. The claim may come back short, never out of order.
--- Limits: a workspace cap (workspace_limits) and a job type cap (job_type_limits) leave room
--- for `cap - running` more. For the count to be exact the caller runs this statement after
--- taking the cluster-wide advisory lock in the same transaction (only when a cap applies).
--- One workspace: when a single workspace has due jobs and no job type cap could bite, its own
--- queue order is the fair order (its share is the whole claim, and a lone frontier cuts
--- nothing), so `locked_one` takes them straight from its index, and `locked`, with its windows,
--- sort and materialised rows, is never run. That is the common case of a backlog from one
--- workspace. Taking `locked`'s rows instead cost PostgreSQL 8,400 more instructions per job
--- (claim and completion: 156,400 -> 148,000; the plain claim 144,400; bench/pg_instructions.py).
--- $1 worker, $2 how many, $3 job types, $4 fair (false: one queue, oldest first).
--- statement_timestamp(), not now(): after waiting for the claim lock, `started_at` must say
--- when the job was really claimed, not when the transaction began.
-WITH RECURSIVE type_room AS (
+-- name: claim_capped
+-- `claim` with job type caps: a type with a cap has room for `cap - running` more, counted
+-- exactly because the caller holds the claim lock (lock_limited_claims). Four times the claim
+-- is locked as candidates, so that a capped type at the head of the queue does not leave the
+-- claim empty while other types' jobs wait behind it.
+WITH type_room AS (
     SELECT t.job_type,
            coalesce((SELECT greatest(l.max_running - (
                          SELECT count(*) FROM job_queue r
                          WHERE r.status = 'running' AND r.job_type = l.job_type), 0)
                      FROM job_type_limits l WHERE l.job_type = t.job_type), $2) AS room
     FROM unnest($3::text[]) AS t(job_type)
-), open_types AS MATERIALIZED (
-    SELECT coalesce(array_agg(job_type), '{}') AS types FROM type_room WHERE room > 0
+    WHERE t.job_type NOT IN (SELECT job_type FROM job_type_pauses)
+), candidates AS (
+    SELECT j.id, j.priority, j.scheduled_for, j.job_type
+    FROM job_queue j
+    WHERE j.status IN ('pending', 'retry')
+      AND j.scheduled_for <= coalesce($4::timestamptz, statement_timestamp())
+      AND j.job_type = ANY(ARRAY(SELECT job_type FROM type_room WHERE room > 0))
+    ORDER BY j.priority DESC, j.scheduled_for
+    LIMIT $2 * 4
+    FOR UPDATE SKIP LOCKED
+), ranked AS (
+    SELECT c.*, row_number() OVER (PARTITION BY c.job_type
+                                   ORDER BY c.priority DESC, c.scheduled_for) AS type_rank
+    FROM candidates c
+), chosen AS (
+    SELECT r.id
+    FROM ranked r
+    JOIN type_room tr ON tr.job_type = r.job_type
+    WHERE r.type_rank <= tr.room
+      AND EXISTS (SELECT 1 FROM job_workers w
+                  WHERE w.id = $1 AND w.expires_at > coalesce($4::timestamptz, statement_timestamp()))
+    ORDER BY r.priority DESC, r.scheduled_for
+    LIMIT $2
+)
+UPDATE job_queue
+SET status = 'running',
+    started_at = coalesce($4::timestamptz, statement_timestamp()),
+    attempts = attempts + 1,
+    worker_id = $1,
+    cancel_requested_at = NULL
+WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts, timeout_s,
+          extract(epoch FROM coalesce($4::timestamptz, statement_timestamp()) - scheduled_for)::float8
+              AS waited_s;
+
+-- name: claim_fair
+-- Within a priority level, jobs are taken round-robin across workspaces, so 50,000 jobs of one
+-- workspace do not starve another's single job. Priority still comes first.
+-- 1. due_workspaces: the workspaces with a due job, by a skip scan of
+--    idx_job_queue_workspace_pending (one index descent per such workspace, landing on its head
+--    job), never a probe of every row of `workspaces`; ws: those with room under their cap
+--    (workspace_limits, counted exactly under the claim lock the caller takes when one is set).
+-- 2. asked: only the $2 workspaces whose head jobs come first in the fair order (priority, then
+--    age: every head is a first turn) can be in the claim, so a claim of 50 locks ~50 rows,
+--    not one per busy workspace. Each is asked for an even share, ceil($2 / asked).
+-- 3. locked: each share, locked in its own index scan, so concurrent workers skip each other's
+--    candidates. A job's turn is its place within its priority level in its workspace's
+--    share. A workspace that gave its whole share may hold more: its next, unseen job is the
+--    "frontier", and only candidates before the earliest frontier in the fair order
+--    (priority DESC, turn) are taken. The claim may come back short, never out of order.
+-- 4. locked_one: with one workspace asked, its queue order is the fair order, so its jobs are
+--    taken straight from its index: no windows, no sort, no materialised rows (the common
+--    case of a backlog from one workspace).
+WITH RECURSIVE open_types AS MATERIALIZED (
+    SELECT ARRAY(SELECT unnest($3::text[]) EXCEPT SELECT job_type FROM job_type_pauses) AS types
 ), due_workspaces AS (
-    -- The workspaces with a due job, by a skip scan of idx_job_queue_workspace_pending: one
-    -- index descent per such workspace, each starting past the previous one, and landing on
-    -- that workspace's head job (its first in queue order). Probing every row of `workspaces`
-    -- instead cost a claim ~5 ms more at 10,000 workspaces with one busy.
     (SELECT j.workspace_id AS id, j.priority, j.scheduled_for
      FROM job_queue j
-     WHERE $4
-       AND j.status IN ('pending', 'retry')
-       AND j.scheduled_for <= statement_timestamp()
+     WHERE j.status IN ('pending', 'retry')
+       AND j.scheduled_for <= coalesce($4::timestamptz, statement_timestamp())
        AND j.job_type = ANY((SELECT types FROM open_types)::text[])
      ORDER BY j.workspace_id, j.priority DESC, j.scheduled_for
      LIMIT 1)
@@ -81,138 +125,188 @@ WITH RECURSIVE type_room AS (
         FROM job_queue j
         WHERE j.workspace_id > d.id
           AND j.status IN ('pending', 'retry')
-          AND j.scheduled_for <= statement_timestamp()
+          AND j.scheduled_for <= coalesce($4::timestamptz, statement_timestamp())
           AND j.job_type = ANY((SELECT types FROM open_types)::text[])
         ORDER BY j.workspace_id, j.priority DESC, j.scheduled_for
         LIMIT 1
     ) head
 ), ws AS MATERIALIZED (
-    SELECT d.id, d.priority AS head_priority, d.scheduled_for AS head_scheduled_for,
-           CASE WHEN wl.max_running IS NULL THEN $2
-                ELSE least($2, greatest(wl.max_running - (
-                    SELECT count(*) FROM job_queue r
-                    WHERE r.status = 'running' AND r.workspace_id = d.id), 0))
-           END AS room
-    FROM due_workspaces d
-    LEFT JOIN workspace_limits wl ON wl.workspace_id = d.id
-), type_capped AS MATERIALIZED (  -- a job type cap could cut this claim short
-    SELECT EXISTS (SELECT 1 FROM type_room WHERE room < $2) AS yes
-), busy AS MATERIALIZED (  -- workspaces with a due job and room for it
-    SELECT count(*) AS n FROM ws WHERE room > 0
-), one_workspace AS MATERIALIZED (
-    SELECT (SELECT n FROM busy) = 1 AND NOT (SELECT yes FROM type_capped) AS one
-), asked AS MATERIALIZED (
-    -- The workspaces asked for a share. When more have room than the claim takes, each share
-    -- is one job, and only the $2 workspaces whose head jobs come first in the fair order
-    -- (priority, then age: every head is a first turn) can be in the claim: the others are
-    -- not asked, so a claim of 50 locks ~50 rows, not one per busy workspace (1,000 busy of
-    -- 10,000 workspaces: 12.6 -> 6.8 ms). Not with a type cap: a capped type's heads could
-    -- fill the first $2 and starve the other types' jobs behind them.
-    SELECT id, room FROM ws
+    SELECT * FROM (
+        SELECT d.id, d.priority AS head_priority, d.scheduled_for AS head_scheduled_for,
+               CASE WHEN wl.max_running IS NULL THEN $2
+                    ELSE least($2, greatest(wl.max_running - (
+                        SELECT count(*) FROM job_queue r
+                        WHERE r.status = 'running' AND r.workspace_id = d.id), 0))
+               END AS room
+        FROM due_workspaces d
+        LEFT JOIN workspace_limits wl ON wl.workspace_id = d.id
+    ) w
     WHERE room > 0
-      AND ((SELECT yes FROM type_capped) OR (SELECT n FROM busy) <= $2)
-    UNION ALL
-    (SELECT id, room FROM ws
-     WHERE room > 0
-       AND NOT (SELECT yes FROM type_capped)
-       AND (SELECT n FROM busy) > $2
-     ORDER BY head_priority DESC, head_scheduled_for
-     LIMIT $2)
+), asked AS MATERIALIZED (  -- none when this worker's lease has lapsed
+    SELECT id, room FROM ws
+    WHERE EXISTS (SELECT 1 FROM job_workers w
+                  WHERE w.id = $1 AND w.expires_at > coalesce($4::timestamptz, statement_timestamp()))
+    ORDER BY head_priority DESC, head_scheduled_for
+    LIMIT $2
 ), share AS (
-    SELECT ((count(*) + $2 - 1) / greatest(count(*), 1))::int AS k FROM asked
-), locked AS (
-    -- Each workspace's share, locked here, in its own index scan, so that concurrent workers
-    -- skip each other's candidates instead of choosing the same ones and coming back half
-    -- empty. Locks on candidates that are not chosen end with the statement. With one
-    -- workspace the share is the whole claim, so this is that workspace's queue order.
-    -- Each workspace's turns are numbered here, over its own share in queue order (a sort of
-    -- that share, ~100 rows, instead of two sorts of the whole claim): a job's turn is its
-    -- place within its priority level (its place in the share minus the higher levels').
-    SELECT c.id, c.priority, c.scheduled_for, c.job_type, c.place - c.level_start + 1 AS turn,
-           c.place = share.k AND share.k < ws.room AS frontier  -- its share is full: more may wait
-    FROM asked ws
+    SELECT ((count(*) + $2 - 1) / greatest(count(*), 1))::int AS k,
+           count(*) = 1 AS one
+    FROM asked
+), locked AS MATERIALIZED (
+    SELECT c.id, c.priority, c.scheduled_for, c.place - c.level_start + 1 AS turn,
+           c.place = share.k AND share.k < a.room AS frontier  -- its share is full: more may wait
+    FROM asked a
     CROSS JOIN share
     CROSS JOIN LATERAL (
         SELECT q.*,
                row_number() OVER (ORDER BY q.priority DESC, q.scheduled_for) AS place,
                rank() OVER (ORDER BY q.priority DESC) AS level_start  -- its level's first place
         FROM (
-            SELECT j.id, j.priority, j.scheduled_for, j.job_type
+            SELECT j.id, j.priority, j.scheduled_for
             FROM job_queue j
-            WHERE j.workspace_id = ws.id
+            WHERE j.workspace_id = a.id
               AND j.status IN ('pending', 'retry')
-              AND j.scheduled_for <= statement_timestamp()
+              AND j.scheduled_for <= coalesce($4::timestamptz, statement_timestamp())
               AND j.job_type = ANY((SELECT types FROM open_types)::text[])
             ORDER BY j.priority DESC, j.scheduled_for
-            LIMIT least(ws.room, share.k)
+            LIMIT least(a.room, share.k)
             FOR UPDATE SKIP LOCKED
         ) q
     ) c
-    WHERE NOT (SELECT one FROM one_workspace)
-), locked_one AS (  -- the one workspace's share, in its queue order: no windows, no sort
+    WHERE NOT share.one
+), locked_one AS (
     SELECT j.id
     FROM job_queue j
-    WHERE (SELECT one FROM one_workspace)
-      AND j.workspace_id = (SELECT id FROM ws WHERE room > 0 LIMIT 1)
+    WHERE (SELECT one FROM share)
+      AND j.workspace_id = (SELECT id FROM asked LIMIT 1)
       AND j.status IN ('pending', 'retry')
-      AND j.scheduled_for <= statement_timestamp()
-      AND j.job_type = ANY((SELECT types FROM open_types)::text[])
-      AND EXISTS (SELECT 1 FROM job_workers w WHERE w.id = $1 AND w.expires_at > statement_timestamp())
-    ORDER BY j.priority DESC, j.scheduled_for
-    LIMIT (SELECT room FROM ws WHERE room > 0 LIMIT 1)
-    FOR UPDATE SKIP LOCKED
-), plain_candidates AS (
-    SELECT j.id, j.priority, j.scheduled_for, j.job_type, 1::bigint AS turn, false AS frontier
-    FROM job_queue j
-    WHERE NOT $4
-      AND j.status IN ('pending', 'retry')
-      AND j.scheduled_for <= statement_timestamp()
+      AND j.scheduled_for <= coalesce($4::timestamptz, statement_timestamp())
       AND j.job_type = ANY((SELECT types FROM open_types)::text[])
     ORDER BY j.priority DESC, j.scheduled_for
-    LIMIT $2 * 4
+    LIMIT (SELECT room FROM asked LIMIT 1)
     FOR UPDATE SKIP LOCKED
-), candidates AS MATERIALIZED (
-    SELECT * FROM locked UNION ALL SELECT * FROM plain_candidates
 ), frontier AS (
-    SELECT -priority AS neg_priority, turn FROM candidates WHERE frontier
+    SELECT -priority AS neg_priority, turn FROM locked WHERE frontier
     ORDER BY -priority, turn LIMIT 1
-), ranked AS (
-    SELECT c.*, row_number() OVER (PARTITION BY c.job_type
-                                   ORDER BY c.priority DESC, c.turn, c.scheduled_for) AS type_rank
-    FROM candidates c
+), chosen AS (
+    SELECT c.id
+    FROM locked c
     WHERE NOT EXISTS (  -- behind the frontier: an unseen job of a cut workspace comes first
         SELECT 1 FROM frontier f WHERE (-c.priority, c.turn) > (f.neg_priority, f.turn))
-), chosen AS (
-    SELECT r.id
-    FROM ranked r
-    JOIN type_room tr ON tr.job_type = r.job_type
-    WHERE NOT (SELECT one FROM one_workspace)
-      AND (SELECT yes FROM type_capped)
-      AND r.type_rank <= tr.room
-      AND EXISTS (SELECT 1 FROM job_workers w WHERE w.id = $1 AND w.expires_at > statement_timestamp())
-    ORDER BY r.priority DESC, r.turn, r.scheduled_for
-    LIMIT $2
-), chosen_uncapped AS (  -- `chosen` without the per-type ranking no cap needs
-    SELECT c.id
-    FROM candidates c
-    WHERE NOT (SELECT one FROM one_workspace)
-      AND NOT (SELECT yes FROM type_capped)
-      AND NOT EXISTS (
-          SELECT 1 FROM frontier f WHERE (-c.priority, c.turn) > (f.neg_priority, f.turn))
-      AND EXISTS (SELECT 1 FROM job_workers w WHERE w.id = $1 AND w.expires_at > statement_timestamp())
     ORDER BY c.priority DESC, c.turn, c.scheduled_for
     LIMIT $2
 )
 UPDATE job_queue
 SET status = 'running',
-    started_at = statement_timestamp(),
+    started_at = coalesce($4::timestamptz, statement_timestamp()),
     attempts = attempts + 1,
     worker_id = $1,
     cancel_requested_at = NULL
-WHERE id = ANY(ARRAY(SELECT id FROM chosen UNION ALL SELECT id FROM chosen_uncapped
-                     UNION ALL SELECT id FROM locked_one))
+WHERE id = ANY(ARRAY(SELECT id FROM chosen UNION ALL SELECT id FROM locked_one))
 RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts, timeout_s,
-          extract(epoch FROM now() - scheduled_for)::float8 AS waited_s;
+          extract(epoch FROM coalesce($4::timestamptz, statement_timestamp()) - scheduled_for)::float8
+              AS waited_s;
+
+-- name: claim_fair_capped
+-- `claim_fair` with job type caps (type_room, as in `claim_capped`). Every busy workspace with
+-- room is asked, not only the first $2: a capped type's heads could fill the first $2 and
+-- starve the other types' jobs behind them. Within the fair order, a job is taken only while
+-- its type has room (type_rank).
+WITH RECURSIVE type_room AS (
+    SELECT t.job_type,
+           coalesce((SELECT greatest(l.max_running - (
+                         SELECT count(*) FROM job_queue r
+                         WHERE r.status = 'running' AND r.job_type = l.job_type), 0)
+                     FROM job_type_limits l WHERE l.job_type = t.job_type), $2) AS room
+    FROM unnest($3::text[]) AS t(job_type)
+    WHERE t.job_type NOT IN (SELECT job_type FROM job_type_pauses)
+), open_types AS MATERIALIZED (
+    SELECT coalesce(array_agg(job_type), '{}') AS types FROM type_room WHERE room > 0
+), due_workspaces AS (
+    (SELECT j.workspace_id AS id
+     FROM job_queue j
+     WHERE j.status IN ('pending', 'retry')
+       AND j.scheduled_for <= coalesce($4::timestamptz, statement_timestamp())
+       AND j.job_type = ANY((SELECT types FROM open_types)::text[])
+     ORDER BY j.workspace_id, j.priority DESC, j.scheduled_for
+     LIMIT 1)
+    UNION ALL
+    SELECT head.*
+    FROM due_workspaces d
+    CROSS JOIN LATERAL (
+        SELECT j.workspace_id
+        FROM job_queue j
+        WHERE j.workspace_id > d.id
+          AND j.status IN ('pending', 'retry')
+          AND j.scheduled_for <= coalesce($4::timestamptz, statement_timestamp())
+          AND j.job_type = ANY((SELECT types FROM open_types)::text[])
+        ORDER BY j.workspace_id, j.priority DESC, j.scheduled_for
+        LIMIT 1
+    ) head
+), asked AS MATERIALIZED (
+    SELECT * FROM (
+        SELECT d.id,
+               CASE WHEN wl.max_running IS NULL THEN $2
+                    ELSE least($2, greatest(wl.max_running - (
+                        SELECT count(*) FROM job_queue r
+                        WHERE r.status = 'running' AND r.workspace_id = d.id), 0))
+               END AS room
+        FROM due_workspaces d
+        LEFT JOIN workspace_limits wl ON wl.workspace_id = d.id
+    ) w
+    WHERE room > 0
+), share AS (
+    SELECT ((count(*) + $2 - 1) / greatest(count(*), 1))::int AS k FROM asked
+), locked AS MATERIALIZED (
+    SELECT c.id, c.priority, c.scheduled_for, c.job_type, c.place - c.level_start + 1 AS turn,
+           c.place = share.k AND share.k < a.room AS frontier
+    FROM asked a
+    CROSS JOIN share
+    CROSS JOIN LATERAL (
+        SELECT q.*,
+               row_number() OVER (ORDER BY q.priority DESC, q.scheduled_for) AS place,
+               rank() OVER (ORDER BY q.priority DESC) AS level_start
+        FROM (
+            SELECT j.id, j.priority, j.scheduled_for, j.job_type
+            FROM job_queue j
+            WHERE j.workspace_id = a.id
+              AND j.status IN ('pending', 'retry')
+              AND j.scheduled_for <= coalesce($4::timestamptz, statement_timestamp())
+              AND j.job_type = ANY((SELECT types FROM open_types)::text[])
+            ORDER BY j.priority DESC, j.scheduled_for
+            LIMIT least(a.room, share.k)
+            FOR UPDATE SKIP LOCKED
+        ) q
+    ) c
+), frontier AS (
+    SELECT -priority AS neg_priority, turn FROM locked WHERE frontier
+    ORDER BY -priority, turn LIMIT 1
+), ranked AS (
+    SELECT c.*, row_number() OVER (PARTITION BY c.job_type
+                                   ORDER BY c.priority DESC, c.turn, c.scheduled_for) AS type_rank
+    FROM locked c
+    WHERE NOT EXISTS (
+        SELECT 1 FROM frontier f WHERE (-c.priority, c.turn) > (f.neg_priority, f.turn))
+), chosen AS (
+    SELECT r.id
+    FROM ranked r
+    JOIN type_room tr ON tr.job_type = r.job_type
+    WHERE r.type_rank <= tr.room
+      AND EXISTS (SELECT 1 FROM job_workers w
+                  WHERE w.id = $1 AND w.expires_at > coalesce($4::timestamptz, statement_timestamp()))
+    ORDER BY r.priority DESC, r.turn, r.scheduled_for
+    LIMIT $2
+)
+UPDATE job_queue
+SET status = 'running',
+    started_at = coalesce($4::timestamptz, statement_timestamp()),
+    attempts = attempts + 1,
+    worker_id = $1,
+    cancel_requested_at = NULL
+WHERE id = ANY(ARRAY(SELECT id FROM chosen))
+RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts, timeout_s,
+          extract(epoch FROM coalesce($4::timestamptz, statement_timestamp()) - scheduled_for)::float8
+              AS waited_s;
 
 -- name: lock_limited_claims
 -- Serialises the claims that count running jobs against a cap, cluster-wide, for one
@@ -457,16 +551,18 @@ JOIN unnest($1::uuid[], $2::text[]) AS k(workspace_id, unique_key)
 WHERE j.status IN ('pending', 'retry', 'running');
 
 -- name: register_worker
-INSERT INTO job_workers (id, hostname, pid, job_types, expires_at)
-VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5));
+INSERT INTO job_workers (id, hostname, pid, job_types, expires_at, version, concurrency)
+VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5), $6, $7);
 
 -- name: heartbeat
--- Renews the lease of every job this worker runs in one row write. No row back means another
--- worker declared this one dead and rescued its jobs.
+-- Renews the lease of every job this worker runs in one row write, and says whether an
+-- operator asked it to drain. No row back means another worker declared this one dead and
+-- rescued its jobs.
 UPDATE job_workers
-SET expires_at = now() + make_interval(secs => $2)
+SET expires_at = now() + make_interval(secs => $2),
+    last_heartbeat_at = now()
 WHERE id = $1
-RETURNING id;
+RETURNING drain_requested_at IS NOT NULL AS drain;
 
 -- name: held_jobs
 -- The jobs the database says this worker runs, and whether their cancellation was requested
@@ -605,7 +701,8 @@ SELECT
     (SELECT count(*) FROM (
         SELECT 1 FROM job_queue
         WHERE status IN ('pending', 'retry') AND scheduled_for <= now()
-          AND job_type = ANY($1::text[])
+          AND job_type = ANY(ARRAY(
+                  SELECT unnest($1::text[]) EXCEPT SELECT job_type FROM job_type_pauses))
         LIMIT 1) d) AS due,
     (SELECT count(*) FROM job_queue WHERE status = 'running' AND job_type = ANY($1::text[]))
         AS running;
@@ -639,6 +736,8 @@ SELECT
      WHERE r.status = 'running' AND r.workspace_id = j.workspace_id) AS workspace_running,
     (SELECT coalesce(jsonb_object_agg(key, paused_until), '{}') FROM rate_limits
      WHERE paused_until > now()) AS paused_services,
+    (SELECT jsonb_build_object('by', p.paused_by, 'at', p.paused_at, 'reason', p.reason)
+     FROM job_type_pauses p WHERE p.job_type = j.job_type) AS type_paused,
     (SELECT count(*) FROM job_queue a
      WHERE a.status IN ('pending', 'retry') AND a.scheduled_for <= now() AND a.id <> j.id
        AND (a.priority > j.priority
@@ -685,3 +784,85 @@ SELECT EXISTS (
     SELECT 1 FROM job_queue
     WHERE id = $1 AND worker_id = $2 AND status = 'running' AND cancel_requested_at IS NOT NULL
 );
+
+
+-- name: pause_type
+-- Pauses a job type cluster-wide (the trigger writes the audit entry and wakes no one); a type
+-- already paused keeps its first pause. Returns whether this call paused it.
+INSERT INTO job_type_pauses (job_type, paused_by, reason)
+VALUES ($1, $2, $3)
+ON CONFLICT (job_type) DO NOTHING
+RETURNING job_type;
+
+-- name: resume_type
+-- Resumes a paused job type; who and why go to the audit entry through the transaction's
+-- settings, which the trigger reads. Returns whether it was paused.
+WITH who AS (
+    SELECT set_config('sidelinja.actor', $2, true), set_config('sidelinja.reason', $3, true)
+)
+DELETE FROM job_type_pauses
+WHERE job_type = $1 AND EXISTS (SELECT 1 FROM who)
+RETURNING job_type;
+
+-- name: list_pauses
+SELECT job_type, paused_at, paused_by, reason,
+       (SELECT count(*) FROM job_queue j
+        WHERE j.job_type = p.job_type AND j.status IN ('pending', 'retry')) AS waiting
+FROM job_type_pauses p
+ORDER BY job_type;
+
+-- name: drain_worker
+-- Asks one worker to finish its jobs and claim no more ($2: who asked), or, with $3 false,
+-- to claim again. The worker reads it at its next heartbeat. Returns whether it exists.
+UPDATE job_workers
+SET drain_requested_at = CASE WHEN $3 THEN coalesce(drain_requested_at, now()) END,
+    drain_requested_by = CASE WHEN $3 THEN $2 END
+WHERE id = $1
+RETURNING id;
+
+-- name: list_workers
+-- Every worker with a row (a dead one keeps it until a rescue deletes it and frees its jobs),
+-- and the jobs each runs now.
+SELECT w.id, w.hostname, w.pid, w.version, w.job_types, w.concurrency, w.started_at,
+       w.last_heartbeat_at, w.expires_at, w.expires_at > now() AS alive,
+       w.drain_requested_at, w.drain_requested_by,
+       coalesce((SELECT array_agg(j.id ORDER BY j.started_at) FROM job_queue j
+                 WHERE j.worker_id = w.id AND j.status = 'running'), '{}') AS running
+FROM job_workers w
+ORDER BY w.hostname, w.started_at, w.id;
+
+-- name: add_minute_stats
+-- Adds one worker's counts to the per-minute aggregates. The bucket arrays travel as
+-- comma-separated text (asyncpg has no array of arrays); the upsert adds element by element.
+INSERT INTO job_minute_stats AS s (minute, workspace_id, job_type, completed, failed, run_buckets)
+SELECT r.minute, r.workspace_id, r.job_type, r.completed, r.failed,
+       string_to_array(r.buckets, ',')::integer[]
+FROM unnest($1::timestamptz[], $2::uuid[], $3::text[], $4::integer[], $5::integer[], $6::text[])
+     AS r(minute, workspace_id, job_type, completed, failed, buckets)
+ON CONFLICT (workspace_id, minute, job_type) DO UPDATE
+SET completed = s.completed + EXCLUDED.completed,
+    failed = s.failed + EXCLUDED.failed,
+    run_buckets = ARRAY(SELECT coalesce(a, 0) + coalesce(b, 0)
+                        FROM unnest(s.run_buckets, EXCLUDED.run_buckets) AS u(a, b));
+
+-- name: prune_minute_stats
+DELETE FROM job_minute_stats WHERE minute < now() - make_interval(secs => $1);
+
+-- name: top_throughput
+-- Completed and failed attempts per job type over the last $1 minutes, whole queue (the
+-- dashboard's aggregates, never job_queue).
+SELECT job_type, sum(completed)::bigint AS completed, sum(failed)::bigint AS failed
+FROM job_minute_stats
+WHERE workspace_id = '00000000-0000-0000-0000-000000000000'
+  AND minute >= date_trunc('minute', now()) - make_interval(mins => $1)
+GROUP BY job_type;
+
+-- name: top_depth
+-- Waiting, due and running jobs by type: the pending and running indexes' rows only.
+SELECT job_type,
+       count(*) FILTER (WHERE status IN ('pending', 'retry')) AS waiting,
+       count(*) FILTER (WHERE status IN ('pending', 'retry') AND scheduled_for <= now()) AS due,
+       count(*) FILTER (WHERE status = 'running') AS running
+FROM job_queue
+WHERE status IN ('pending', 'retry', 'running')
+GROUP BY job_type;

@@ -1,0 +1,76 @@
+"""`sidelinja-worker pause|resume` (and `top`, in cli/top.py): stop and restart the claiming of a job type on every worker.
+The pause is a row in job_type_pauses (plain SQL works as well); each is audited with who and
+why."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import socket
+
+import asyncpg
+
+from sidelinja_worker.cli import top
+from sidelinja_worker.cli.session import opened
+from sidelinja_worker.jobs.catalog import REGISTRY
+from sidelinja_worker.queue import store
+from sidelinja_worker.queue.errors import UserError
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    top.add_command(sub)
+    p = sub.add_parser(
+        "pause",
+        help="pause a job type on every worker (its jobs stay pending); no TYPE: list pauses",
+    )
+    p.add_argument("job_type", nargs="?", metavar="TYPE")
+    p.add_argument("--reason", help="why (required to pause; kept in the audit log)")
+    p.add_argument("--by", default=operator_name(), help="who (default: %(default)s)")
+    p = sub.add_parser("resume", help="let workers take a paused job type again")
+    p.add_argument("job_type", metavar="TYPE")
+    p.add_argument("--reason", default="", help="why (kept in the audit log)")
+    p.add_argument("--by", default=operator_name(), help="who (default: %(default)s)")
+
+
+def operator_name() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry for the uid (a container)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+async def dispatch(args: argparse.Namespace) -> int | None:
+    if args.command == "top":
+        return await top.run(args)
+    if args.command not in ("pause", "resume"):
+        return None
+    async with opened(args) as (_db, pool):
+        if args.command == "pause" and args.job_type is None:
+            return await show(pool)
+        if args.job_type not in REGISTRY:
+            raise UserError(f"unknown job type {args.job_type!r}; known: {', '.join(REGISTRY)}")
+        if args.command == "pause":
+            if not args.reason:
+                raise UserError("say why with --reason (it goes to the audit log)")
+            if not await store.pause_type(pool, args.job_type, args.by, args.reason):
+                print(f"{args.job_type} was already paused")
+            else:
+                print(f"paused {args.job_type}: workers take none of its jobs until resumed")
+        elif await store.resume_type(pool, args.job_type, args.by, args.reason):
+            print(f"resumed {args.job_type}")
+        else:
+            print(f"{args.job_type} was not paused")
+        return 0
+
+
+async def show(pool: asyncpg.Pool) -> int:
+    rows = await store.list_pauses(pool)
+    if not rows:
+        print("no job type is paused")
+    for r in rows:
+        print(
+            f"{r['job_type']}: paused {r['paused_at']:%Y-%m-%d %H:%M:%S %Z} by {r['paused_by']}"
+            f" ({r['reason'] or 'no reason'}); {r['waiting']} jobs waiting"
+        )
+    return 0

@@ -1,0 +1,87 @@
+"""`sidelinja-worker top`: a live terminal view of the queue (depth, throughput, failures per job
+type, paused types) and the workers, redrawn in place every --interval seconds until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from datetime import UTC, datetime
+
+import asyncpg
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from sidelinja_worker.cli.session import opened
+from sidelinja_worker.queue import store
+
+WINDOW_MIN = 5  # throughput over this many minutes (per-minute aggregates)
+
+
+def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("top", help="a live view of queue depth, throughput, failures and workers")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between redraws (2)")
+    p.add_argument("--once", action="store_true", help="print one view and exit")
+
+
+async def run(args: argparse.Namespace) -> int:
+    async with opened(args) as (_db, pool):
+        console = Console()
+        if args.once:
+            console.print(await view(pool))
+            return 0
+        with Live(await view(pool), console=console, screen=True, auto_refresh=False) as live:
+            try:
+                while True:
+                    await asyncio.sleep(max(args.interval, 0.2))
+                    live.update(await view(pool), refresh=True)
+            except (KeyboardInterrupt, asyncio.CancelledError):
+                pass
+    return 0
+
+
+async def view(pool: asyncpg.Pool) -> Group:
+    depth = {r["job_type"]: r for r in await store.top_depth(pool)}
+    done = {r["job_type"]: r for r in await store.top_throughput(pool, WINDOW_MIN)}
+    paused = {r["job_type"] for r in await store.list_pauses(pool)}
+    oldest = await store.oldest_due_s(pool)
+    workers = await store.list_workers(pool)
+
+    jobs = Table(title=f"Jobs (throughput over the last {WINDOW_MIN} min)", expand=True)
+    for name in ("type", "waiting", "due", "running", "done/min", "failed/min", ""):
+        jobs.add_column(name, justify="left" if name in ("type", "") else "right")
+    for job_type in sorted(depth.keys() | done.keys() | paused):
+        d, t = depth.get(job_type), done.get(job_type)
+        jobs.add_row(
+            job_type,
+            str(d["waiting"] if d else 0),
+            str(d["due"] if d else 0),
+            str(d["running"] if d else 0),
+            f"{(t['completed'] if t else 0) / WINDOW_MIN:.1f}",
+            f"{(t['failed'] if t else 0) / WINDOW_MIN:.1f}",
+            Text("PAUSED", style="bold yellow") if job_type in paused else "",
+        )
+    fleet = Table(title="Workers", expand=True)
+    for name in ("state", "host", "pid", "version", "types", "at once", "running", "heartbeat"):
+        fleet.add_column(name)
+    for w in workers:
+        state = "dead" if not w["alive"] else "draining" if w["drain_requested_at"] else "live"
+        fleet.add_row(
+            Text(state, style={"live": "green", "draining": "yellow"}.get(state, "red")),
+            w["hostname"],
+            str(w["pid"]),
+            w["version"] or "",
+            ",".join(w["job_types"] or ["all"]),
+            str(w["concurrency"] or ""),
+            str(len(w["running"])),
+            f"{w['last_heartbeat_at']:%H:%M:%S}" if w["last_heartbeat_at"] else "",
+        )
+    waiting = sum(r["waiting"] for r in depth.values())
+    header = Text(
+        f"sidelinja-worker top · {datetime.now(UTC):%H:%M:%S} UTC · queue depth {waiting} · "
+        f"oldest due {oldest:.1f} s · {sum(w['alive'] for w in workers)} live workers · "
+        "Ctrl-C to quit",
+        style="bold",
+    )
+    return Group(header, jobs, fleet)

@@ -1,0 +1,118 @@
+"""The admin view's operator controls over HTTP: pause and resume a job type, the workers page
+and draining a worker; a workspace token sees them but cannot use them."""
+
+from __future__ import annotations
+
+from uuid import uuid4
+
+import asyncpg
+import httpx
+
+from sidelinja_worker.queue import store
+from tests.admin_fixtures import admin_fixture, seed, token_for  # noqa: F401 (fixture)
+from tests.helpers import insert_jobs
+
+SAME_SITE = {"sec-fetch-site": "same-origin"}
+
+
+async def _csrf(http: httpx.AsyncClient) -> str:
+    page = (await http.get("/admin")).text
+    return page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+
+
+async def test_pause_resume_and_drain_from_the_admin_view(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    a, b, _ = await seed(pool)
+    await insert_jobs(pool, a, 2, job_type_name="srt_parse")
+    worker_id = uuid4()
+    await store.register_worker(pool, worker_id, "host-1", 4242, ["noop"], 60, "9.9.9", 7)
+    platform = {"authorization": f"Bearer {token_for(db_url, '--all')}", **SAME_SITE}
+    confined = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(b))}", **SAME_SITE}
+    async with httpx.AsyncClient(base_url=admin, headers=platform) as http:
+        csrf = await _csrf(http)
+        form = {"csrf": csrf, "job_type": "srt_parse", "reason": "parser bug"}
+        assert (await http.post("/admin/pauses/pause", data=form)).status_code == 303
+        page = (await http.get("/admin")).text
+        assert "parser bug" in page and "admin token" in page
+        workers = (await http.get("/admin/workers")).text
+        assert "host-1" in workers and "4242" in workers and "9.9.9" in workers
+        drained = await http.post(
+            f"/admin/workers/{worker_id}/drain", data={"csrf": csrf, "drain": "1"}
+        )
+        assert drained.status_code == 303
+        assert "draining" in (await http.get("/admin/workers")).text
+    async with httpx.AsyncClient(base_url=admin, headers=confined) as http:
+        csrf = await _csrf(http)
+        assert "parser bug" in (await http.get("/admin")).text  # pauses are shown to all
+        refused = await http.post(
+            "/admin/pauses/resume", data={"csrf": csrf, "job_type": "srt_parse", "reason": "x"}
+        )
+        assert refused.status_code == 403
+        refused = await http.post(f"/admin/workers/{worker_id}/drain", data={"csrf": csrf})
+        assert refused.status_code == 403
+    assert await pool.fetchval("SELECT count(*) FROM job_type_pauses") == 1
+    async with httpx.AsyncClient(base_url=admin, headers=platform) as http:
+        csrf = await _csrf(http)
+        no_csrf = await http.post(
+            "/admin/pauses/resume", data={"job_type": "srt_parse", "reason": "fixed"}
+        )
+        assert no_csrf.status_code == 403
+        form = {"csrf": csrf, "job_type": "srt_parse", "reason": "fixed"}
+        assert (await http.post("/admin/pauses/resume", data=form)).status_code == 303
+    assert await pool.fetchval("SELECT count(*) FROM job_type_pauses") == 0
+    audit = await pool.fetch("SELECT action, detail FROM admin_audit ORDER BY id")
+    assert [a["action"] for a in audit] == ["pause", "drain", "resume"]
+    assert audit[2]["detail"]["reason"] == "fixed"
+    assert await pool.fetchval(
+        "SELECT drain_requested_by FROM job_workers WHERE id = $1", worker_id
+    )
+
+
+async def test_search_by_id_prefix_and_payload_field(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """Id prefix, payload field (a number, in a day's window by default), with the other
+    filters; a workspace token's search never reaches another workspace's jobs."""
+    a, b, _ = await seed(pool)
+    for ws, episode in ((a, 42), (a, 43), (b, 42)):
+        await pool.execute(
+            "INSERT INTO job_queue (workspace_id, job_type, payload, status, attempts, error_msg)"
+            " VALUES ($1, 'noop', jsonb_build_object('episode_id', $2::int), 'error', 3, 'x')",
+            ws,
+            episode,
+        )
+    # An old job with the same payload: outside the default window of a payload search.
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, created_at)"
+        " VALUES ($1, 'noop', '{\"episode_id\": 42}', 'error', now() - interval '3 days')",
+        a,
+    )
+    target = await pool.fetchval(
+        "SELECT id FROM job_queue WHERE workspace_id = $1 AND payload = '{\"episode_id\": 43}'", a
+    )
+
+    async def ids(token: str, query: str) -> set[str]:
+        async with httpx.AsyncClient(
+            base_url=admin, headers={"authorization": f"Bearer {token}"}
+        ) as http:
+            page = (await http.get(f"/admin/jobs?{query}")).text
+        return {chunk.split('"', 1)[0] for chunk in page.split('data-job="')[1:]}
+
+    platform = token_for(db_url, "--all")
+    found = await ids(platform, "status=all&payload=episode_id%3D42")
+    expected = await pool.fetch(
+        "SELECT id::text FROM job_queue WHERE payload = '{\"episode_id\": 42}'"
+        " AND created_at > now() - interval '1 day'"
+    )
+    assert found == {r[0] for r in expected} and len(found) == 2
+    assert await ids(platform, f"status=all&id={str(target)[:8]}") == {str(target)}
+    assert await ids(platform, f"status=error&id={str(target)[:13]}&payload=episode_id%3D43") == {
+        str(target)
+    }
+    assert (
+        await ids(platform, f"status=error&id={str(target)[:8]}&payload=episode_id%3D42") == set()
+    )
+    confined = token_for(db_url, "--workspace", str(b))
+    mine = await ids(confined, "status=all&payload=episode_id%3D42")
+    assert len(mine) == 1 and mine <= found

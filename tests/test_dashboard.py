@@ -1,0 +1,92 @@
+"""The dashboard: per-minute aggregates the workers keep (job_minute_stats), read back by the
+admin page, each workspace seeing its own numbers only."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import httpx
+
+from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.errors import PermanentError
+from sidelinja_worker.queue.metrics import ALL_WORKSPACES
+from sidelinja_worker.queue.registry import Registry
+from tests.admin_fixtures import admin_fixture, token_for  # noqa: F401 (fixture)
+from tests.helpers import insert_jobs, job_type, run_burst
+
+
+async def _ok(_ctx: JobContext, _payload: Any) -> None:
+    return None
+
+
+async def _broken(_ctx: JobContext, _payload: Any) -> None:
+    raise PermanentError("broken on purpose")
+
+
+REGISTRY = Registry([job_type("ok", _ok), job_type("broken", _broken)])
+
+
+async def _two_workspaces(pool: asyncpg.Pool, db_url: str) -> tuple[UUID, UUID]:
+    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('Alfa') RETURNING id")
+    b = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('Beta') RETURNING id")
+    await insert_jobs(pool, a, 5, job_type_name="ok")
+    await insert_jobs(pool, a, 2, job_type_name="broken")
+    await insert_jobs(pool, b, 3, job_type_name="ok")
+    await run_burst(pool, db_url, REGISTRY)  # its last counts are written as it stops
+    return a, b
+
+
+async def test_workers_keep_per_minute_aggregates_per_workspace_and_in_all(
+    pool: asyncpg.Pool, db_url: str
+) -> None:
+    a, b = await _two_workspaces(pool, db_url)
+    rows = await pool.fetch(
+        "SELECT workspace_id, job_type, sum(completed) AS c, sum(failed) AS f,"
+        " sum((SELECT sum(n) FROM unnest(run_buckets) n)) AS runs"
+        " FROM job_minute_stats GROUP BY 1, 2"
+    )
+    got = {(r["workspace_id"], r["job_type"]): (r["c"], r["f"], r["runs"]) for r in rows}
+    assert got == {
+        (a, "ok"): (5, 0, 5),
+        (a, "broken"): (0, 2, 0),
+        (b, "ok"): (3, 0, 3),
+        (ALL_WORKSPACES, "ok"): (8, 0, 8),
+        (ALL_WORKSPACES, "broken"): (0, 2, 0),
+    }
+    # Row-level security: a web role confined to Beta reads Beta's rows only (not the totals).
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SELECT set_config('sidelinja.workspace_id', $1, true)", str(b))
+        await conn.execute("SET LOCAL ROLE sidelinja_app")
+        seen = await conn.fetch("SELECT DISTINCT workspace_id FROM job_minute_stats")
+    assert [r[0] for r in seen] == [b]
+
+
+async def test_the_dashboard_shows_each_token_its_own_numbers(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    a, b = await _two_workspaces(pool, db_url)
+    await insert_jobs(pool, b, 4, job_type_name="ok")  # waiting
+
+    async def figures(*scope: str) -> dict[str, str]:
+        headers = {"authorization": f"Bearer {token_for(db_url, *scope)}"}
+        async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+            page = (await http.get("/admin/dashboard")).text
+        assert "<svg" in page and "<script" not in page.split("<main>")[1]
+        return {
+            k: page.split(f'id="{k}">', 1)[1].split("<", 1)[0]
+            for k in ("completed-hour", "failed-hour", "depth")
+        }
+
+    assert await figures("--all") == {"completed-hour": "8", "failed-hour": "2", "depth": "4"}
+    assert await figures("--workspace", str(a)) == {
+        "completed-hour": "5",
+        "failed-hour": "2",
+        "depth": "0",
+    }
+    assert await figures("--workspace", str(b)) == {
+        "completed-hour": "3",
+        "failed-hour": "0",
+        "depth": "4",
+    }

@@ -1,0 +1,63 @@
+"""`sidelinja-worker top` in a real pseudo-terminal (tmux): the screen shows the queue and the
+workers and follows changes; Ctrl-C ends it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from uuid import UUID, uuid4
+
+import asyncpg
+import pytest
+
+from sidelinja_worker.queue import store
+from tests.helpers import insert_jobs
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+
+def _tmux(socket: str, *args: str) -> str:
+    return subprocess.run(
+        ["tmux", "-L", socket, *args], capture_output=True, text=True, check=False
+    ).stdout
+
+
+async def _screen_shows(socket: str, *texts: str, timeout_s: float = 30) -> str:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        screen = _tmux(socket, "capture-pane", "-p", "-t", "top")
+        if all(t in screen for t in texts):
+            return screen
+        assert time.monotonic() < deadline, f"{texts} not on screen:\n{screen}"
+        await asyncio.sleep(0.1)
+
+
+async def test_top_shows_the_queue_and_workers_live(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    await insert_jobs(pool, workspace, 7, job_type_name="srt_parse")
+    await store.register_worker(pool, uuid4(), "render-7", 4711, ["srt_parse"], 600, "0.1.0", 4)
+    await store.pause_type(pool, "srt_parse", "ops", "test")
+    socket = f"sidelinja-top-{os.getpid()}"
+    command = (
+        f"DATABASE_URL={shlex.quote(db_url)} {shlex.quote(sys.executable)} "
+        "-m sidelinja_worker top --interval 0.3"
+    )
+    _tmux(socket, "new-session", "-d", "-s", "top", "-x", "150", "-y", "40", command)
+    try:
+        screen = await _screen_shows(socket, "render-7", "4711", "srt_parse", "PAUSED")
+        assert "queue depth 7" in screen
+        await insert_jobs(pool, workspace, 5, job_type_name="srt_parse")
+        await _screen_shows(socket, "queue depth 12")
+        _tmux(socket, "send-keys", "-t", "top", "C-c")
+        deadline = time.monotonic() + 15
+        while "top" in _tmux(socket, "list-sessions"):
+            assert time.monotonic() < deadline, "top did not end on Ctrl-C"
+            await asyncio.sleep(0.1)
+    finally:
+        _tmux(socket, "kill-server")
