@@ -248,7 +248,7 @@ async def test_100k_waiting_children_do_not_touch_the_claim(
         # A claim of 32 with 10 due: the scan runs to the end of the due jobs, and the waiting
         # children are not in the index it reads.
         plan = await conn.fetchval(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["claim"], worker, 32, None
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["claim"], worker, 32, None, None
         )
         root = json.loads(plan)[0]["Plan"]
         assert root["Shared Hit Blocks"] + root.get("Shared Read Blocks", 0) < 200, root
