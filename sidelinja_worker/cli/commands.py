@@ -18,6 +18,7 @@ from sidelinja_worker.cli import limits as limits_cli
 from sidelinja_worker.cli import operator as operator_cli
 from sidelinja_worker.cli.session import opened, parse_uuid
 from sidelinja_worker.jobs.catalog import REGISTRY
+from sidelinja_worker.jobs.transcripts import pipeline
 from sidelinja_worker.queue import client, embedded, gctune, metrics, migrate, store
 from sidelinja_worker.queue.client import SMALLINT_MAX
 from sidelinja_worker.queue.db import (
@@ -46,6 +47,7 @@ async def dispatch(args: argparse.Namespace) -> int:
         "workspace": cmd_workspace,
         "jobs": cmd_jobs,
         "limits": cmd_limits,
+        "pipeline": cmd_pipeline,
     }
     return await handlers[args.command](args)
 
@@ -219,14 +221,22 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
                 REGISTRY[facts["job_type"]].needs_settings if facts["job_type"] in REGISTRY else ()
             )
             missing = args.settings.service_config().missing(needs)
-            for reason in explain(dict(facts), missing):
+            relatives = await store.job_relatives(pool, job_id)
+            facts_ = {**facts, "parents": _relatives(relatives, "parent")}
+            for reason in explain(facts_, missing):
                 print(f"- {reason}")
             return 0
         if args.jobs_command == "show":
             row = await store.get_job(pool, job_id)
             if row is None:
                 raise UserError(f"no job {job_id}")
-            print(json.dumps(dict(row), indent=2, default=_json_default, ensure_ascii=False))
+            relatives = await store.job_relatives(pool, job_id)
+            shown = {
+                **row,
+                "parents": _relatives(relatives, "parent"),
+                "children": _relatives(relatives, "child"),
+            }
+            print(json.dumps(shown, indent=2, default=_json_default, ensure_ascii=False))
             return 0
         after, before = await store.request_cancel(pool, job_id)
     if before is None:
@@ -239,6 +249,44 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
         else "cancelled"
     )
     return 0
+
+
+async def cmd_pipeline(args: argparse.Namespace) -> int:
+    """`pipeline episode`: the episode's whole pipeline as one graph; prints each job's id."""
+    owner, _, repo = args.repo.partition("/")
+    if not owner or not repo:
+        raise UserError(f"--repo must be OWNER/REPO, got {args.repo!r}")
+    episode = pipeline.Episode(
+        workspace_id=parse_uuid(args.workspace, "--workspace"),
+        audio_path=args.audio,
+        owner=owner,
+        repo=repo,
+        transcript_ref=args.ref,
+        srt_path=args.srt_path,
+        branch=args.branch,
+        language=args.language,
+        title=args.title,
+        embed=not args.no_embed,
+    )
+    async with opened(args) as (_db, pool):
+        if not await store.workspace_exists(pool, episode.workspace_id):
+            raise UserError(f"no workspace {episode.workspace_id}")
+        try:
+            ids = await pipeline.enqueue_episode(pool, episode)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    for job_type, job_id in ids.items():
+        print(f"{job_type} {job_id}")
+    return 0
+
+
+def _relatives(rows: list[Any], relation: str) -> list[dict[str, Any]]:
+    """A job's parents or children in a graph: id, type, status, run_anyway."""
+    return [
+        {k: r[k] for k in ("id", "job_type", "status", "run_anyway")}
+        for r in rows
+        if r["relation"] == relation
+    ]
 
 
 def _json_default(value: Any) -> str:

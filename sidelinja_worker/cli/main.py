@@ -88,6 +88,27 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("job_id", metavar="ID")
     admin_cli.add_jobs_commands(jsub)
 
+    p = sub.add_parser("pipeline", help="enqueue a built-in job graph")
+    psub = p.add_subparsers(dest="pipeline_command", required=True, metavar="PIPELINE")
+    e = psub.add_parser(
+        "episode",
+        help="whisper_transcribe -> srt_parse -> openrouter_analyze (+ generate_embeddings)",
+    )
+    e.add_argument("--workspace", required=True, metavar="ID")
+    e.add_argument("--audio", required=True, metavar="PATH", help="the audio, under MEDIA_ROOT")
+    e.add_argument(
+        "--repo",
+        default="sidelinja/transcripts",
+        metavar="OWNER/REPO",
+        help="the Forgejo repository the SRT is committed to (default: sidelinja/transcripts)",
+    )
+    e.add_argument("--ref", help="the transcript's ref (default: the audio's file name)")
+    e.add_argument("--srt-path", help="in the repository (default: transcripts/REF.srt)")
+    e.add_argument("--branch", help="(default: the repository's default branch)")
+    e.add_argument("--language", default="no")
+    e.add_argument("--title", help="the episode's working title, for the analysis")
+    e.add_argument("--no-embed", action="store_true", help="skip generate_embeddings")
+
     limits_cli.add_command(sub)
     admin_cli.add_commands(sub)
     operator_cli.add_commands(sub)

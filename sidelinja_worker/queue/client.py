@@ -9,6 +9,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+import asyncpg
+
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.ids import uuid7s
 from sidelinja_worker.queue.priorities import default_priority
@@ -31,6 +33,12 @@ class NewJob:
     max_attempts: int = 3
     unique_key: str | None = None
     timeout_s: int | None = None
+    # Graphs: the jobs this one waits for (their ids), and whether it runs even if one of them
+    # ends in error or is cancelled. `job_id` fixes this job's id in advance, so that jobs
+    # enqueued together can name each other as parents.
+    parents: tuple[UUID, ...] = ()
+    run_anyway: bool = False
+    job_id: UUID | None = None
 
     def checked(self) -> NewJob:
         """Self, or a ValueError saying what is wrong; nothing reaches the database half-valid."""
@@ -50,6 +58,8 @@ class NewJob:
             raise ValueError(f"priority must fit a SMALLINT (±{SMALLINT_MAX})")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
+        if self.job_id is not None and self.job_id in self.parents:
+            raise ValueError("a job cannot depend on itself")
         return self
 
 
@@ -61,15 +71,38 @@ DUPLICATE_ROUNDS = 5
 
 async def enqueue_many(conn: store.Conn, jobs: Sequence[NewJob]) -> list[UUID]:
     """Enqueues `jobs` and returns their ids in the same order. A job whose unique key is held
-    gets the holder's id instead of a new row."""
-    return await _enqueue_many(conn, jobs, DUPLICATE_ROUNDS)
-
-
-async def _enqueue_many(conn: store.Conn, jobs: Sequence[NewJob], rounds: int) -> list[UUID]:
+    gets the holder's id instead of a new row. Jobs with `parents` are inserted with their
+    edges in one transaction (the caller's, if it has one)."""
     if not jobs:
         return []
     checked = [job.checked() for job in jobs]
-    ids = uuid7s(len(checked))
+    if any(j.parents for j in checked) and isinstance(conn, asyncpg.Connection):
+        # The jobs and their edges commit together: a child must never be seen due before
+        # its edges hold it.
+        async with conn.transaction():
+            return await _enqueue_graph(conn, checked)
+    if any(j.parents for j in checked):
+        async with conn.acquire() as one, one.transaction():
+            return await _enqueue_graph(one, checked)
+    return await _enqueue_jobs(conn, checked, DUPLICATE_ROUNDS)
+
+
+async def _enqueue_graph(conn: asyncpg.Connection, checked: list[NewJob]) -> list[UUID]:
+    ids = await _enqueue_jobs(conn, checked, DUPLICATE_ROUNDS)
+    # A job given an id in advance but deduplicated onto another keeps the holder's id.
+    actual = {j.job_id: i for j, i in zip(checked, ids, strict=True) if j.job_id is not None}
+    edges = [
+        (actual.get(parent, parent), child, j.run_anyway)
+        for j, child in zip(checked, ids, strict=True)
+        for parent in j.parents
+    ]
+    await store.add_dependencies(conn, edges)
+    return ids
+
+
+async def _enqueue_jobs(conn: store.Conn, checked: list[NewJob], rounds: int) -> list[UUID]:
+    fresh = iter(uuid7s(sum(j.job_id is None for j in checked)))
+    ids = [j.job_id if j.job_id is not None else next(fresh) for j in checked]
     rows = store.EnqueueRows(
         ids=ids,
         workspace_ids=[_uuid(j.workspace_id) for j in checked],
@@ -142,7 +175,7 @@ async def _resolve_duplicates(
             "see (row-level security?), and no new job can take it"
         )
     if again:
-        retried = await _enqueue_many(conn, [jobs[i] for i in again], rounds - 1)
+        retried = await _enqueue_jobs(conn, [jobs[i] for i in again], rounds - 1)
         for i, job_id in zip(again, retried, strict=True):
             result[i] = job_id
     return result

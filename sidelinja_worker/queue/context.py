@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
 from uuid import UUID
 
 import asyncpg
@@ -16,6 +17,7 @@ from sidelinja_worker.queue.backoff import clamp_s
 from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.db import DB_ERRORS
+from sidelinja_worker.queue.ids import uuid7s
 from sidelinja_worker.queue.limits import RateLimiter
 
 log = logging.getLogger("sidelinja_worker.job")
@@ -64,6 +66,14 @@ class Services:
             await self._http.aclose()
 
 
+@dataclass(frozen=True, slots=True)
+class ParentResult:
+    job_id: UUID
+    job_type: str
+    status: str
+    result: Any
+
+
 @dataclass
 class JobContext:
     job_id: UUID
@@ -77,11 +87,49 @@ class JobContext:
     follow_ups: list[NewJob] = field(default_factory=list)
     # Made on the first report: most jobs never report, and a context is made per job.
     _progress_lock: asyncio.Lock | None = field(default=None, repr=False, compare=False)
+    # Read on the first ask: a job that never asks (most) costs no query.
+    _parents: list[ParentResult] | None = field(default=None, repr=False, compare=False)
 
     def enqueue_on_success(self, job: NewJob) -> None:
         """`job` is enqueued atomically with this job's completion: if this job fails, is
         retried or its outcome is lost, it is not enqueued (no duplicates on re-runs)."""
         self.follow_ups.append(job.checked())
+
+    def add_child(self, job: NewJob, *, after: Sequence[UUID] = ()) -> UUID:
+        """Fan-out: `job` becomes a child of this job, enqueued with its completion (as
+        `enqueue_on_success`), and also waits for the jobs in `after` (other children added
+        here, for a join). Returns the child's id, fixed now so that a join can name it."""
+        child = replace(
+            job, job_id=job.job_id or uuid7s(1)[0], parents=(self.job_id, *job.parents, *after)
+        )
+        self.follow_ups.append(child.checked())
+        return cast(UUID, child.job_id)
+
+    def add_join(self, job: NewJob, children: Sequence[UUID]) -> UUID:
+        """Fan-in: `job` runs once every one of `children` (ids from `add_child`) completed."""
+        return self.add_child(job, after=children)
+
+    async def parent_results(self) -> list[ParentResult]:
+        """This job's parents in a graph (oldest first), each with its status and result."""
+        if self._parents is None:
+            rows = await store.parent_results(self.services.pool, self.job_id)
+            self._parents = [
+                ParentResult(r["id"], r["job_type"], r["status"], r["result"]) for r in rows
+            ]
+        return self._parents
+
+    async def children(self) -> list[tuple[UUID, str, str]]:
+        """This job's children already in the table: (id, job_type, status)."""
+        rows = await store.job_relatives(self.services.pool, self.job_id)
+        return [(r["id"], r["job_type"], r["status"]) for r in rows if r["relation"] == "child"]
+
+    async def parent_result(self, job_type: str) -> Any:
+        """The result of this job's parent of type `job_type` (the last one if several);
+        LookupError if it has none."""
+        found = [p for p in await self.parent_results() if p.job_type == job_type]
+        if not found:
+            raise LookupError(f"job {self.job_id} has no {job_type} parent")
+        return found[-1].result
 
     async def workspace_settings(self) -> dict[str, Any]:
         """`workspaces.settings` of this job's workspace (prompts, name lists, limits)."""

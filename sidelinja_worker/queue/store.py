@@ -210,6 +210,20 @@ async def copy_jobs(conn: Conn, rows: EnqueueRows, with_schedule: bool) -> None:
     await conn.copy_records_to_table("job_queue", records=records, columns=columns)
 
 
+async def add_dependencies(conn: Conn, edges: Sequence[tuple[UUID, UUID, bool]]) -> None:
+    if edges:
+        parents, children, anyway = zip(*edges, strict=True)
+        await conn.execute(Q["add_dependencies"], list(parents), list(children), list(anyway))
+
+
+async def parent_results(conn: Conn, job_id: UUID) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["parent_results"], job_id, timeout=STATEMENT_TIMEOUT_S)
+
+
+async def job_relatives(conn: Conn, job_id: UUID) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["job_relatives"], job_id, timeout=STATEMENT_TIMEOUT_S)
+
+
 async def find_by_unique_keys(
     conn: Conn, keys: Sequence[tuple[UUID, str]]
 ) -> dict[tuple[UUID, str], UUID]:

@@ -7,14 +7,22 @@ from typing import Any
 
 
 def explain(facts: Mapping[str, Any], missing_settings: Sequence[str] = ()) -> list[str]:
-    """Reasons, most decisive first. Pure: the facts come from store.why_facts, and
-    `missing_settings` are the settings its job type needs that this machine has not set."""
+    """Reasons, most decisive first. Pure: the facts come from store.why_facts (and a job's
+    `parents`, id, job_type and status, from store.job_relatives), and `missing_settings` are
+    the settings its job type needs that this machine has not set."""
     status = facts["status"]
     if status == "running":
         return [
             f"it is running (since {facts['started_at']:%Y-%m-%d %H:%M:%S %Z}, "
             f"worker {facts['worker_id']})"
         ]
+    if status == "waiting":
+        waiting = [
+            f"waiting for parent {p['id']} ({p['job_type']}, {p['status']})"
+            for p in facts.get("parents") or ()
+            if p["status"] not in ("completed", "error", "cancelled")
+        ]
+        return waiting or ["it is waiting for its parents; none is unfinished any more"]
     if status not in ("pending", "retry"):
         ended = f": {facts['error_msg']}" if facts["error_msg"] else ""
         return [f"it is {status}{ended}; it will not run again unless retried"]

@@ -169,11 +169,11 @@ async def run_ai_task(ctx: JobContext, task: AiTask[M], text: str, note: str = "
         usage += got.usage
     if len(answers) > 1:
         await ctx.progress(f"{task.label}: setter sammen {len(answers)} deler…", 90)
-    value, more = await _combine(gateway, task, settings, answers, note)
+    value, more = await combine_answers(gateway, task, settings, answers, note)
     return AiRun(value, settings.model, len(parts), usage + more)
 
 
-async def _combine(
+async def combine_answers(
     gateway: AiGateway, task: AiTask[M], settings: AiSettings, answers: list[M], note: str
 ) -> tuple[M, Usage]:
     """One answer from the parts' answers: locally with `task.merge`, else by asking the model in

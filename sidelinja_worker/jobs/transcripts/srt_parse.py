@@ -10,7 +10,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from sidelinja_worker.jobs.media_paths import resolve_media_path
 from sidelinja_worker.jobs.silos import check_repo
 from sidelinja_worker.jobs.transcripts import store as transcripts_store
-from sidelinja_worker.jobs.transcripts.subtitles import SrtError, parse_srt_off_loop
+from sidelinja_worker.jobs.transcripts.subtitles import SrtError, Transcript, parse_srt_off_loop
+from sidelinja_worker.jobs.transcripts.whisper_transcribe import forgejo_source
+from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.queue.priorities import default_priority
@@ -39,12 +41,21 @@ class SrtParsePayload(BaseModel):
     )  # in the workspace media folder
     forgejo: ForgejoSource | None = None
     language: str | None = Field(default=None, pattern=r"^[a-z]{2,3}$")
+    # In a graph: the transcript is then also embedded for the knowledge graph, by a
+    # generate_embeddings child this job adds (one item per passage of the transcript).
+    embed: bool = False
+    # In a graph: the SRT its whisper_transcribe parent committed (read from its result).
+    from_parent: bool = False
 
     @model_validator(mode="after")
     def _one_source(self) -> SrtParsePayload:
-        if (self.srt_path is None) == (self.forgejo is None):
-            raise ValueError("give exactly one of srt_path or forgejo")
+        if (self.srt_path is not None) + (self.forgejo is not None) + self.from_parent != 1:
+            raise ValueError("give exactly one of srt_path or forgejo (or from_parent)")
         return self
+
+
+# Passages embedded per transcript: about a minute of speech each.
+PASSAGE_CHARS = 1500
 
 
 async def run_srt_parse(ctx: JobContext, payload: SrtParsePayload) -> Any:
@@ -64,6 +75,13 @@ async def run_srt_parse(ctx: JobContext, payload: SrtParsePayload) -> Any:
         source=source,
         job_id=ctx.job_id,
     )
+    if payload.embed:
+        items = [
+            {"ref": f"{payload.transcript_ref}#{i}", "text": text}
+            for i, text in enumerate(passages(transcript), 1)
+        ]
+        if items:
+            ctx.add_child(NewJob(ctx.workspace_id, "generate_embeddings", {"items": items}))
     return {
         "transcript_ref": payload.transcript_ref,
         "segments": len(transcript.segments),
@@ -81,8 +99,7 @@ async def _load(ctx: JobContext, payload: SrtParsePayload) -> tuple[bytes, dict[
         if path.stat().st_size > MAX_SRT_BYTES:
             raise PermanentError(f"{payload.srt_path!r} is over {MAX_SRT_BYTES} bytes: not an SRT")
         return await asyncio.to_thread(path.read_bytes), {"path": payload.srt_path}
-    src = payload.forgejo
-    assert src is not None  # the model guarantees one source
+    src = payload.forgejo or await _parent_source(ctx)
     forgejo = Forgejo.from_config(ctx.services.http, config)
     check_repo(await ctx.workspace_settings(), src.owner, src.repo)
     state = await forgejo.read(RepoFile(src.owner, src.repo, src.path, src.ref))
@@ -92,6 +109,35 @@ async def _load(ctx: JobContext, payload: SrtParsePayload) -> tuple[bytes, dict[
     if len(state.content) > MAX_SRT_BYTES:
         raise PermanentError(f"Forgejo's {src.path!r} is over {MAX_SRT_BYTES} bytes: not an SRT")
     return state.content, {"forgejo": {**src.model_dump(), "sha": state.sha}}
+
+
+async def _parent_source(ctx: JobContext) -> ForgejoSource:
+    """No source in the payload: the SRT its whisper_transcribe parent committed."""
+    try:
+        result = await ctx.parent_result("whisper_transcribe")
+    except LookupError:
+        raise PermanentError("from_parent, but it has no whisper_transcribe parent") from None
+    forgejo = result["forgejo"]
+    return ForgejoSource.model_validate(forgejo_source(forgejo, forgejo.get("commit_sha")))
+
+
+def passages(transcript: Transcript) -> list[str]:
+    """The transcript's segments joined into passages of about PASSAGE_CHARS characters."""
+    out: list[str] = []
+    current: list[str] = []
+    size = 0
+    for segment in transcript.segments:
+        text = " ".join(segment.text.split())
+        if not text:
+            continue
+        current.append(text)
+        size += len(text) + 1
+        if size >= PASSAGE_CHARS:
+            out.append(" ".join(current))
+            current, size = [], 0
+    if current:
+        out.append(" ".join(current))
+    return out
 
 
 def _decode(raw: bytes) -> str:
@@ -115,5 +161,6 @@ JOB_TYPE = JobType(
     default_priority=default_priority("srt_parse"),
     timeout_s=300,
     description="SRT -> transcript (segments, plain text, WebVTT) in the workspace; "
-    "{transcript_ref, srt_path | forgejo: {owner, repo, path, ref}, language}",
+    "{transcript_ref, srt_path | forgejo: {owner, repo, path, ref} | from_parent (a "
+    "whisper_transcribe parent's SRT), language, embed}",
 )

@@ -53,8 +53,11 @@ async def run_whisper_transcribe(ctx: JobContext, payload: WhisperTranscribePayl
     transcript = await _checked(srt_text)
     await ctx.progress("Lagrer transkripsjonen i Forgejo…", 85)
     commit = await _commit(ctx, payload, srt_text, model)
-    follow_up = _srt_parse_payload(payload, commit)
-    ctx.enqueue_on_success(NewJob(ctx.workspace_id, "srt_parse", follow_up))
+    # In a graph made with its srt_parse (the episode pipeline), that child reads this job's
+    # result; on its own, it adds the parse as its child, pinned to the commit just made.
+    if not any(job_type == "srt_parse" for _, job_type, _ in await ctx.children()):
+        follow_up = _srt_parse_payload(payload, commit)
+        ctx.add_child(NewJob(ctx.workspace_id, "srt_parse", follow_up))
     return {
         "transcript_ref": payload.transcript_ref,
         "audio_path": payload.audio_path,
@@ -117,12 +120,18 @@ def _srt_parse_payload(payload: WhisperTranscribePayload, commit: Commit) -> dic
     return {
         "transcript_ref": payload.transcript_ref,
         "language": payload.language,
-        "forgejo": {
-            "owner": target.owner,
-            "repo": target.repo,
-            "path": target.path,
-            "ref": commit.commit_sha or target.branch,
-        },
+        "forgejo": forgejo_source(target.model_dump(), commit.commit_sha),
+    }
+
+
+def forgejo_source(target: dict[str, Any], commit_sha: str | None) -> dict[str, Any]:
+    """Where srt_parse reads the SRT this job committed: `target` as in the payload (or the
+    result), at the commit made."""
+    return {
+        "owner": target["owner"],
+        "repo": target["repo"],
+        "path": target["path"],
+        "ref": commit_sha or target.get("branch"),
     }
 
 

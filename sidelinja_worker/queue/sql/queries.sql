@@ -516,6 +516,32 @@ ON CONFLICT (workspace_id, unique_key)
 DO NOTHING
 RETURNING id;
 
+-- name: add_dependencies
+-- Edges of a job graph (parent, child, run_anyway); the triggers of job_dependencies hold or
+-- cancel the children and refuse cycles.
+INSERT INTO job_dependencies (parent_id, child_id, run_anyway)
+SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::bool[])
+ON CONFLICT DO NOTHING;
+
+-- name: parent_results
+-- A job's parents with their results, for its handler (read only when the handler asks).
+SELECT p.id, p.job_type, p.status::text AS status, p.result
+FROM job_dependencies d
+JOIN job_queue p ON p.id = d.parent_id
+WHERE d.child_id = $1
+ORDER BY p.created_at, p.id;
+
+-- name: job_relatives
+-- A job's parents and children, for `jobs show` and `jobs why`.
+SELECT 'parent' AS relation, p.id, p.job_type, p.status::text AS status, d.run_anyway
+FROM job_dependencies d JOIN job_queue p ON p.id = d.parent_id
+WHERE d.child_id = $1
+UNION ALL
+SELECT 'child', c.id, c.job_type, c.status::text, d.run_anyway
+FROM job_dependencies d JOIN job_queue c ON c.id = d.child_id
+WHERE d.parent_id = $1
+ORDER BY 1 DESC, 3, 2;
+
 -- name: find_by_unique_keys
 -- The holders of (workspace, key) pairs: a key is unique within its workspace only.
 SELECT j.workspace_id, j.unique_key, j.id
@@ -592,14 +618,55 @@ RETURNING j.id;
 
 -- name: prune
 -- Deletes up to $3 finished jobs: completed/cancelled older than $1 seconds, errors older than
--- $2 seconds. Small batches keep locks and WAL bursts short.
-DELETE FROM job_queue
-WHERE id = ANY(ARRAY(
-    SELECT id FROM job_queue
+-- $2 seconds. Small batches keep locks and WAL bursts short. A job in a graph goes only with
+-- its whole graph (every job joined to it by edges, either way), once all of it is past
+-- retention: a graph never loses a parent while a child remains, nor a failed job's children
+-- while that job may still be retried. Jobs outside graphs pay one has_children test and one
+-- primary-key probe of job_dependencies.
+WITH RECURSIVE old AS NOT MATERIALIZED (
+    SELECT id, has_children FROM job_queue
     WHERE status IN ('completed', 'error', 'cancelled')
       AND completed_at < now() - make_interval(secs => $1)
       AND (status <> 'error' OR completed_at < now() - make_interval(secs => $2))
+), batch AS (  -- jobs outside graphs: never held up behind graph jobs that must stay
+    SELECT id FROM old o
+    WHERE NOT o.has_children
+      AND NOT EXISTS (SELECT 1 FROM job_dependencies d WHERE d.child_id = o.id)
     LIMIT $3
+), in_graph AS (
+    SELECT id FROM old o
+    WHERE o.has_children OR EXISTS (SELECT 1 FROM job_dependencies d WHERE d.child_id = o.id)
+    LIMIT $3
+), graph(id) AS (  -- the whole graphs of the batch's graph jobs
+    SELECT id FROM in_graph
+    UNION
+    SELECT n.id
+    FROM graph g
+    CROSS JOIN LATERAL (
+        SELECT d.child_id AS id FROM job_dependencies d WHERE d.parent_id = g.id
+        UNION ALL
+        SELECT d.parent_id FROM job_dependencies d WHERE d.child_id = g.id
+    ) n
+), kept(id) AS (  -- joined to a job not past retention: its graph stays whole
+    SELECT g.id FROM graph g JOIN job_queue j ON j.id = g.id
+    WHERE (j.status IN ('completed', 'error', 'cancelled')
+           AND j.completed_at < now() - make_interval(secs => $1)
+           AND (j.status <> 'error' OR j.completed_at < now() - make_interval(secs => $2)))
+          IS NOT TRUE
+    UNION
+    SELECT n.id
+    FROM kept k
+    CROSS JOIN LATERAL (
+        SELECT d.child_id AS id FROM job_dependencies d WHERE d.parent_id = k.id
+        UNION ALL
+        SELECT d.parent_id FROM job_dependencies d WHERE d.child_id = k.id
+    ) n
+)
+DELETE FROM job_queue
+WHERE id = ANY(ARRAY(
+    SELECT id FROM batch
+    UNION ALL
+    SELECT id FROM graph WHERE id NOT IN (SELECT id FROM kept)
 ));
 
 -- name: request_cancel
@@ -614,7 +681,7 @@ WITH target AS (
         error_msg = CASE WHEN t.status = 'running' THEN j.error_msg ELSE 'cancelled' END,
         cancel_requested_at = now()
     FROM target t
-    WHERE j.id = t.id AND t.status IN ('pending', 'retry', 'running')
+    WHERE j.id = t.id AND t.status IN ('pending', 'retry', 'running', 'waiting')
     RETURNING j.id, j.status, pg_notify('sidelinja_job_cancel', j.id::text)
 )
 SELECT (SELECT status::text FROM changed) AS new_status,

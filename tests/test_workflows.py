@@ -1,0 +1,581 @@
+"""Job graphs: dependencies declared in plain SQL, failure rules, results along edges."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import pytest
+
+from sidelinja_worker.queue import store
+from sidelinja_worker.queue.client import NewJob, enqueue_many
+from sidelinja_worker.queue.config import ServiceConfig
+from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.ids import uuid7s
+from sidelinja_worker.queue.queries import QUERIES
+from sidelinja_worker.queue.registry import Registry
+from tests.fakes.ai_gateway_server import FakeAiGateway, ai_gateway_fixture  # noqa: F401
+from tests.fakes.fixtures import (  # noqa: F401  (pytest finds fixtures by module name)
+    forgejo_fake_fixture,
+    media_root_fixture,
+    service_config,
+    whisper_fake_fixture,
+)
+from tests.fakes.forgejo_server import FakeForgejo
+from tests.fakes.whisper_server import FakeWhisper
+from tests.helpers import cli, insert_jobs, job_type, run_burst, spawn, statuses
+
+PSQL = "/usr/bin/psql"
+
+
+async def wait_until(check: Callable[[], Awaitable[Any]], timeout_s: float = 60) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not await check():
+            await asyncio.sleep(0.05)
+
+
+async def by_name(pool: asyncpg.Pool) -> dict[str, asyncpg.Record]:
+    rows = await pool.fetch("SELECT *, status::text AS st FROM job_queue")
+    return {r["payload"]["name"]: r for r in rows if "name" in r["payload"]}
+
+
+def psql(url: str, sql: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PSQL, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", url, "-c", sql],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def graph_sql(
+    workspace: UUID, names: list[str], edges: list[tuple[str, str]], **payload: Any
+) -> str:
+    """One INSERT statement: jobs named `names` (in their payload) and the edges between them."""
+    rows = ", ".join(
+        f"('{workspace}', 'noop', '{json.dumps({'name': n, **payload.get(n, {})})}')" for n in names
+    )
+    pairs = ", ".join(f"('{p}', '{c}')" for p, c in edges)
+    return (
+        f"WITH jobs AS (INSERT INTO job_queue (workspace_id, job_type, payload) VALUES {rows}"
+        " RETURNING id, payload->>'name' AS name) "
+        "INSERT INTO job_dependencies (parent_id, child_id) "
+        f"SELECT p.id, c.id FROM (VALUES {pairs}) AS e(parent, child) "
+        "JOIN jobs p ON p.name = e.parent JOIN jobs c ON c.name = e.child"
+    )
+
+
+async def test_a_graph_inserted_by_psql_runs_in_order(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    # A diamond: a -> {b, c} -> d, one statement from a client that is not Python.
+    sql = graph_sql(
+        workspace, ["a", "b", "c", "d"], [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")]
+    )
+    done = psql(db_url, sql)
+    assert done.returncode == 0, done.stderr
+    jobs = await by_name(pool)
+    assert {n: j["st"] for n, j in jobs.items()} == {
+        "a": "pending",
+        "b": "waiting",
+        "c": "waiting",
+        "d": "waiting",
+    }
+    await run_burst(pool, db_url)
+    jobs = await by_name(pool)
+    assert {j["st"] for j in jobs.values()} == {"completed"}
+    for parent, child in [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")]:
+        assert jobs[parent]["completed_at"] <= jobs[child]["started_at"]
+
+
+async def test_a_released_child_wakes_the_workers(pool: asyncpg.Pool, workspace: UUID) -> None:
+    # The child becomes due in the parent's completion and PostgreSQL notifies the workers: no
+    # poll interval passes before it runs.
+    conn = await pool.acquire()
+    try:
+        got: asyncio.Queue[str] = asyncio.Queue()
+
+        def heard(*args: Any) -> None:
+            got.put_nowait(args[2])
+
+        await conn.add_listener("sidelinja_job_due", heard)
+        await pool.execute(graph_sql(workspace, ["p", "c"], [("p", "c")]))
+        await asyncio.wait_for(got.get(), 5)  # the insert's own notification
+        await pool.execute("UPDATE job_queue SET status = 'completed' WHERE payload->>'name' = 'p'")
+        await asyncio.wait_for(got.get(), 5)
+        assert (await by_name(pool))["c"]["st"] == "pending"
+    finally:
+        await conn.remove_listener("sidelinja_job_due", heard)
+        await pool.release(conn)
+
+
+async def test_no_self_dependency_later_parent_or_cycle(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    await pool.execute(graph_sql(workspace, ["x", "y"], [("x", "y")]))
+    later = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload)"
+        " VALUES ($1, 'noop', '{\"name\": \"later\"}') RETURNING id",
+        workspace,
+    )
+    jobs = await by_name(pool)
+    with pytest.raises(asyncpg.CheckViolationError):
+        await pool.execute(
+            "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $1)", jobs["x"]["id"]
+        )
+    with pytest.raises(asyncpg.CheckViolationError, match="created after it"):
+        await pool.execute(
+            "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)",
+            later,
+            jobs["x"]["id"],
+        )
+    # Jobs made in one transaction share created_at: a cycle among them is refused too, by
+    # psql as by anyone.
+    done = psql(
+        db_url, graph_sql(workspace, ["c1", "c2", "c3"], [("c1", "c2"), ("c2", "c3"), ("c3", "c1")])
+    )
+    assert done.returncode != 0 and "cycle" in done.stderr, done.stderr
+    assert "c1" not in await by_name(pool)
+    with pytest.raises(asyncpg.CheckViolationError, match="cycle"):
+        await pool.execute(
+            "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)",
+            jobs["y"]["id"],
+            jobs["x"]["id"],
+        )
+
+
+async def test_failure_cancels_descendants_and_retry_resumes(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    # a fails for good; b depends on a, c on b; "cleanup" runs anyway.
+    sql = graph_sql(
+        workspace,
+        ["a", "b", "c", "cleanup"],
+        [("a", "b"), ("b", "c")],
+        a={"fail_permanent": "disk full"},
+    )
+    await pool.execute(sql)
+    await pool.execute(
+        "INSERT INTO job_dependencies (parent_id, child_id, run_anyway)"
+        " SELECT p.id, c.id, true FROM job_queue p, job_queue c"
+        " WHERE p.payload->>'name' = 'a' AND c.payload->>'name' = 'cleanup'"
+    )
+    await run_burst(pool, db_url)
+    jobs = await by_name(pool)
+    a = jobs["a"]
+    assert a["st"] == "error"
+    assert jobs["b"]["st"] == "cancelled"
+    assert jobs["b"]["error_msg"] == f"parent {a['id']} (noop) ended in error: disk full"
+    assert jobs["c"]["st"] == "cancelled"
+    assert str(jobs["b"]["id"]) in jobs["c"]["error_msg"]
+    assert jobs["cleanup"]["st"] == "completed"
+
+    # The retry, with the fault fixed: a plain-SQL UPDATE brings the graph back.
+    await pool.execute(
+        "UPDATE job_queue SET status = 'pending', payload = payload - 'fail_permanent',"
+        " attempts = 0, scheduled_for = now() WHERE id = $1",
+        a["id"],
+    )
+    jobs = await by_name(pool)
+    assert (jobs["b"]["st"], jobs["c"]["st"]) == ("waiting", "waiting")
+    assert jobs["b"]["error_msg"] is None
+    await run_burst(pool, db_url)
+    assert {j["st"] for j in (await by_name(pool)).values()} == {"completed"}
+
+
+async def test_cli_retry_resumes_a_graph(pool: asyncpg.Pool, db_url: str, workspace: UUID) -> None:
+    await pool.execute(graph_sql(workspace, ["a", "b"], [("a", "b")], a={"fail_permanent": "once"}))
+    await run_burst(pool, db_url)
+    jobs = await by_name(pool)
+    assert (jobs["a"]["st"], jobs["b"]["st"]) == ("error", "cancelled")
+    done = cli("jobs", "retry", str(jobs["a"]["id"]), url=db_url)
+    assert done.returncode == 0, done.stderr
+    assert (await by_name(pool))["b"]["st"] == "waiting"
+
+
+async def test_fan_in_of_1000(pool: asyncpg.Pool, db_url: str, workspace: UUID) -> None:
+    await pool.execute(
+        "WITH parts AS (INSERT INTO job_queue (workspace_id, job_type, payload)"
+        "  SELECT $1, 'noop', jsonb_build_object('part', i) FROM generate_series(1, 1000) i"
+        "  RETURNING id),"
+        " joined AS (INSERT INTO job_queue (workspace_id, job_type, payload)"
+        "  VALUES ($1, 'noop', '{\"name\": \"join\"}') RETURNING id)"
+        " INSERT INTO job_dependencies (parent_id, child_id) SELECT parts.id, joined.id"
+        " FROM parts, joined",
+        workspace,
+    )
+    assert (await by_name(pool))["join"]["st"] == "waiting"
+    await run_burst(pool, db_url, max_concurrent=50)
+    assert await statuses(pool) == {"completed": 1001}
+    join = (await by_name(pool))["join"]
+    last_part = await pool.fetchval(
+        "SELECT max(completed_at) FROM job_queue WHERE payload ? 'part'"
+    )
+    assert join["started_at"] >= last_part
+
+
+async def test_100k_waiting_children_do_not_touch_the_claim(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    await pool.execute(
+        "WITH p AS (INSERT INTO job_queue (workspace_id, job_type, payload, scheduled_for)"
+        "  VALUES ($1, 'noop', '{}', now() + interval '1 day') RETURNING id),"
+        " c AS (INSERT INTO job_queue (workspace_id, job_type, payload)"
+        "  SELECT $1, 'noop', '{}' FROM generate_series(1, 100000) RETURNING id)"
+        " INSERT INTO job_dependencies (parent_id, child_id) SELECT p.id, c.id FROM p, c",
+        workspace,
+    )
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) SELECT $1, 'noop', '{}'"
+        " FROM generate_series(1, 10)",
+        workspace,
+    )
+    assert await statuses(pool) == {"pending": 11, "waiting": 100000}
+    await pool.execute("VACUUM ANALYZE job_queue")
+    worker = UUID(int=1)
+    await pool.execute(
+        "INSERT INTO job_workers (id, hostname, pid, expires_at) VALUES ($1, 'h', 1, now() + interval '1 h')",
+        worker,
+    )
+    async with pool.acquire() as conn, conn.transaction():
+        # A claim of 32 with 10 due: the scan runs to the end of the due jobs, and the waiting
+        # children are not in the index it reads.
+        plan = await conn.fetchval(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["claim"], worker, 32, None, None
+        )
+        root = json.loads(plan)[0]["Plan"]
+        assert root["Shared Hit Blocks"] + root.get("Shared Read Blocks", 0) < 200, root
+        assert root["Actual Rows"] == 10
+
+
+async def _split(ctx: JobContext, payload: Any) -> Any:
+    """Fan-out and fan-in: one child per part, then a join that adds them up."""
+    parts = [ctx.add_child(NewJob(ctx.workspace_id, "square", {"n": n})) for n in range(payload.n)]
+    ctx.add_join(NewJob(ctx.workspace_id, "total", {}), parts)
+    return {"parts": payload.n}
+
+
+async def _square(ctx: JobContext, payload: Any) -> Any:
+    (split,) = await ctx.parent_results()
+    assert split.job_type == "split" and split.result == {"parts": 3}
+    return {"square": payload.n * payload.n}
+
+
+async def _total(ctx: JobContext, payload: Any) -> Any:
+    parents = await ctx.parent_results()
+    return {"total": sum(p.result["square"] for p in parents if p.job_type == "square")}
+
+
+async def test_fan_out_and_join_with_results(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    registry = Registry(
+        [job_type("split", _split), job_type("square", _square), job_type("total", _total)]
+    )
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'split', '{\"n\": 3}')",
+        workspace,
+    )
+    await run_burst(pool, db_url, registry)
+    assert await statuses(pool) == {"completed": 5}
+    total = await pool.fetchrow("SELECT result, started_at FROM job_queue WHERE job_type = 'total'")
+    assert total["result"] == {"total": 0 + 1 + 4}
+    squares = await pool.fetchval(
+        "SELECT max(completed_at) FROM job_queue WHERE job_type = 'square'"
+    )
+    assert total["started_at"] >= squares
+
+
+async def test_python_client_enqueues_a_graph(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    first = uuid7s(1)[0]
+    ids = await enqueue_many(
+        pool,
+        [
+            NewJob(workspace, "noop", {"name": "first"}, job_id=first),
+            NewJob(workspace, "noop", {"name": "second"}, parents=(first,)),
+        ],
+    )
+    assert ids[0] == first
+    assert (await by_name(pool))["second"]["st"] == "waiting"
+    await run_burst(pool, db_url)
+    assert await statuses(pool) == {"completed": 2}
+
+
+async def test_kill_9_of_a_worker_in_the_middle_of_a_graph(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    # Three layers of 40 slow jobs, each job of a layer waiting for all of the layer before.
+    names = [f"{layer}-{i}" for layer in range(3) for i in range(40)]
+    edges = [
+        (f"{layer}-{i}", f"{layer + 1}-{k}")
+        for layer in range(2)
+        for i in range(40)
+        for k in range(40)
+    ]
+    slow = {n: {"sleep_ms": 300} for n in names}
+    await pool.execute(graph_sql(workspace, names, edges, **slow))
+    args = ("run", "--max-concurrent", "20", "--lease", "2s", "--poll-interval", "200ms")
+    victim = spawn(*args, url=db_url)
+    await wait_until(
+        lambda: pool.fetchval(
+            "SELECT count(*) > 0 FROM job_queue WHERE status = 'running'"
+            " AND payload->>'name' LIKE '1-%'"
+        )
+    )
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+    survivor = spawn(*args, url=db_url)
+    await wait_until(
+        lambda: pool.fetchval("SELECT count(*) = 120 FROM job_queue WHERE status = 'completed'"),
+        120,
+    )
+    survivor.send_signal(signal.SIGTERM)
+    await asyncio.to_thread(survivor.communicate, timeout=60)
+    jobs = await by_name(pool)
+    assert any(j["errors"] for j in jobs.values()), "the victim's running jobs were rescued"
+    for layer in (1, 2):
+        first_start = min(jobs[f"{layer}-{i}"]["started_at"] for i in range(40))
+        last_parent = max(jobs[f"{layer - 1}-{i}"]["completed_at"] for i in range(40))
+        assert first_start >= last_parent
+
+
+async def test_retention_prunes_graphs_whole(pool: asyncpg.Pool, workspace: UUID) -> None:
+    # g1: a -> b, both old: pruned together. g2: c -> d, c old but d recent: both stay.
+    await pool.execute(graph_sql(workspace, ["a", "b", "c", "d"], [("a", "b"), ("c", "d")]))
+    await insert_jobs(pool, workspace, 3)
+    await pool.execute(
+        "UPDATE job_queue SET status = 'completed' WHERE payload->>'name' IN ('a', 'c')"
+    )
+    await pool.execute("UPDATE job_queue SET status = 'completed' WHERE status = 'pending'")
+    await pool.execute(
+        "UPDATE job_queue SET completed_at = now() - interval '2 days'"
+        " WHERE coalesce(payload->>'name', 'x') <> 'd'"
+    )
+    async with pool.acquire() as conn:
+        deleted = await store.prune(conn, 86400, 86400, 1000)
+    assert deleted == 5  # three plain jobs and the whole of g1
+    assert sorted(await by_name(pool)) == ["c", "d"]
+    assert await pool.fetchval("SELECT count(*) FROM job_dependencies") == 1
+    # Without its children a parent is never pruned on its own, whatever the batch size.
+    async with pool.acquire() as conn:
+        assert await store.prune(conn, 86400, 86400, 1) == 0
+
+
+async def test_an_edge_must_name_existing_jobs(pool: asyncpg.Pool, workspace: UUID) -> None:
+    await pool.execute(graph_sql(workspace, ["a", "b"], [("a", "b")]))
+    a = (await by_name(pool))["a"]["id"]
+    with pytest.raises(asyncpg.ForeignKeyViolationError):
+        await pool.execute(
+            "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)", a, uuid7s(1)[0]
+        )
+    await pool.execute("DELETE FROM job_queue WHERE id = $1", a)
+    assert await pool.fetchval("SELECT count(*) FROM job_dependencies") == 0
+
+
+async def test_the_episode_pipeline_end_to_end(
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+    ai_gateway: FakeAiGateway,
+) -> None:
+    done = await asyncio.to_thread(
+        cli,
+        "pipeline", "episode", "--workspace", str(workspace), "--audio", "episodes/ep1.wav",
+        "--branch", "main", "--title", "Valgspesial",
+        url=db_url,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    ids = dict(line.split() for line in done.stdout.splitlines())
+    assert sorted(ids) == ["openrouter_analyze", "srt_parse", "whisper_transcribe"]
+    parse_id = UUID(ids["srt_parse"])
+    why = await asyncio.to_thread(cli, "jobs", "why", str(parse_id), url=db_url)
+    assert f"waiting for parent {ids['whisper_transcribe']} (whisper_transcribe, pending)" in (
+        why.stdout
+    )
+    shown = json.loads(
+        (await asyncio.to_thread(cli, "jobs", "show", str(parse_id), url=db_url)).stdout
+    )
+    assert [p["id"] for p in shown["parents"]] == [ids["whisper_transcribe"]]
+    assert [c["id"] for c in shown["children"]] == [ids["openrouter_analyze"]]
+
+    config = service_config(
+        media_root,
+        whisper=whisper_fake,
+        forgejo=forgejo_fake,
+        AI_GATEWAY_URL=ai_gateway.url,
+        AI_GATEWAY_KEY=ai_gateway.key,
+    )
+    await run_burst(pool, db_url, config=config)
+    rows = {
+        r["job_type"]: r for r in await pool.fetch("SELECT *, status::text AS st FROM job_queue")
+    }
+    assert sorted(rows) == [
+        "generate_embeddings",
+        "openrouter_analyze",
+        "srt_parse",
+        "whisper_transcribe",
+    ]
+    for name in ("whisper_transcribe", "srt_parse", "openrouter_analyze"):
+        assert rows[name]["st"] == "completed", rows[name]["error_msg"]
+    # srt_parse read the SRT whisper committed, at that commit, from its parent's result.
+    commit = rows["whisper_transcribe"]["result"]["forgejo"]["commit_sha"]
+    assert rows["srt_parse"]["result"]["source"]["forgejo"]["ref"] == commit
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM transcript_segments WHERE workspace_id = $1", workspace
+        )
+        == rows["srt_parse"]["result"]["segments"]
+        == 10
+    )
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM ai_results WHERE kind = 'openrouter_analyze' AND source_ref = 'ep1'"
+        )
+        == 1
+    )
+    # The embeddings: the transcript's passages, a child of srt_parse. Storing vectors needs
+    # pgvector; without it the job fails at once, naming it, and nothing else is touched.
+    embed = rows["generate_embeddings"]
+    assert embed["payload"]["items"][0]["ref"] == "ep1#1"
+    parents = await pool.fetch(
+        "SELECT parent_id FROM job_dependencies WHERE child_id = $1", embed["id"]
+    )
+    assert [p["parent_id"] for p in parents] == [parse_id]
+    if await pool.fetchval("SELECT to_regclass('knowledge_embeddings') IS NULL"):
+        assert (embed["st"], "pgvector" in embed["error_msg"]) == ("error", True)
+    else:
+        assert embed["st"] == "completed", embed["error_msg"]
+
+
+async def test_whisper_alone_adds_its_parse_as_a_child(
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+) -> None:
+    job_id = await enqueue_many(
+        pool,
+        [
+            NewJob(
+                workspace,
+                "whisper_transcribe",
+                {
+                    "audio_path": "episodes/ep1.wav",
+                    "transcript_ref": "ep-1",
+                    "forgejo": {"owner": "sidelinja", "repo": "transcripts", "path": "a.srt"},
+                },
+            )
+        ],
+    )
+    config = service_config(media_root, whisper=whisper_fake, forgejo=forgejo_fake)
+    await run_burst(pool, db_url, config=config)
+    parse = await pool.fetchrow(
+        "SELECT *, status::text AS st FROM job_queue WHERE job_type = 'srt_parse'"
+    )
+    assert parse["st"] == "completed", parse["error_msg"]
+    assert (
+        await pool.fetchval(
+            "SELECT parent_id FROM job_dependencies WHERE child_id = $1", parse["id"]
+        )
+        == job_id[0]
+    )
+
+
+async def test_a_confined_app_role_declares_and_resumes_graphs(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    # The web app's role, confined to one workspace by row-level security, writes the graph and
+    # retries it.
+    async with pool.acquire() as conn:
+        async with conn.transaction():
+            await conn.execute("SET LOCAL ROLE sidelinja_app")
+            await conn.execute(
+                "SELECT set_config('sidelinja.workspace_id', $1, true)", str(workspace)
+            )
+            await conn.execute(graph_sql(workspace, ["a", "b"], [("a", "b")]))
+        assert {n: j["st"] for n, j in (await by_name(pool)).items()} == {
+            "a": "pending",
+            "b": "waiting",
+        }
+        await pool.execute(
+            "UPDATE job_queue SET status = 'error', error_msg = 'no' WHERE payload->>'name' = 'a'"
+        )
+        assert (await by_name(pool))["b"]["st"] == "cancelled"
+        async with conn.transaction():
+            await conn.execute("SET LOCAL ROLE sidelinja_app")
+            await conn.execute(
+                "SELECT set_config('sidelinja.workspace_id', $1, true)", str(workspace)
+            )
+            await conn.execute(
+                "UPDATE job_queue SET status = 'pending' WHERE payload->>'name' = 'a'"
+            )
+            edges = await conn.fetchval("SELECT count(*) FROM job_dependencies")
+        assert edges == 1
+        assert (await by_name(pool))["b"]["st"] == "waiting"
+        # Another workspace's job does not exist for this role: no edge to or from it.
+        other = await pool.fetchval(
+            "WITH w AS (INSERT INTO workspaces (name) VALUES ('other') RETURNING id)"
+            " INSERT INTO job_queue (workspace_id, job_type, payload)"
+            " SELECT id, 'noop', '{}' FROM w RETURNING id"
+        )
+        b = (await by_name(pool))["b"]["id"]
+        with pytest.raises(asyncpg.ForeignKeyViolationError):
+            async with conn.transaction():
+                await conn.execute("SET LOCAL ROLE sidelinja_app")
+                await conn.execute(
+                    "SELECT set_config('sidelinja.workspace_id', $1, true)", str(workspace)
+                )
+                await conn.execute(
+                    "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)", b, other
+                )
+
+
+async def test_meeting_summarize_map_reduce_as_a_graph(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
+    await pool.execute(
+        "UPDATE workspaces SET settings = $2 WHERE id = $1",
+        workspace,
+        {"ai": {"context_tokens": 150}},  # about 450 characters a part
+    )
+    text = "\n".join(f"Linje {i}: vi diskuterte budsjettet for kvartal {i}." for i in range(40))
+    [first] = await enqueue_many(
+        pool,
+        [NewJob(workspace, "meeting_summarize", {"text": text, "ref": "m1", "fan_out": True})],
+    )
+    config = ServiceConfig({"AI_GATEWAY_URL": ai_gateway.url, "AI_GATEWAY_KEY": ai_gateway.key})
+    await run_burst(pool, db_url, config=config)
+    rows = await pool.fetch(
+        "SELECT *, status::text AS st FROM job_queue WHERE job_type = 'meeting_summarize'"
+    )
+    assert {r["st"] for r in rows} == {"completed"}, [r["error_msg"] for r in rows]
+    split = next(r for r in rows if r["id"] == first)["result"]
+    parts = [r for r in rows if r["payload"].get("part")]
+    [join] = [r for r in rows if r["payload"].get("combine")]
+    assert split["parts"] == len(parts) > 1 and split["join"] == str(join["id"])
+    assert join["started_at"] >= max(p["completed_at"] for p in parts)
+    requests = ai_gateway.chat_requests()
+    combines = [r for r in requests if "Partial answers for consecutive parts" in r.message("user")]
+    assert combines and len(requests) == len(parts) + len(combines)
+    assert join["result"]["parts"] == len(parts)
+    assert join["result"]["usage"]["calls"] == len(requests)
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM ai_results WHERE kind = 'meeting_summarize' AND source_ref = 'm1'"
+        )
+        == 1
+    )
