@@ -52,7 +52,10 @@ async def opened(
     try:
         yield db, pool
     finally:
-        await pool.close()
+        try:
+            await pool.close()
+        except DB_ERRORS:  # the server dropped a connection at the very end: the work is done
+            pool.terminate()
 
 
 def parse_uuid(text: str, what: str) -> UUID:
