@@ -16,7 +16,7 @@ from sidelinja_worker.admin.events import CHANNEL, EventHub, explode
 from sidelinja_worker.admin.store import Scope
 from sidelinja_worker.queue.context import JobContext, Services
 from sidelinja_worker.queue.db import connect
-from tests.helpers import insert_jobs
+from tests.helpers import insert_jobs, make_workspace
 
 
 async def collect(url: str, action: Any, settle_s: float = 0.3) -> list[dict[str, Any]]:
@@ -34,8 +34,8 @@ async def collect(url: str, action: Any, settle_s: float = 0.3) -> list[dict[str
 async def test_inserts_and_status_changes_are_published_in_batches(
     pool: asyncpg.Pool, db_url: str
 ) -> None:
-    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
-    b = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('B') RETURNING id")
+    a = await make_workspace(pool, "A")
+    b = await make_workspace(pool, "B")
 
     async def enqueue() -> None:
         await insert_jobs(pool, a, 3)
@@ -64,7 +64,7 @@ async def test_inserts_and_status_changes_are_published_in_batches(
 async def test_a_big_statement_is_split_under_the_notify_limit(
     pool: asyncpg.Pool, db_url: str
 ) -> None:
-    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
+    a = await make_workspace(pool, "A")
     got = await collect(db_url, lambda: insert_jobs(pool, a, 1000))
     assert sum(len(p["ids"]) for p in got) == 1000
     assert len({i for p in got for i in p["ids"]}) == 1000  # each job once
@@ -76,7 +76,7 @@ async def test_a_job_type_needing_escapes_comes_through_intact(
     pool: asyncpg.Pool, db_url: str
 ) -> None:
     """The payload is written as text by the trigger; job_type is the one free-text field."""
-    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
+    a = await make_workspace(pool, "A")
     odd = 'say "hei"\\ på\nnorsk\t{}'
     got = await collect(
         db_url,
@@ -115,8 +115,8 @@ async def test_the_hub_gives_each_stream_only_its_workspace(
     pool: asyncpg.Pool, db_url: str
 ) -> None:
     """Every frame is the job's row as the stream's scope reads it (status, attempts)."""
-    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
-    b = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('B') RETURNING id")
+    a = await make_workspace(pool, "A")
+    b = await make_workspace(pool, "B")
     hub = EventHub(db_url, pool)
     await hub.start()
     streams = {
@@ -143,7 +143,7 @@ async def test_the_hub_gives_each_stream_only_its_workspace(
 
 
 async def test_progress_reports_reach_the_channel(pool: asyncpg.Pool, db_url: str) -> None:
-    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
+    a = await make_workspace(pool, "A")
     job: UUID = await pool.fetchval(
         "INSERT INTO job_queue (workspace_id, job_type, payload, status, worker_id)"
         " VALUES ($1, 'noop', '{}', 'running', $2) RETURNING id",
@@ -159,7 +159,7 @@ async def test_progress_reports_reach_the_channel(pool: asyncpg.Pool, db_url: st
 async def test_progress_reports_of_one_job_are_stored_in_the_order_made(pool: asyncpg.Pool) -> None:
     """Concurrent parts of a job report at once (prompt_eval's cases): the last report made is
     the one stored, although each write may go out on its own pool connection."""
-    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
+    a = await make_workspace(pool, "A")
     job: UUID = await pool.fetchval(
         "INSERT INTO job_queue (workspace_id, job_type, payload, status, worker_id)"
         " VALUES ($1, 'noop', '{}', 'running', $2) RETURNING id",
@@ -194,7 +194,7 @@ async def test_a_stream_ends_once_its_token_is_revoked(
 
 
 async def test_events_can_be_switched_off(pool: asyncpg.Pool, db_url: str) -> None:
-    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
+    a = await make_workspace(pool, "A")
     await pool.execute("UPDATE queue_settings SET value = 'false' WHERE name = 'job_events'")
     assert await collect(db_url, lambda: insert_jobs(pool, a, 3)) == []
     await pool.execute("UPDATE queue_settings SET value = 'true' WHERE name = 'job_events'")

@@ -15,6 +15,7 @@ import pytest
 
 from sidelinja_worker.admin.events import CHANNEL, EventHub
 from sidelinja_worker.admin.store import Scope
+from tests.helpers import make_workspace
 from tests.test_rls import RoleMaker, connected, make_role_fixture  # noqa: F401 (fixture)
 
 
@@ -93,8 +94,8 @@ def forgeries(a: UUID, b: UUID, a_job: UUID, b_job: UUID, a_running: UUID) -> li
 async def test_forged_notifications_show_nothing_on_any_stream(
     pool: asyncpg.Pool, db_url: str, make_role: RoleMaker
 ) -> None:
-    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
-    b = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('B') RETURNING id")
+    a = await make_workspace(pool, "A")
+    b = await make_workspace(pool, "B")
     a_job = await one_job(pool, a)
     b_job = await one_job(pool, b)
     a_running = await pool.fetchval(
@@ -144,7 +145,7 @@ async def test_a_real_progress_report_is_confirmed_and_sent(
     """The confirmation lets the genuine event through: the stream sends the row's progress."""
     from sidelinja_worker.queue import store
 
-    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
+    a = await make_workspace(pool, "A")
     job = await pool.fetchval(
         "INSERT INTO job_queue (workspace_id, job_type, payload, status, worker_id, attempts)"
         " VALUES ($1, 'noop', '{}', 'running', $1, 1) RETURNING id",
@@ -176,8 +177,8 @@ async def test_forged_notifications_are_not_forwarded_to_spacetimedb(
     from tests.fakes.serve import serve
     from tests.test_admin_spacetime import fake_spacetime
 
-    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
-    b = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('B') RETURNING id")
+    a = await make_workspace(pool, "A")
+    b = await make_workspace(pool, "B")
     a_job, b_job = await one_job(pool, a), await one_job(pool, b)
     a_running = await pool.fetchval(
         "INSERT INTO job_queue (workspace_id, job_type, payload, status, attempts)"

@@ -8,12 +8,12 @@ from uuid import UUID, uuid4
 import asyncpg
 import pytest
 
-from tests.helpers import insert_jobs
+from tests.helpers import insert_jobs, make_workspace
 
 
 async def two_workspaces(pool: asyncpg.Pool) -> tuple[UUID, UUID]:
-    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
-    b = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('B') RETURNING id")
+    a = await make_workspace(pool, "A")
+    b = await make_workspace(pool, "B")
     await insert_jobs(pool, a, 3)
     await insert_jobs(pool, b, 2)
     return a, b

@@ -16,7 +16,7 @@ from sidelinja_worker.admin.events import EventHub
 from sidelinja_worker.admin.spacetime import SpacetimeTarget
 from sidelinja_worker.queue.config import Secret
 from tests.fakes.serve import serve
-from tests.helpers import insert_jobs
+from tests.helpers import insert_jobs, make_workspace
 
 
 def fake_spacetime(calls: list[Any], fail_first: bool) -> web.Application:
@@ -40,7 +40,7 @@ async def test_events_reach_the_reducer_and_failures_are_dropped(
     pool: asyncpg.Pool, db_url: str
 ) -> None:
     calls: list[Any] = []
-    workspace = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
+    workspace = await make_workspace(pool, "A")
     async with serve(fake_spacetime(calls, fail_first=True)) as url:
         hub = EventHub(db_url, pool)
         await hub.start()
@@ -62,7 +62,7 @@ async def test_events_reach_the_reducer_and_failures_are_dropped(
 async def test_an_unreachable_spacetimedb_changes_nothing(pool: asyncpg.Pool, db_url: str) -> None:
     hub = EventHub(db_url, pool)
     await hub.start()
-    workspace = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('A') RETURNING id")
+    workspace = await make_workspace(pool, "A")
     try:
         async with forwarding(hub, SpacetimeTarget("http://127.0.0.1:9", "x")):
             await insert_jobs(pool, workspace, 1)

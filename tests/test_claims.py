@@ -11,7 +11,7 @@ import pytest
 
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.queries import QUERIES
-from tests.helpers import insert_jobs
+from tests.helpers import insert_jobs, make_workspace
 
 CLAIMS = ("claim", "claim_capped", "claim_fair", "claim_fair_capped")
 
@@ -51,10 +51,7 @@ async def test_each_claims_generic_plan_uses_its_index(
     """The plan the worker's claim pool runs (a generic plan, as db.GENERIC_PLANS sets), over
     20,000 finished jobs and a few thousand pending ones in several workspaces: the claim reaches
     job_queue through its index, never a sequential scan, and never reads `workspaces`."""
-    spaces = [workspace] + [
-        await pool.fetchval("INSERT INTO workspaces (name) VALUES ($1) RETURNING id", f"w{i}")
-        for i in range(4)
-    ]
+    spaces = [workspace] + [await make_workspace(pool, f"w{i}") for i in range(4)]
     await pool.execute(
         "INSERT INTO job_queue (workspace_id, job_type, payload, status, completed_at)"
         " SELECT $1, 'noop', '{}', 'completed', now() FROM generate_series(1, 20000)",

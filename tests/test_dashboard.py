@@ -14,7 +14,7 @@ from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.queue.metrics import ALL_WORKSPACES
 from sidelinja_worker.queue.registry import Registry
 from tests.admin_fixtures import admin_fixture, token_for  # noqa: F401 (fixture)
-from tests.helpers import insert_jobs, job_type, run_burst
+from tests.helpers import insert_jobs, job_type, make_workspace, run_burst
 
 
 async def _ok(_ctx: JobContext, _payload: Any) -> None:
@@ -29,8 +29,8 @@ REGISTRY = Registry([job_type("ok", _ok), job_type("broken", _broken)])
 
 
 async def _two_workspaces(pool: asyncpg.Pool, db_url: str) -> tuple[UUID, UUID]:
-    a = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('Alfa') RETURNING id")
-    b = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('Beta') RETURNING id")
+    a = await make_workspace(pool, "Alfa")
+    b = await make_workspace(pool, "Beta")
     await insert_jobs(pool, a, 5, job_type_name="ok")
     await insert_jobs(pool, a, 2, job_type_name="broken")
     await insert_jobs(pool, b, 3, job_type_name="ok")

@@ -12,6 +12,8 @@ from uuid import UUID
 import asyncpg
 import orjson
 
+from tests.helpers import make_workspace
+
 CHANNEL = "sidelinja_job_events"
 
 
@@ -88,7 +90,7 @@ async def test_a_job_type_just_under_the_cap_is_sent_whole(
 async def test_a_50000_row_insert_is_published_in_many_notifications(
     pool: asyncpg.Pool, db_url: str, workspace: UUID
 ) -> None:
-    other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
+    other = await make_workspace(pool, "other")
     listener = await Listener.open(db_url)
     try:
         await pool.execute(

@@ -15,20 +15,22 @@ from sidelinja_worker.queue import store
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.queries import QUERIES
 from sidelinja_worker.queue.registry import Registry
-from tests.helpers import cli, insert_jobs, job_type, run_burst, spawn, statuses
-
-
-async def _until(pool: asyncpg.Pool, sql: str, *args: Any, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await pool.fetchval(sql, *args):
-        assert time.monotonic() < deadline, sql
-        await asyncio.sleep(0.02)
+from tests.helpers import (
+    cli,
+    insert_jobs,
+    job_type,
+    make_workspace,
+    run_burst,
+    spawn,
+    statuses,
+    wait_for_sql,
+)
 
 
 async def test_a_single_job_of_another_workspace_is_not_starved(
     pool: asyncpg.Pool, db_url: str, workspace: UUID
 ) -> None:
-    other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('B') RETURNING id")
+    other = await make_workspace(pool, "B")
     await insert_jobs(pool, workspace, 10_000, job_type_name="embed")
     await insert_jobs(pool, other, 10, job_type_name="embed")
     started: list[UUID] = []
@@ -63,7 +65,7 @@ async def test_a_single_job_of_another_workspace_is_not_starved(
 async def test_priority_still_comes_before_fairness(
     pool: asyncpg.Pool, db_url: str, workspace: UUID
 ) -> None:
-    other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('B') RETURNING id")
+    other = await make_workspace(pool, "B")
     order: list[str] = []
 
     async def record(ctx: JobContext, payload: Any) -> None:
@@ -108,7 +110,7 @@ async def test_type_cap_holds_across_processes_and_frees_after_kill_9(
         workspace,
     )
     victim = spawn("run", "--lease", "2s", "--poll-interval", "100ms", url=db_url)
-    await _until(pool, "SELECT status = 'running' FROM job_queue WHERE id = $1", stuck)
+    await wait_for_sql(pool, "SELECT status = 'running' FROM job_queue WHERE id = $1", stuck)
     nxt = await pool.fetchval(
         "INSERT INTO job_queue (workspace_id, job_type, payload)"
         " VALUES ($1, 'noop', '{}') RETURNING id",
@@ -118,7 +120,7 @@ async def test_type_cap_holds_across_processes_and_frees_after_kill_9(
     victim.communicate()
     killed_at = time.monotonic()
     survivor = spawn("run", "--lease", "2s", "--poll-interval", "100ms", url=db_url)
-    await _until(pool, "SELECT status = 'completed' FROM job_queue WHERE id = $1", nxt)
+    await wait_for_sql(pool, "SELECT status = 'completed' FROM job_queue WHERE id = $1", nxt)
     assert time.monotonic() - killed_at < 2 + 0.1 + 3  # lease + one poll + start-up slack
     why = cli("jobs", "why", str(stuck), url=db_url)
     assert "rescued from a dead worker" in why.stdout
@@ -167,12 +169,12 @@ async def test_limits_change_at_run_time(pool: asyncpg.Pool, db_url: str, worksp
     task = asyncio.create_task(worker.run())
     try:
         await store.set_type_limit(pool, "slow", 1)
-        await _until(pool, "SELECT true")
+        await wait_for_sql(pool, "SELECT true")
         while not worker._limits.capped(["slow"]):
             await asyncio.sleep(0.01)
         capped.set()
         await insert_jobs(pool, workspace, 15, job_type_name="slow")
-        await _until(pool, "SELECT count(*) = 15 FROM job_queue WHERE status = 'completed'")
+        await wait_for_sql(pool, "SELECT count(*) = 15 FROM job_queue WHERE status = 'completed'")
     finally:
         worker.request_stop()
         await task
@@ -208,13 +210,7 @@ async def test_the_fair_claim_skips_workspaces_without_due_jobs(
     order: one whose jobs are all scheduled later sits between two busy ones and is passed
     over, and the `workspaces` table, idle rows and all, is never read (probing each of its
     rows cost a claim 6.5 ms at 10,000 workspaces, bench/claim_latency.py)."""
-    spaces = sorted(
-        [workspace]
-        + [
-            await pool.fetchval("INSERT INTO workspaces (name) VALUES ($1) RETURNING id", f"w{i}")
-            for i in range(2)
-        ]
-    )
+    spaces = sorted([workspace] + [await make_workspace(pool, f"w{i}") for i in range(2)])
     for ws, later in zip(spaces, (False, True, False)):
         for _ in range(8):
             await pool.execute(
@@ -245,7 +241,7 @@ async def test_a_worker_whose_lease_lapsed_claims_nothing(
     """Every path of the claim checks the worker's lease: the plain claim, the fair claim with
     one busy workspace (its own shortcut) and with two. Another worker may be rescuing this
     one's jobs, so it must start nothing new."""
-    other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('w2') RETURNING id")
+    other = await make_workspace(pool, "w2")
     await insert_jobs(pool, workspace, 3)
     worker_id = uuid4()
     await store.register_worker(pool, worker_id, "test", 1, ["noop"], 60)
@@ -267,10 +263,7 @@ async def test_a_worker_whose_lease_lapsed_claims_nothing(
 
 
 async def _busy_workspaces(pool: asyncpg.Pool, n: int, job_type_name: str = "noop") -> list[UUID]:
-    spaces = [
-        await pool.fetchval("INSERT INTO workspaces (name) VALUES ($1) RETURNING id", f"w{i}")
-        for i in range(n)
-    ]
+    spaces = [await make_workspace(pool, f"w{i}") for i in range(n)]
     for ws in spaces:
         await insert_jobs(pool, ws, 2, job_type_name=job_type_name)
     return spaces
@@ -334,10 +327,7 @@ async def test_every_fair_claim_is_a_prefix_of_the_fair_order(
     import random
 
     rnd = random.Random(7)
-    spaces = [workspace] + [
-        await pool.fetchval("INSERT INTO workspaces (name) VALUES ($1) RETURNING id", f"w{i}")
-        for i in range(6)
-    ]
+    spaces = [workspace] + [await make_workspace(pool, f"w{i}") for i in range(6)]
     sizes = [120, 40, 9, 3, 1, 1, 0]
     rows = [
         (ws, rnd.choice([0, 0, 0, 5, 9]), n) for ws, size in zip(spaces, sizes) for n in range(size)
