@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import shutil
 import signal
+import subprocess
+from collections.abc import Awaitable, Callable
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 from uuid import UUID
 
 import asyncpg
 import pytest
 
+from sidelinja_worker.queue.db import DB_ERRORS
 from tests.helpers import (
     SPAWNED,
     Spawned,
@@ -212,3 +218,88 @@ async def test_kill_9_during_the_outcome_flush(
             await pool.release(blocker)
         await fleet.stop()
     assert [code for code, _ in fleet.exits] == [-signal.SIGKILL]
+
+
+def _restartable_cluster(db_url: str) -> list[str] | None:
+    """The command that restarts the server behind `db_url`, where this machine can: root, the
+    Debian cluster tools, and the cluster on 127.0.0.1:5432 (not the embedded server)."""
+    target = urlsplit(db_url)
+    tool = shutil.which("pg_ctlcluster")
+    if os.geteuid() != 0 or tool is None or (target.hostname, target.port) != ("127.0.0.1", 5432):
+        return None
+    versions = sorted(os.listdir("/etc/postgresql")) if os.path.isdir("/etc/postgresql") else []
+    if not versions:
+        return None
+    return [tool, "--skip-systemctl-redirect", versions[-1], "main", "restart"]
+
+
+async def _despite_restarts(check: Callable[[], Awaitable[Any]]) -> Any:
+    """`check()`, or False while the server is down or the test's own connection was cut."""
+    try:
+        return await check()
+    except (*DB_ERRORS, OSError):
+        return False
+
+
+async def test_postgresql_restarted_twice_while_two_workers_drain_and_a_producer_inserts(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """The server itself restarted, twice, mid-drain: every job completes once its workers are
+    back on new connections; a job whose outcome the restart cut runs again (at-least-once), and
+    no more often than that."""
+    restart = _restartable_cluster(db_url)
+    if restart is None:
+        pytest.skip("needs root and this machine's own PostgreSQL cluster (pg_ctlcluster)")
+    total = 2000
+    fleet = Fleet(pool, db_url, 2, "--lease", "5s")  # a worker the restart ends is rescued soon
+
+    async def produce() -> None:
+        inserted = 0
+        while inserted < total:
+            try:
+                await insert_jobs(pool, workspace, 50, '{"sleep_ms": 1}')
+                inserted += 50
+            except (*DB_ERRORS, OSError):
+                await asyncio.sleep(0.1)  # the server is restarting: try the batch again
+            await asyncio.sleep(0.05)
+
+    try:
+        await wait_for(
+            lambda: pool.fetchval("SELECT count(*) = 2 FROM job_workers"), 30, "workers up"
+        )
+        producer = asyncio.create_task(produce())
+        for _ in range(2):
+            await wait_for(
+                lambda: _despite_restarts(
+                    lambda: pool.fetchval(
+                        "SELECT count(*) > 0 FROM job_queue WHERE status = 'running'"
+                    )
+                ),
+                30,
+                "jobs running",
+            )
+            done = await asyncio.to_thread(
+                subprocess.run, restart, capture_output=True, text=True, timeout=60
+            )
+            assert done.returncode == 0, done.stderr
+            await pool.expire_connections()  # the test's own connections died with the server
+        await producer
+        try:
+            await wait_for(
+                lambda: _despite_restarts(
+                    lambda: pool.fetchval(
+                        "SELECT count(*) >= $1 AND bool_and(status = 'completed') FROM job_queue",
+                        total,
+                    )
+                ),
+                60,
+                f"all {total} jobs completed",
+            )
+        except AssertionError:
+            await pool.expire_connections()
+            raise AssertionError(f"{await statuses(pool)}; worker exits {fleet.exits}") from None
+        await pool.expire_connections()
+        # At least once: a job whose outcome a restart cut runs again; two restarts, two more.
+        assert await pool.fetchval("SELECT max(attempts) FROM job_queue") <= 3
+    finally:
+        await fleet.stop()
