@@ -257,7 +257,8 @@ async def test_postgresql_restarted_twice_while_two_workers_drain_and_a_producer
         inserted = 0
         while inserted < total:
             try:
-                await insert_jobs(pool, workspace, 50, '{"sleep_ms": 1}')
+                # 20 ms a job: enough work that the second restart still finds jobs running
+                await insert_jobs(pool, workspace, 50, '{"sleep_ms": 20}')
                 inserted += 50
             except (*DB_ERRORS, OSError):
                 await asyncio.sleep(0.1)  # the server is restarting: try the batch again
@@ -269,15 +270,16 @@ async def test_postgresql_restarted_twice_while_two_workers_drain_and_a_producer
         )
         producer = asyncio.create_task(produce())
         for _ in range(2):
-            await wait_for(
-                lambda: _despite_restarts(
+
+            async def busy_or_done() -> bool:  # restart mid-run; once all is in, whenever
+                running = await _despite_restarts(
                     lambda: pool.fetchval(
                         "SELECT count(*) > 0 FROM job_queue WHERE status = 'running'"
                     )
-                ),
-                30,
-                "jobs running",
-            )
+                )
+                return bool(running) or producer.done()
+
+            await wait_for(busy_or_done, 30, "jobs running")
             done = await asyncio.to_thread(
                 subprocess.run, restart, capture_output=True, text=True, timeout=60
             )
