@@ -67,6 +67,23 @@ async def test_a_dead_outcome_writer_stops_the_worker_and_its_heartbeat(
     assert all("abandoned by worker" in r[3] for r in rows)
 
 
+async def _run_injected(
+    script: str, db_url: str, *args: str
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """The CLI run by `script` (which breaks something first), and how long it took."""
+    env = {**os.environ, "DATABASE_URL": db_url, "SIDELINJA_LOG_FORMAT": "text"}
+    began = time.monotonic()
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", script, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return proc, time.monotonic() - began
+
+
 INJECT = """
 import sys
 from sidelinja_worker.queue import worker
@@ -84,17 +101,8 @@ async def test_run_burst_reports_a_dead_task_and_exits_3(
     pool: asyncpg.Pool, db_url: str, workspace: UUID
 ) -> None:
     await insert_jobs(pool, workspace, 3)
-    env = {**os.environ, "DATABASE_URL": db_url, "SIDELINJA_LOG_FORMAT": "text"}
-    began = time.monotonic()
-    proc = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-c", INJECT, "run", "--burst"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert time.monotonic() - began < 30
+    proc, took = await _run_injected(INJECT, db_url, "run", "--burst")
+    assert took < 30
     assert proc.returncode == EXIT_WORKER_DIED, proc.stderr
     assert "internal task 'rescue' died: RuntimeError: injected fault" in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
@@ -134,19 +142,10 @@ async def test_a_handler_that_ignores_cancellation_does_not_hold_the_exit(
     pool: asyncpg.Pool, db_url: str, workspace: UUID
 ) -> None:
     await insert_jobs(pool, workspace, 1)
-    env = {**os.environ, "DATABASE_URL": db_url, "SIDELINJA_LOG_FORMAT": "text"}
-    began = time.monotonic()
-    proc = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-c", STUCK, "run", "--grace", "60s"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc, took = await _run_injected(STUCK, db_url, "run", "--grace", "60s")
     assert proc.returncode == EXIT_WORKER_DIED, proc.stderr
     # Start-up, the injected second, and at most DIE_WITHIN_S: not the 60 s grace, nor forever.
-    assert time.monotonic() - began < 20
+    assert took < 20
     died_at = next(ln for ln in proc.stderr.splitlines() if "'rescue' died" in ln)
     assert died_at and "exiting with code 3" in proc.stderr.splitlines()[-1]
     # Handed back at once, counted: the stuck handler's job is due again.
