@@ -57,8 +57,10 @@ PIECES = {
     "status events switched off (job_events = false)": (
         "UPDATE queue_settings SET value = 'false' WHERE name = 'job_events';"
     ),
-    "status events in auto mode with no listener registered": (
-        "UPDATE queue_settings SET value = '\"auto\"' WHERE name = 'job_events';"
+    # The default is auto with no listener registered; this "piece" adds the events back (a
+    # negative cost), as every listener being registered or `job_events` = true would.
+    "status events published (job_events = true)": (
+        "UPDATE queue_settings SET value = 'true' WHERE name = 'job_events';"
     ),
     "wake-up triggers (job_due)": (
         "DROP TRIGGER job_queue_insert_notify ON job_queue;\n\n"
