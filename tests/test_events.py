@@ -134,6 +134,7 @@ async def test_a_listener_that_stops_reading_cannot_fill_the_queue(
     )
     stuck = await asyncpg.connect(db_url)
     await stuck.execute(f"LISTEN {CHANNEL}")
+    await stuck.execute("SELECT sidelinja_job_events_listen($1, 'stuck', 60)", uuid4())
     await stuck.execute("BEGIN")  # notifications are never delivered inside a transaction
     try:
         # The queue is the cluster's: another database's listener may already hold a page, in

@@ -756,6 +756,11 @@ SELECT coalesce(extract(epoch FROM now() - min(scheduled_for)), 0)::float8
 FROM job_queue
 WHERE status IN ('pending', 'retry') AND scheduled_for <= now();
 
+-- name: notify_queue_state
+-- PostgreSQL's notification queue, cluster-wide: the fraction in use and what job writes have
+-- paused because of it (the metrics task's refresh; never per job).
+SELECT usage, events_paused, wakeups_paused FROM sidelinja_notify_queue_state();
+
 -- name: abandon_worker
 -- A worker whose internal task died (crash-only): it leaves the workers table and its running
 -- jobs go back to the queue at once, each counted as an attempt (so a job that kills every
