@@ -1,7 +1,7 @@
 """PostgreSQL's own work per job, in instructions: repeatable where the clock is not.
 
     python bench/pg_instructions.py [--jobs 5000] [--batch 1000] [--workspaces 1 10]
-    python bench/pg_instructions.py --pieces [--claims claim_fair --workspaces 10]
+    python bench/pg_instructions.py --pieces [TEXT] [--claims claim_fair --workspaces 10]
 
 On this VM the same drain runs up to 2x faster or slower from one minute to the next (steal
 time), so a change of a few percent in what PostgreSQL does per job cannot be seen in jobs/s.
@@ -20,7 +20,9 @@ per row.
 
 With --pieces it also drains once per piece of the hot path with that piece taken away (a
 trigger, an index, a setting: PIECES), each on a fresh copy of the migrated cluster, and prints
-what each piece costs per job: the difference to the full schema."""
+what each piece costs per job: the difference to the full schema (with TEXT, only the pieces
+whose name contains it). The last few entries are candidates rather than pieces (a fillfactor):
+their "cost" is the saving of not having them, negative when they would cost."""
 
 from __future__ import annotations
 
@@ -79,6 +81,10 @@ PIECES = {
         "DROP INDEX idx_job_queue_workspace_pending;"
     ),
     "row-level security": "ALTER TABLE job_queue DISABLE ROW LEVEL SECURITY;",
+    "idx_job_queue_pending (the plain claim's)": "DROP INDEX idx_job_queue_pending;",
+    # Not pieces but candidates, as "the cost of not having them" (negative: they would cost).
+    "fillfactor 100, against 85": "ALTER TABLE job_queue SET (fillfactor = 85);",
+    "fillfactor 100, against 70": "ALTER TABLE job_queue SET (fillfactor = 70);",
 }
 
 
@@ -273,7 +279,8 @@ async def measure(args: argparse.Namespace) -> list[Row]:
         cluster = Cluster(_server_bin(args.pg_bin), Path(tmp))
         cluster.init()
         spaces = await cluster.set_up(max(args.workspaces))
-        pieces = [("", "")] + (list(PIECES.items()) if args.pieces else [])
+        chosen = [(k, v) for k, v in PIECES.items() if args.pieces is not None and args.pieces in k]
+        pieces = [("", ""), *chosen]
         for claim in args.claims:
             for n in args.workspaces:
                 for i, (piece, removal) in enumerate(pieces):
@@ -306,7 +313,11 @@ def main() -> None:
     )
     parser.add_argument("--pg-bin", help="folder of initdb, pg_ctl and postgres")
     parser.add_argument(
-        "--pieces", action="store_true", help="also drain without each piece of PIECES"
+        "--pieces",
+        nargs="?",
+        const="",
+        metavar="TEXT",
+        help="also drain without each piece of PIECES (those whose name contains TEXT)",
     )
     parser.add_argument(
         "--keep",
