@@ -145,6 +145,9 @@ class EventHub:
         the renewal, and PostgreSQL stops publishing for this hub within LEASE_S."""
         while True:
             await asyncio.sleep(LEASE_RENEW_S)
+            if conn.is_closed():  # its LISTEN is gone too: nothing left to keep alive
+                log.warning("the event listener connection closed; live events stop")
+                return
             try:
                 await self._renew_lease(conn)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
