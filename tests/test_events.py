@@ -12,6 +12,7 @@ from uuid import UUID, uuid4
 import asyncpg
 import orjson
 
+from sidelinja_worker.queue import migrate
 from tests.helpers import insert_jobs, make_workspace, running_worker, wait_for_sql
 
 CHANNEL = "sidelinja_job_events"
@@ -274,3 +275,30 @@ async def test_by_default_a_drain_no_one_listens_to_sends_no_status_event(
         assert [e["status"] for e in listener.events] == ["pending"]
     finally:
         await listener.close()
+
+
+async def test_the_upgrade_to_auto_keeps_an_operators_choice(pool: asyncpg.Pool) -> None:
+    """Migration 0029 switches `job_events` to auto only where it still holds the default the
+    installation wrote (true, untouched since migration 0009); run again here over each state."""
+
+    async def upgrade_from(value: str | None, stamped: bool) -> str | None:
+        await pool.execute("DELETE FROM queue_settings WHERE name = 'job_events'")
+        if value is not None:
+            await pool.execute(
+                "INSERT INTO queue_settings (name, value, updated_at)"
+                " SELECT 'job_events', $1::text::jsonb, CASE WHEN $2 THEN now() ELSE applied_at END"
+                " FROM sidelinja_schema_migrations WHERE version = 9",
+                value,
+                stamped,
+            )
+        await pool.execute("DELETE FROM sidelinja_schema_migrations WHERE version = 29")
+        async with pool.acquire() as conn:
+            assert [m.version for m in await migrate.apply_all(conn)] == [29]
+        return await pool.fetchval(
+            "SELECT value::text FROM queue_settings WHERE name = 'job_events'"
+        )
+
+    assert await upgrade_from("true", stamped=False) == '"auto"'  # the untouched default
+    assert await upgrade_from("true", stamped=True) == "true"  # set by an operator since
+    assert await upgrade_from("false", stamped=False) == "false"
+    assert await upgrade_from(None, stamped=False) == '"auto"'
