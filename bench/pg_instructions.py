@@ -82,6 +82,10 @@ PIECES = {
     ),
     "row-level security": "ALTER TABLE job_queue DISABLE ROW LEVEL SECURITY;",
     "idx_job_queue_pending (the plain claim's)": "DROP INDEX idx_job_queue_pending;",
+    # A dropped column is stored as a null in new row versions: what carrying it costs.
+    "the error history column (errors, '[]' in every row version)": (
+        "ALTER TABLE job_queue DROP COLUMN errors CASCADE;"
+    ),
     # Not pieces but candidates, as "the cost of not having them" (negative: they would cost).
     "fillfactor 100, against 85": "ALTER TABLE job_queue SET (fillfactor = 85);",
     "fillfactor 100, against 70": "ALTER TABLE job_queue SET (fillfactor = 70);",
