@@ -68,6 +68,9 @@ PIECES = {
         "DROP TRIGGER job_queue_insert_notify ON job_queue;\n\n"
         "DROP TRIGGER job_queue_update_notify ON job_queue;"
     ),
+    "the workflow trigger (job_queue_parent_changed, its WHEN on has_children)": (
+        "DROP TRIGGER job_queue_parent_changed ON job_queue;"
+    ),
     "idx_job_queue_admin_pending_by_id": "DROP INDEX idx_job_queue_admin_pending_by_id;",
     "the six admin error/retry/cancelled indexes": (
         "DROP INDEX idx_job_queue_admin_error, idx_job_queue_admin_error_ws,"
