@@ -82,8 +82,8 @@ VARIANTS = tuple(
 
 
 def old_variants(rev: str) -> tuple[Variant, ...]:
-    """The claims of revision `rev`, before each algorithm had its own statement: the plain
-    claim, and the one fair statement with fairness off or on ($4)."""
+    """The claims of revision `rev`: each algorithm's statement, or, before each had its own,
+    the plain claim and the one fair statement with fairness off or on ($4)."""
     text = subprocess.run(
         ["git", "show", f"{rev}:sidelinja_worker/queue/sql/queries.sql"],
         capture_output=True,
@@ -93,6 +93,8 @@ def old_variants(rev: str) -> tuple[Variant, ...]:
     ).stdout
     pieces = re.split(r"^-- name: (\w+)\s*$", text, flags=re.MULTILINE)
     old = dict(zip(pieces[1::2], (b.strip() for b in pieces[2::2]), strict=True))
+    if "claim_fair_capped" in old:  # a statement per algorithm, as now
+        return tuple(Variant(f"{v.name} (old)", v.query, old[v.query], v.args) for v in VARIANTS)
     return (
         Variant("plain (old)", "claim", old["claim"]),
         Variant("capped (old)", "claim_fair", old["claim_fair"], (False,)),

@@ -1,7 +1,7 @@
 """PostgreSQL's own work per job, in instructions: repeatable where the clock is not.
 
     python bench/pg_instructions.py [--jobs 5000] [--batch 1000] [--workspaces 1 10]
-    python bench/pg_instructions.py --pieces [--claims claim_fair --workspaces 10]
+    python bench/pg_instructions.py --pieces [TEXT] [--claims claim_fair --workspaces 10]
 
 On this VM the same drain runs up to 2x faster or slower from one minute to the next (steal
 time), so a change of a few percent in what PostgreSQL does per job cannot be seen in jobs/s.
@@ -20,7 +20,9 @@ per row.
 
 With --pieces it also drains once per piece of the hot path with that piece taken away (a
 trigger, an index, a setting: PIECES), each on a fresh copy of the migrated cluster, and prints
-what each piece costs per job: the difference to the full schema."""
+what each piece costs per job: the difference to the full schema (with TEXT, only the pieces
+whose name contains it). The last few entries are candidates rather than pieces (a fillfactor):
+their "cost" is the saving of not having them, negative when they would cost."""
 
 from __future__ import annotations
 
@@ -57,12 +59,17 @@ PIECES = {
     "status events switched off (job_events = false)": (
         "UPDATE queue_settings SET value = 'false' WHERE name = 'job_events';"
     ),
-    "status events in auto mode with no listener registered": (
-        "UPDATE queue_settings SET value = '\"auto\"' WHERE name = 'job_events';"
+    # The default is auto with no listener registered; this "piece" adds the events back (a
+    # negative cost), as every listener being registered or `job_events` = true would.
+    "status events published (job_events = true)": (
+        "UPDATE queue_settings SET value = 'true' WHERE name = 'job_events';"
     ),
     "wake-up triggers (job_due)": (
         "DROP TRIGGER job_queue_insert_notify ON job_queue;\n\n"
         "DROP TRIGGER job_queue_update_notify ON job_queue;"
+    ),
+    "the workflow trigger (job_queue_parent_changed, its WHEN on has_children)": (
+        "DROP TRIGGER job_queue_parent_changed ON job_queue;"
     ),
     "idx_job_queue_admin_pending_by_id": "DROP INDEX idx_job_queue_admin_pending_by_id;",
     "the six admin error/retry/cancelled indexes": (
@@ -77,6 +84,14 @@ PIECES = {
         "DROP INDEX idx_job_queue_workspace_pending;"
     ),
     "row-level security": "ALTER TABLE job_queue DISABLE ROW LEVEL SECURITY;",
+    "idx_job_queue_pending (the plain claim's)": "DROP INDEX idx_job_queue_pending;",
+    # A dropped column is stored as a null in new row versions: what carrying it costs.
+    "the error history column (errors, '[]' in every row version)": (
+        "ALTER TABLE job_queue DROP COLUMN errors CASCADE;"
+    ),
+    # Not pieces but candidates, as "the cost of not having them" (negative: they would cost).
+    "fillfactor 100, against 85": "ALTER TABLE job_queue SET (fillfactor = 85);",
+    "fillfactor 100, against 70": "ALTER TABLE job_queue SET (fillfactor = 70);",
 }
 
 
@@ -271,7 +286,8 @@ async def measure(args: argparse.Namespace) -> list[Row]:
         cluster = Cluster(_server_bin(args.pg_bin), Path(tmp))
         cluster.init()
         spaces = await cluster.set_up(max(args.workspaces))
-        pieces = [("", "")] + (list(PIECES.items()) if args.pieces else [])
+        chosen = [(k, v) for k, v in PIECES.items() if args.pieces is not None and args.pieces in k]
+        pieces = [("", ""), *chosen]
         for claim in args.claims:
             for n in args.workspaces:
                 for i, (piece, removal) in enumerate(pieces):
@@ -304,7 +320,11 @@ def main() -> None:
     )
     parser.add_argument("--pg-bin", help="folder of initdb, pg_ctl and postgres")
     parser.add_argument(
-        "--pieces", action="store_true", help="also drain without each piece of PIECES"
+        "--pieces",
+        nargs="?",
+        const="",
+        metavar="TEXT",
+        help="also drain without each piece of PIECES (those whose name contains TEXT)",
     )
     parser.add_argument(
         "--keep",

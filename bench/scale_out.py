@@ -27,7 +27,8 @@ given it (0 = exactly fair: the total variation distance between the started cou
 water-filling ideal), and the same backlog again with `limits fair off` for comparison. The
 most capped jobs seen running at once is sampled every 50 ms.
 
-Prints a markdown report and writes it to bench/results/scale_out.md. About 3 minutes."""
+Prints a markdown report and writes it to bench/results/scale_out.md. About 3 minutes.
+`--mixed-only` runs part 2 alone and only prints it (a quick before/after of the fair claim)."""
 
 from __future__ import annotations
 
@@ -519,11 +520,19 @@ def main() -> None:
     parser.add_argument("--steady-rate", type=float, default=120.0, help="jobs/s offered")
     parser.add_argument("--steady-s", type=float, default=15.0)
     parser.add_argument(
+        "--mixed-only",
+        action="store_true",
+        help="part 2 alone (printed, not written to scale_out.md): to compare two commits",
+    )
+    parser.add_argument(
         "--database-url", default=os.environ.get("DATABASE_URL", DEFAULT_URL), help="admin URL"
     )
     args = parser.parse_args()
+    if args.mixed_only:
+        args.processes = []
     text = asyncio.run(run_all(args.database_url, args))
-    (RESULTS_DIR / "scale_out.md").write_text(text)
+    if not args.mixed_only:
+        (RESULTS_DIR / "scale_out.md").write_text(text)
     print(text)
 
 

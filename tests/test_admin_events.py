@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import asyncpg
 import orjson
@@ -16,17 +16,20 @@ from sidelinja_worker.admin.events import CHANNEL, EventHub, explode
 from sidelinja_worker.admin.store import Scope
 from sidelinja_worker.queue.context import JobContext, Services
 from sidelinja_worker.queue.db import connect
-from tests.helpers import insert_jobs, make_workspace
+from tests.helpers import insert_jobs, make_workspace, wait_for_sql
 
 
 async def collect(url: str, action: Any, settle_s: float = 0.3) -> list[dict[str, Any]]:
     got: list[dict[str, Any]] = []
     conn = await connect(url)
     await conn.add_listener(CHANNEL, lambda *a: got.append(orjson.loads(a[3])))
+    lease = uuid4()  # status events are sent only while a listener holds a lease
+    await conn.execute("SELECT sidelinja_job_events_listen($1, 'test', 60)", lease)
     try:
         await action()
         await asyncio.sleep(settle_s)  # notifications are delivered after commit, asynchronously
     finally:
+        await conn.execute("SELECT sidelinja_job_events_unlisten($1)", lease)
         await conn.close()
     return got
 
@@ -199,3 +202,24 @@ async def test_events_can_be_switched_off(pool: asyncpg.Pool, db_url: str) -> No
     assert await collect(db_url, lambda: insert_jobs(pool, a, 3)) == []
     await pool.execute("UPDATE queue_settings SET value = 'true' WHERE name = 'job_events'")
     assert len(await collect(db_url, lambda: insert_jobs(pool, a, 3))) == 1
+
+
+async def test_the_hub_holds_a_listener_lease_while_it_runs(
+    pool: asyncpg.Pool, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hub registers on start and renews well within its lease, so the default (auto) mode
+    publishes for it; on stop it withdraws."""
+    monkeypatch.setattr(events_module, "LEASE_RENEW_S", 0.05)
+    live = "SELECT count(*) FROM job_event_listeners WHERE label = 'admin' AND expires_at > now()"
+    assert await pool.fetchval(
+        "SELECT value::text FROM queue_settings WHERE name = 'job_events'"
+    ) == ('"auto"')
+    hub = EventHub(db_url, pool)
+    await hub.start()
+    try:
+        assert await pool.fetchval(live) == 1
+        first = await pool.fetchval("SELECT expires_at FROM job_event_listeners")
+        await wait_for_sql(pool, "SELECT expires_at > $1 FROM job_event_listeners", first)
+    finally:
+        await hub.stop()
+    assert await pool.fetchval("SELECT count(*) FROM job_event_listeners") == 0

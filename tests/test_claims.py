@@ -134,3 +134,39 @@ async def test_a_lease_that_lapses_by_the_injected_clock_claims_nothing(
         async with pool.acquire() as conn:
             rows = await conn.fetch(QUERIES[name], worker_id, 10, ["noop"], later)
         assert rows == [], name
+
+
+@pytest.mark.parametrize("name", ["claim_fair", "claim_fair_capped"])
+async def test_equal_age_heads_are_not_won_by_the_same_workspace(
+    pool: asyncpg.Pool, name: str
+) -> None:
+    """Jobs inserted by one statement are all as old as each other. A busy workspace (the
+    lowest id, so first wherever the claim finds workspaces in id order) with 100 of them and
+    19 workspaces with one each: twenty claims of one job give the busy one a share near its
+    round-robin one (1 of 20), not every claim, as a tie settled in found order would."""
+    busy = UUID(int=1)
+    spaces = [busy] + [UUID(int=i) for i in range(2, 21)]
+    await pool.execute(
+        "INSERT INTO workspaces (id, name) SELECT w, w::text FROM unnest($1::uuid[]) AS w", spaces
+    )
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload)"
+        " SELECT w, 'noop', '{}'::jsonb FROM unnest($1::uuid[]) AS w"
+        " UNION ALL SELECT $2, 'noop', '{}' FROM generate_series(1, 99)",
+        spaces,
+        busy,
+    )
+    if name == "claim_fair_capped":
+        await pool.execute(
+            "INSERT INTO job_type_limits (job_type, max_running) VALUES ('noop', 50)"
+        )
+    worker_id = await _worker(pool, ["noop"])
+    served = []
+    for _ in range(20):
+        rows = await pool.fetch(QUERIES[name], worker_id, 1, ["noop"], None)
+        served += [r["workspace_id"] for r in rows]
+    assert len(served) == 20
+    # Drawn fairly, the busy workspace gets ~2.5 of 20 on average, and 10 or more (or fewer
+    # than 11 workspaces served) never happened in 200,000 simulated runs of the draw.
+    assert served.count(busy) < 10, served.count(busy)
+    assert len(set(served)) >= 11

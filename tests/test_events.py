@@ -1,36 +1,47 @@
 """Status events never break a write: no job_type and no batch size makes the event trigger exceed
 NOTIFY's payload limit, and a listener that stops reading cannot make job writes fail by filling
-PostgreSQL's notification queue."""
+PostgreSQL's notification queue. By default they are sent only while a listener holds a lease."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import asyncpg
 import orjson
 
-from tests.helpers import make_workspace
+from sidelinja_worker.queue import migrate
+from tests.helpers import insert_jobs, make_workspace, running_worker, wait_for_sql
 
 CHANNEL = "sidelinja_job_events"
 
 
 class Listener:
-    """A connection LISTENing on the events channel, collecting every payload."""
+    """A connection LISTENing on the events channel, collecting every payload; registered with a
+    listener lease unless told not to (events are sent only while some lease is live)."""
 
     def __init__(self, conn: asyncpg.Connection) -> None:
         self.conn = conn
         self.events: list[dict[str, Any]] = []
+        self.lease = uuid4()
 
     @classmethod
-    async def open(cls, url: str) -> Listener:
+    async def open(cls, url: str, register: bool = True) -> Listener:
         listener = cls(await asyncpg.connect(url))
         await listener.conn.add_listener(
             CHANNEL, lambda *a: listener.events.append(orjson.loads(a[3]))
         )
+        if register:
+            await listener.conn.execute(
+                "SELECT sidelinja_job_events_listen($1, 'test', 60)", listener.lease
+            )
         return listener
+
+    async def settle(self) -> None:
+        """Every notification committed before this call has been delivered after it."""
+        await self.conn.execute("SELECT 1")
 
     def ids(self, match: Callable[[dict[str, Any]], bool] = lambda e: True) -> list[str]:
         return [i for e in self.events if match(e) for i in e.get("ids", [])]
@@ -42,6 +53,7 @@ class Listener:
             await asyncio.sleep(0.02)
 
     async def close(self) -> None:
+        await self.conn.execute("SELECT sidelinja_job_events_unlisten($1)", self.lease)
         await self.conn.close()
 
 
@@ -123,6 +135,7 @@ async def test_a_listener_that_stops_reading_cannot_fill_the_queue(
     )
     stuck = await asyncpg.connect(db_url)
     await stuck.execute(f"LISTEN {CHANNEL}")
+    await stuck.execute("SELECT sidelinja_job_events_listen($1, 'stuck', 60)", uuid4())
     await stuck.execute("BEGIN")  # notifications are never delivered inside a transaction
     try:
         # The queue is the cluster's: another database's listener may already hold a page, in
@@ -180,7 +193,7 @@ async def test_in_auto_mode_events_are_sent_only_while_a_listener_is_registered(
     pool: asyncpg.Pool, db_url: str, workspace: UUID
 ) -> None:
     await pool.execute("UPDATE queue_settings SET value = '\"auto\"' WHERE name = 'job_events'")
-    listener = await Listener.open(db_url)
+    listener = await Listener.open(db_url, register=False)
     me = UUID(int=7)
 
     async def insert(job_type: str) -> str:
@@ -220,7 +233,7 @@ async def test_a_role_that_only_inserts_jobs_still_publishes(
     """The trigger reads its settings as its owner: the web app's role needs no rights on them."""
     await pool.execute("UPDATE queue_settings SET value = '\"auto\"' WHERE name = 'job_events'")
     await pool.execute("SELECT sidelinja_job_events_listen($1, 'test', 60)", UUID(int=8))
-    listener = await Listener.open(db_url)
+    listener = await Listener.open(db_url, register=False)
     try:
         async with pool.acquire() as conn, conn.transaction():
             await conn.execute("REVOKE SELECT ON queue_settings FROM sidelinja_app")
@@ -236,3 +249,56 @@ async def test_a_role_that_only_inserts_jobs_still_publishes(
         await listener.wait_for(lambda: str(job_id) in listener.ids())
     finally:
         await listener.close()
+
+
+async def test_by_default_a_drain_no_one_listens_to_sends_no_status_event(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """The default mode is auto: with no lease, neither the inserts nor the worker's claims and
+    completions notify the events channel; a lease brings the events back."""
+    assert await pool.fetchval(
+        "SELECT value::text FROM queue_settings WHERE name = 'job_events'"
+    ) == ('"auto"')
+    listener = await Listener.open(db_url, register=False)
+    try:
+        await insert_jobs(pool, workspace, 200)
+        async with running_worker(pool, db_url, max_concurrent=50):
+            await wait_for_sql(
+                pool, "SELECT count(*) = 200 FROM job_queue WHERE status = 'completed'"
+            )
+        await listener.settle()
+        assert listener.events == []
+
+        await pool.execute("SELECT sidelinja_job_events_listen($1, 'test', 60)", listener.lease)
+        await insert_jobs(pool, workspace, 1)
+        await listener.wait_for(lambda: len(listener.ids()) == 1)
+        assert [e["status"] for e in listener.events] == ["pending"]
+    finally:
+        await listener.close()
+
+
+async def test_the_upgrade_to_auto_keeps_an_operators_choice(pool: asyncpg.Pool) -> None:
+    """Migration 0029 switches `job_events` to auto only where it still holds the default the
+    installation wrote (true, untouched since migration 0009); run again here over each state."""
+
+    async def upgrade_from(value: str | None, stamped: bool) -> str | None:
+        await pool.execute("DELETE FROM queue_settings WHERE name = 'job_events'")
+        if value is not None:
+            await pool.execute(
+                "INSERT INTO queue_settings (name, value, updated_at)"
+                " SELECT 'job_events', $1::text::jsonb, CASE WHEN $2 THEN now() ELSE applied_at END"
+                " FROM sidelinja_schema_migrations WHERE version = 9",
+                value,
+                stamped,
+            )
+        await pool.execute("DELETE FROM sidelinja_schema_migrations WHERE version = 29")
+        async with pool.acquire() as conn:
+            assert [m.version for m in await migrate.apply_all(conn)] == [29]
+        return await pool.fetchval(
+            "SELECT value::text FROM queue_settings WHERE name = 'job_events'"
+        )
+
+    assert await upgrade_from("true", stamped=False) == '"auto"'  # the untouched default
+    assert await upgrade_from("true", stamped=True) == "true"  # set by an operator since
+    assert await upgrade_from("false", stamped=False) == "false"
+    assert await upgrade_from(None, stamped=False) == '"auto"'

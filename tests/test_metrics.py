@@ -89,3 +89,37 @@ async def test_a_client_that_sends_nothing_is_dropped(
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_the_notification_queue_usage_is_a_gauge(pool: asyncpg.Pool, db_url: str) -> None:
+    """A session that LISTENs and then sits in an open transaction holds the queue's tail; the
+    refresh reads the usage and, with the threshold at its smallest, that status events pause."""
+    await pool.execute(
+        "UPDATE queue_settings SET value = '0.000000001' WHERE name = 'job_events_max_queue_usage'"
+    )
+    stuck = await asyncpg.connect(db_url)
+    await stuck.execute("LISTEN sidelinja_test_stuck")
+    await stuck.execute("BEGIN")  # notifications are never delivered inside a transaction
+    try:
+        # The queue is the cluster's and counts whole pages: 8 kB payloads fill one each.
+        for _ in range(20):
+            await pool.execute("SELECT pg_notify('sidelinja_test_stuck', repeat('y', 7900))")
+            if await pool.fetchval("SELECT pg_notification_queue_usage() > 0"):
+                break
+        await metrics._refresh_gauges(pool)
+        body = await _scrape_once()
+        usage = next(
+            float(line.split()[-1])
+            for line in body.splitlines()
+            if line.startswith("sidelinja_notify_queue_usage ")
+        )
+        assert 0 < usage < 0.5
+        assert 'sidelinja_notify_paused{kind="job_events"} 1.0' in body
+        assert 'sidelinja_notify_paused{kind="wakeups"} 0.0' in body
+    finally:
+        await stuck.close()
+    await pool.execute(
+        "UPDATE queue_settings SET value = '0.5' WHERE name = 'job_events_max_queue_usage'"
+    )
+    await metrics._refresh_gauges(pool)
+    assert 'sidelinja_notify_paused{kind="job_events"} 0.0' in await _scrape_once()

@@ -5,13 +5,20 @@ Any role may NOTIFY any channel, so a notification is a hint, never the news its
 page gets an event, its stream reads the job again under the token's scope (row-level security)
 and sends the row's values only if the row exists there and agrees with what the notification
 claims (status, attempts, progress). A forged notification naming an unknown job, another
-workspace's job or a state the job is not in shows nothing."""
+workspace's job or a state the job is not in shows nothing.
+
+PostgreSQL publishes status events only while some listener holds a lease (queue setting
+`job_events` = "auto", the default), so the hub registers its LISTEN as one: on start, renewed every
+LEASE_RENEW_S on the listening connection itself, and withdrawn on stop. A hub whose connection or
+process dies stops renewing, and the events stop within LEASE_S. The SpacetimeDB forwarder is fed
+by the hub (`payload_listeners`), so the hub's lease covers it as well."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from uuid import UUID
@@ -33,6 +40,10 @@ QUEUE_MAX = 1000
 MALFORMED_LOG_S = 60.0
 FORWARD_MAX = 10_000  # raw payloads waiting for confirmation before forwarding; more dropped
 BATCH_MAX = 500  # events confirmed with one query
+# The listener lease: renewed three times within it, so one slow or failed renewal loses nothing.
+LEASE_S = 30.0
+LEASE_RENEW_S = 10.0
+LEASE_LABEL = "admin"
 
 
 def explode(payload: str) -> list[dict[str, Any]]:
@@ -100,18 +111,47 @@ class EventHub:
         self.payload_listeners: list[Callable[[str], None]] = []
         self._to_forward: asyncio.Queue[str] = asyncio.Queue(FORWARD_MAX)
         self._forwarder: asyncio.Task[None] | None = None
+        self._lease_id = uuid.uuid4()
+        self._renewer: asyncio.Task[None] | None = None
         self._malformed, self._malformed_logged_at = 0, -MALFORMED_LOG_S
 
     async def start(self) -> None:
         self._conn = await asyncpg.connect(self._url)
         await self._conn.add_listener(CHANNEL, self._on_notify)
+        await self._renew_lease(self._conn)
+        self._renewer = asyncio.create_task(self._keep_lease(self._conn), name="admin-event-lease")
         self._forwarder = asyncio.create_task(self._forward(), name="admin-event-forwarder")
 
     async def stop(self) -> None:
-        if self._forwarder is not None:
-            self._forwarder.cancel()
+        for task in (self._renewer, self._forwarder):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._conn is not None:
+            try:
+                await self._conn.execute("SELECT sidelinja_job_events_unlisten($1)", self._lease_id)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                # The lease then runs out by itself within LEASE_S.
+                log.warning("cannot withdraw the event listener lease (%s)", exc)
             await self._conn.close()
+
+    async def _renew_lease(self, conn: asyncpg.Connection) -> None:
+        await conn.execute(
+            "SELECT sidelinja_job_events_listen($1, $2, $3)", self._lease_id, LEASE_LABEL, LEASE_S
+        )
+
+    async def _keep_lease(self, conn: asyncpg.Connection) -> None:
+        """Renews the lease on the listening connection: once that connection is gone, so is
+        the renewal, and PostgreSQL stops publishing for this hub within LEASE_S."""
+        while True:
+            await asyncio.sleep(LEASE_RENEW_S)
+            if conn.is_closed():  # its LISTEN is gone too: nothing left to keep alive
+                log.warning("the event listener connection closed; live events stop")
+                return
+            try:
+                await self._renew_lease(conn)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                log.warning("cannot renew the event listener lease (%s); retrying", exc)
 
     async def _forward(self) -> None:
         """Confirms each payload for the listeners, in the order received, one query each."""

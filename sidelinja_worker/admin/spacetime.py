@@ -1,6 +1,9 @@
 """Forwards job events to a SpacetimeDB reducer over its HTTP API
 when SPACETIMEDB_URL is set. Best effort: a failed call is logged and dropped; it never touches
-a job, and a slow SpacetimeDB never blocks the event stream (bounded queue, oldest kept)."""
+a job, and a slow SpacetimeDB never blocks the event stream (bounded queue, oldest kept).
+
+It reads the admin event hub's LISTEN (`EventHub.payload_listeners`), whose listener lease keeps
+PostgreSQL publishing while the forwarder runs; it needs no lease of its own."""
 
 from __future__ import annotations
 

@@ -32,6 +32,17 @@ LOOP_LAG = Gauge(
     "sidelinja_event_loop_lag_seconds",
     "How late the worker's event loop ran a timer, last measured (a blocking handler shows here)",
 )
+NOTIFY_USAGE = Gauge(
+    "sidelinja_notify_queue_usage",
+    "Fraction of PostgreSQL's notification queue in use, cluster-wide (above a few percent: a"
+    " LISTENing session stopped reading)",
+)
+NOTIFY_PAUSED = Gauge(
+    "sidelinja_notify_paused",
+    "1 while job writes skip a kind of notification because the notification queue is full"
+    " enough (job_events: status events; wakeups: new-job wake-ups, workers then poll)",
+    ["kind"],
+)
 GAUGES_AGE = Gauge(
     "sidelinja_queue_gauges_age_seconds", "Seconds since the queue gauges were last refreshed"
 )
@@ -188,10 +199,14 @@ async def _refresh_gauges(pool: asyncpg.Pool) -> None:
     async with pool.acquire() as conn:
         rows = await store.counts(conn)
         oldest = await store.oldest_due_s(conn)
+        notify = await store.notify_queue_state(conn)
     JOBS.clear()
     for row in rows:
         JOBS.labels(row["status"], row["job_type"]).set(row["n"])
     OLDEST_DUE.set(oldest)
+    NOTIFY_USAGE.set(notify["usage"])
+    NOTIFY_PAUSED.labels("job_events").set(notify["events_paused"])
+    NOTIFY_PAUSED.labels("wakeups").set(notify["wakeups_paused"])
 
 
 async def lag_loop(tick_s: float) -> None:

@@ -419,6 +419,13 @@ async def oldest_due_s(conn: Conn) -> float:
     return float(await conn.fetchval(Q["oldest_due_s"], timeout=STATEMENT_TIMEOUT_S))
 
 
+async def notify_queue_state(conn: Conn) -> asyncpg.Record:
+    """The notification queue's usage (0-1) and whether status events and wake-ups pause."""
+    row = await conn.fetchrow(Q["notify_queue_state"], timeout=STATEMENT_TIMEOUT_S)
+    assert row is not None  # a function call returns one row
+    return row
+
+
 async def pause_type(conn: Conn, job_type: str, by: str, reason: str) -> bool:
     """Pauses `job_type` cluster-wide; False if it was paused already."""
     return (

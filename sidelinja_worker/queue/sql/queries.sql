@@ -98,7 +98,10 @@ RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts,
 --    (workspace_limits, counted exactly under the claim lock the caller takes when one is set).
 -- 2. asked: only the $2 workspaces whose head jobs come first in the fair order (priority, then
 --    age: every head is a first turn) can be in the claim, so a claim of 50 locks ~50 rows,
---    not one per busy workspace. Each is asked for an even share, ceil($2 / asked).
+--    not one per busy workspace. Each is asked for an even share, ceil($2 / asked). Heads of
+--    equal priority and age (jobs inserted by one statement) are ordered by a draw made anew
+--    for each claim: in workspace order instead, the same workspaces would win every tie, and
+--    a busy one's next job (as old as its last) would keep coming before another's first.
 -- 3. locked: each share, locked in its own index scan, so concurrent workers skip each other's
 --    candidates. A job's turn is its place within its priority level in its workspace's
 --    share. A workspace that gave its whole share may hold more: its next, unseen job is the
@@ -143,17 +146,17 @@ WITH RECURSIVE open_types AS MATERIALIZED (
     ) w
     WHERE room > 0
 ), asked AS MATERIALIZED (  -- none when this worker's lease has lapsed
-    SELECT id, room FROM ws
+    SELECT id, room, random() AS luck FROM ws
     WHERE EXISTS (SELECT 1 FROM job_workers w
                   WHERE w.id = $1 AND w.expires_at > coalesce($4::timestamptz, statement_timestamp()))
-    ORDER BY head_priority DESC, head_scheduled_for
+    ORDER BY head_priority DESC, head_scheduled_for, luck
     LIMIT $2
 ), share AS (
     SELECT ((count(*) + $2 - 1) / greatest(count(*), 1))::int AS k,
            count(*) = 1 AS one
     FROM asked
 ), locked AS MATERIALIZED (
-    SELECT c.id, c.priority, c.scheduled_for, c.place - c.level_start + 1 AS turn,
+    SELECT c.id, c.priority, c.scheduled_for, c.place - c.level_start + 1 AS turn, a.luck,
            c.place = share.k AND share.k < a.room AS frontier  -- its share is full: more may wait
     FROM asked a
     CROSS JOIN share
@@ -193,7 +196,7 @@ WITH RECURSIVE open_types AS MATERIALIZED (
     FROM locked c
     WHERE NOT EXISTS (  -- behind the frontier: an unseen job of a cut workspace comes first
         SELECT 1 FROM frontier f WHERE (-c.priority, c.turn) > (f.neg_priority, f.turn))
-    ORDER BY c.priority DESC, c.turn, c.scheduled_for
+    ORDER BY c.priority DESC, c.turn, c.scheduled_for, c.luck
     LIMIT $2
 )
 UPDATE job_queue
@@ -245,7 +248,7 @@ WITH RECURSIVE type_room AS (
     ) head
 ), asked AS MATERIALIZED (
     SELECT * FROM (
-        SELECT d.id,
+        SELECT d.id, random() AS luck,
                CASE WHEN wl.max_running IS NULL THEN $2
                     ELSE least($2, greatest(wl.max_running - (
                         SELECT count(*) FROM job_queue r
@@ -259,7 +262,7 @@ WITH RECURSIVE type_room AS (
     SELECT ((count(*) + $2 - 1) / greatest(count(*), 1))::int AS k FROM asked
 ), locked AS MATERIALIZED (
     SELECT c.id, c.priority, c.scheduled_for, c.job_type, c.place - c.level_start + 1 AS turn,
-           c.place = share.k AND share.k < a.room AS frontier
+           a.luck, c.place = share.k AND share.k < a.room AS frontier
     FROM asked a
     CROSS JOIN share
     CROSS JOIN LATERAL (
@@ -283,7 +286,8 @@ WITH RECURSIVE type_room AS (
     ORDER BY -priority, turn LIMIT 1
 ), ranked AS (
     SELECT c.*, row_number() OVER (PARTITION BY c.job_type
-                                   ORDER BY c.priority DESC, c.turn, c.scheduled_for) AS type_rank
+                                   ORDER BY c.priority DESC, c.turn, c.scheduled_for, c.luck)
+               AS type_rank
     FROM locked c
     WHERE NOT EXISTS (
         SELECT 1 FROM frontier f WHERE (-c.priority, c.turn) > (f.neg_priority, f.turn))
@@ -294,7 +298,7 @@ WITH RECURSIVE type_room AS (
     WHERE r.type_rank <= tr.room
       AND EXISTS (SELECT 1 FROM job_workers w
                   WHERE w.id = $1 AND w.expires_at > coalesce($4::timestamptz, statement_timestamp()))
-    ORDER BY r.priority DESC, r.turn, r.scheduled_for
+    ORDER BY r.priority DESC, r.turn, r.scheduled_for, r.luck
     LIMIT $2
 )
 UPDATE job_queue
@@ -755,6 +759,11 @@ ORDER BY 1, 2;
 SELECT coalesce(extract(epoch FROM now() - min(scheduled_for)), 0)::float8
 FROM job_queue
 WHERE status IN ('pending', 'retry') AND scheduled_for <= now();
+
+-- name: notify_queue_state
+-- PostgreSQL's notification queue, cluster-wide: the fraction in use and what job writes have
+-- paused because of it (the metrics task's refresh; never per job).
+SELECT usage, events_paused, wakeups_paused FROM sidelinja_notify_queue_state();
 
 -- name: abandon_worker
 -- A worker whose internal task died (crash-only): it leaves the workers table and its running
