@@ -18,8 +18,9 @@ from sidelinja_worker.queue.queries import load
 Q = load("sidelinja_worker.admin", "sql/admin.sql")
 PAGE_SIZE = 50
 # The all-statuses list shows one status after another: what needs an operator first, the bulk
-# (completed) last. Within a status, newest first; completed jobs by when they finished.
-STATUS_ORDER = ("error", "retry", "running", "pending", "cancelled", "completed")
+# (completed) last. Waiting jobs (a graph's children held by their parents) come after the
+# pending ones they will become. Within a status, newest first; completed jobs by when they finished.
+STATUS_ORDER = ("error", "retry", "running", "pending", "waiting", "cancelled", "completed")
 
 
 @dataclass(frozen=True, slots=True)
