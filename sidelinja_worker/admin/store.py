@@ -158,6 +158,34 @@ async def retry_job(conn: asyncpg.Connection, job_id: UUID) -> bool:
     return await conn.fetchval(Q["retry_job"], job_id) is not None
 
 
+async def retry_node(conn: asyncpg.Connection, job_id: UUID) -> UUID | None:
+    """Retry as a graph understands it: a failed job is put back (retry_job); a job cancelled by
+    a parent's failure puts back the failed ancestor that cancelled its branch, which brings the
+    branch back; a job cancelled by hand is put back and waits again for any unfinished parent.
+    The id of the job put back, or None if there was nothing to retry."""
+    root = await conn.fetchrow(Q["retry_root"], job_id)
+    if root is None:
+        return None
+    if root["status"] in ("error", "retry"):
+        return root["id"] if await retry_job(conn, root["id"]) else None
+    if root["status"] == "cancelled" and root["cancelled_by"] is None:
+        back = await conn.fetchval(Q["retry_cancelled"], root["id"])
+        if back is not None:
+            await conn.execute(Q["settle"], [back])
+        return back
+    return None
+
+
+async def graph_nodes(conn: asyncpg.Connection, job_id: UUID, limit: int) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["graph_nodes"], job_id, limit)
+
+
+async def graph_edges(
+    conn: asyncpg.Connection, ids: list[UUID], limit: int
+) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["graph_edges"], ids, limit)
+
+
 async def bulk_retry(conn: asyncpg.Connection, f: JobFilter, limit: int) -> list[UUID]:
     return [r[0] for r in await conn.fetch(Q["bulk_retry"], *f.args(), limit, *f.search_args())]
 

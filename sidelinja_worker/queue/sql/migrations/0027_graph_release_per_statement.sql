@@ -29,7 +29,22 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     parents UUID[];
 BEGIN
-    parents := ARRAY(SELECT id FROM changed WHERE has_children AND status <> 'running');
+    -- A claim's rows are all `running`: this test reads each row only as far as `status`, the
+    -- fifth column, where `has_children` is near the end of the row.
+    IF NOT EXISTS (SELECT 1 FROM changed WHERE status <> 'running') THEN
+        RETURN NULL;
+    END IF;
+    IF EXISTS (SELECT 1 FROM job_queue WHERE status = 'waiting') THEN
+        parents := ARRAY(SELECT id FROM changed WHERE has_children AND status <> 'running');
+    ELSIF EXISTS (SELECT 1 FROM changed WHERE status IN ('pending', 'retry')) THEN
+        -- No job waits anywhere (one probe of idx_job_queue_admin_waiting), so a completion or
+        -- a failure has no child to release or cancel: only a failed parent put back can have
+        -- children to bring back, and its new status is `pending` or `retry`.
+        parents := ARRAY(SELECT id FROM changed
+                         WHERE has_children AND status IN ('pending', 'retry'));
+    ELSE
+        RETURN NULL;
+    END IF;
     IF cardinality(parents) = 0 THEN
         RETURN NULL;
     END IF;
