@@ -29,22 +29,22 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     parents UUID[];
 BEGIN
+    -- Nothing to settle while no job anywhere is `waiting` (to release or cancel) or
+    -- `cancelled` by a parent (to bring back): two probes of small partial indexes, whatever
+    -- the number of rows, so a statement of jobs without edges reads none of its rows here.
+    -- A graph being declared concurrently is safe: its edge trigger holds its parents FOR
+    -- SHARE, so a parent's finish waits for it to commit, and this runs after, seeing it.
+    IF NOT EXISTS (SELECT 1 FROM job_queue WHERE status = 'waiting')
+       AND NOT EXISTS (SELECT 1 FROM job_queue
+                       WHERE cancelled_by IS NOT NULL AND status = 'cancelled') THEN
+        RETURN NULL;
+    END IF;
     -- A claim's rows are all `running`: this test reads each row only as far as `status`, the
     -- fifth column, where `has_children` is near the end of the row.
     IF NOT EXISTS (SELECT 1 FROM changed WHERE status <> 'running') THEN
         RETURN NULL;
     END IF;
-    IF EXISTS (SELECT 1 FROM job_queue WHERE status = 'waiting') THEN
-        parents := ARRAY(SELECT id FROM changed WHERE has_children AND status <> 'running');
-    ELSIF EXISTS (SELECT 1 FROM changed WHERE status IN ('pending', 'retry')) THEN
-        -- No job waits anywhere (one probe of idx_job_queue_admin_waiting), so a completion or
-        -- a failure has no child to release or cancel: only a failed parent put back can have
-        -- children to bring back, and its new status is `pending` or `retry`.
-        parents := ARRAY(SELECT id FROM changed
-                         WHERE has_children AND status IN ('pending', 'retry'));
-    ELSE
-        RETURN NULL;
-    END IF;
+    parents := ARRAY(SELECT id FROM changed WHERE has_children AND status <> 'running');
     IF cardinality(parents) = 0 THEN
         RETURN NULL;
     END IF;
@@ -72,3 +72,8 @@ CREATE INDEX IF NOT EXISTS idx_job_queue_admin_waiting
     ON job_queue (created_at DESC, id DESC) WHERE status = 'waiting';
 CREATE INDEX IF NOT EXISTS idx_job_queue_admin_waiting_ws
     ON job_queue (workspace_id, created_at DESC, id DESC) WHERE status = 'waiting';
+
+-- The jobs a parent's failure cancelled: the finish trigger's second probe, and a retry's way
+-- to the children to bring back. Only such jobs are in it.
+CREATE INDEX IF NOT EXISTS idx_job_queue_cancelled_by
+    ON job_queue (cancelled_by) WHERE cancelled_by IS NOT NULL;
