@@ -29,14 +29,13 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     parents UUID[];
 BEGIN
-    -- Nothing to settle while no job anywhere is `waiting` (to release or cancel) or
-    -- `cancelled` by a parent (to bring back): two probes of small partial indexes, whatever
-    -- the number of rows, so a statement of jobs without edges reads none of its rows here.
-    -- A graph being declared concurrently is safe: its edge trigger holds its parents FOR
-    -- SHARE, so a parent's finish waits for it to commit, and this runs after, seeing it.
-    IF NOT EXISTS (SELECT 1 FROM job_queue WHERE status = 'waiting')
-       AND NOT EXISTS (SELECT 1 FROM job_queue
-                       WHERE cancelled_by IS NOT NULL AND status = 'cancelled') THEN
+    -- Nothing to settle while no job anywhere is `waiting` (to release or cancel) or cancelled
+    -- by a parent (`cancelled_by`, to bring back): one probe of idx_job_queue_graph_open, empty
+    -- then, whatever the number of rows, so a statement of jobs without edges reads none of its
+    -- rows here. A graph being declared concurrently is safe: its edge trigger holds its parents
+    -- FOR SHARE, so a parent's finish waits for it to commit, and this runs after, seeing it.
+    IF NOT EXISTS (SELECT 1 FROM job_queue WHERE status = 'waiting' OR cancelled_by IS NOT NULL)
+    THEN
         RETURN NULL;
     END IF;
     -- A claim's rows are all `running`: this test reads each row only as far as `status`, the
@@ -73,7 +72,9 @@ CREATE INDEX IF NOT EXISTS idx_job_queue_admin_waiting
 CREATE INDEX IF NOT EXISTS idx_job_queue_admin_waiting_ws
     ON job_queue (workspace_id, created_at DESC, id DESC) WHERE status = 'waiting';
 
--- The jobs a parent's failure cancelled: the finish trigger's second probe, and a retry's way
--- to the children to bring back. Only such jobs are in it.
-CREATE INDEX IF NOT EXISTS idx_job_queue_cancelled_by
-    ON job_queue (cancelled_by) WHERE cancelled_by IS NOT NULL;
+-- The jobs of graphs in flight, the finish trigger's probe: waiting children and children a
+-- parent's failure cancelled (settling clears `cancelled_by` when it brings them back). Only
+-- such jobs are in it; a claim or a completion of other jobs tests its predicate, never
+-- writes it.
+CREATE INDEX IF NOT EXISTS idx_job_queue_graph_open
+    ON job_queue (id) WHERE status = 'waiting' OR cancelled_by IS NOT NULL;
