@@ -45,7 +45,7 @@ ORDER BY created_at;
 -- idx_job_queue_admin_* indexes: `status = $1` (not LEAKPROOF, so never an index condition
 -- under row-level security) proves the partial index's predicate, and the row comparison is
 -- LEAKPROOF, so it stays an index condition (pending: idx_job_queue_admin_pending_by_id, 0013;
--- waiting: idx_job_queue_admin_waiting and _ws, 0027).
+-- waiting: idx_job_queue_admin_waiting, 0027, whose predicate `status = $1` implies).
 -- Running jobs have no index by time (every claim would write it): found through
 -- idx_job_queue_running and sorted.
 -- Search: an id prefix is a range of the primary key ($9..$10); a payload field is a

@@ -30,7 +30,7 @@ DECLARE
     parents UUID[];
 BEGIN
     -- Nothing to settle while no job anywhere is `waiting` (to release or cancel) or cancelled
-    -- by a parent (`cancelled_by`, to bring back): one probe of idx_job_queue_graph_open, empty
+    -- by a parent (`cancelled_by`, to bring back): one probe of idx_job_queue_admin_waiting, empty
     -- then, whatever the number of rows, so a statement of jobs without edges reads none of its
     -- rows here. A graph being declared concurrently is safe: its edge trigger holds its parents
     -- FOR SHARE, so a parent's finish waits for it to commit, and this runs after, seeing it.
@@ -64,17 +64,14 @@ CREATE TRIGGER job_queue_parents_changed
     FOR EACH STATEMENT EXECUTE FUNCTION sidelinja_parents_changed();
 DROP FUNCTION IF EXISTS sidelinja_parent_changed();
 
--- The admin list's `waiting` jobs, newest first with keyset pagination, as for the other
--- statuses an operator looks at (0009, 0013): partial, so only a job entering or leaving
--- `waiting` (a graph's child) writes them, never a claim or a completion of other jobs.
+-- One partial index for graphs in flight: waiting children, and children a parent's failure
+-- cancelled (settling clears `cancelled_by` when it brings them back). Only such jobs are in
+-- it, so a claim or a completion of other jobs tests its predicate and never writes it.
+--   * The finish trigger's probe (its predicate, exactly): empty, no statement reads its rows.
+--   * The admin list's `waiting` page, newest first with keyset pagination as for the other
+--     statuses (0009, 0013): `status = 'waiting'` implies the predicate, so the index order
+--     serves ORDER BY created_at DESC, id DESC. The cancelled children in it are skipped.
+-- One index, not one per use or per workspace (as 0013's pending index): each partial index
+-- costs every claim and completion a test of its predicate, ~100 instructions a row each.
 CREATE INDEX IF NOT EXISTS idx_job_queue_admin_waiting
-    ON job_queue (created_at DESC, id DESC) WHERE status = 'waiting';
-CREATE INDEX IF NOT EXISTS idx_job_queue_admin_waiting_ws
-    ON job_queue (workspace_id, created_at DESC, id DESC) WHERE status = 'waiting';
-
--- The jobs of graphs in flight, the finish trigger's probe: waiting children and children a
--- parent's failure cancelled (settling clears `cancelled_by` when it brings them back). Only
--- such jobs are in it; a claim or a completion of other jobs tests its predicate, never
--- writes it.
-CREATE INDEX IF NOT EXISTS idx_job_queue_graph_open
-    ON job_queue (id) WHERE status = 'waiting' OR cancelled_by IS NOT NULL;
+    ON job_queue (created_at DESC, id DESC) WHERE status = 'waiting' OR cancelled_by IS NOT NULL;
