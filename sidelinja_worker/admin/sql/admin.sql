@@ -55,7 +55,10 @@ ORDER BY created_at;
 SELECT id, workspace_id, job_type, status::text AS status, attempts, max_attempts,
        created_at, scheduled_for, completed_at, left(error_msg, 200) AS error_msg,
        created_at AS sort_at,
-       has_children OR EXISTS (SELECT 1 FROM job_dependencies d WHERE d.child_id = job_queue.id) AS in_graph
+       -- A probe of job_dependencies' primary key per row shown (LIMIT 1: never a hashed
+       -- subplan, which read every edge for each page).
+       has_children OR coalesce((SELECT true FROM job_dependencies d
+                                 WHERE d.child_id = job_queue.id LIMIT 1), false) AS in_graph
 FROM job_queue
 WHERE status = $1::job_status
   AND ($2::text IS NULL OR job_type = $2)
@@ -78,7 +81,10 @@ LIMIT $8;
 SELECT id, workspace_id, job_type, status::text AS status, attempts, max_attempts,
        created_at, scheduled_for, completed_at, left(error_msg, 200) AS error_msg,
        completed_at AS sort_at,
-       has_children OR EXISTS (SELECT 1 FROM job_dependencies d WHERE d.child_id = job_queue.id) AS in_graph
+       -- A probe of job_dependencies' primary key per row shown (LIMIT 1: never a hashed
+       -- subplan, which read every edge for each page).
+       has_children OR coalesce((SELECT true FROM job_dependencies d
+                                 WHERE d.child_id = job_queue.id LIMIT 1), false) AS in_graph
 FROM job_queue
 WHERE status = 'completed' AND $1::job_status = 'completed'
   AND ($2::text IS NULL OR job_type = $2)
@@ -97,8 +103,8 @@ SELECT j.id, j.workspace_id, j.job_type, j.payload, j.status::text AS status, j.
        j.completed_at, j.scheduled_for, j.worker_id, j.progress, j.unique_key, j.timeout_s,
        j.cancel_requested_at, w.hostname AS worker_host, w.pid AS worker_pid,
        w.expires_at AS lease_expires_at, j.cancelled_by,
-       j.has_children OR EXISTS (SELECT 1 FROM job_dependencies d WHERE d.child_id = j.id)
-           AS in_graph
+       j.has_children OR coalesce((SELECT true FROM job_dependencies d
+                                   WHERE d.child_id = j.id LIMIT 1), false) AS in_graph
 FROM job_queue j
 LEFT JOIN job_workers w ON w.id = j.worker_id
 WHERE j.id = $1;
