@@ -7,9 +7,10 @@
 -- transition table per table and event and shares it between every statement trigger that asks
 -- for it: job_queue_status_events (0009) already has UPDATE's new rows captured, so this trigger
 -- adds no copy of its own while that one exists (bench/pg_instructions.py measures both cases;
--- docs/workflows.md has the figures). For a statement whose rows are nobody's parent, what it
--- adds is one function call per statement and a test of `has_children` per row, which replaces
--- the per-row WHEN of 0024.
+-- docs/workflows.md has the figures). What it adds to a statement of jobs without edges is one
+-- function call per statement and one probe of an index that is empty while no graph is in
+-- flight, in place of the per-row WHEN of 0024; with a graph in flight anywhere, a test of
+-- `status` and `has_children` per row as well.
 --
 -- Only the new rows are read (no OLD TABLE, which would be a second copy of every claimed and
 -- completed row): a parent whose new status is anything but `running` has its waiting children
