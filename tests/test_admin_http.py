@@ -97,7 +97,8 @@ async def test_all_statuses_page_through_every_status_once_in_order(
     headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         seen = await pages(http, "/admin/jobs?status=all")
-    assert len(expected) == 156 and seen == expected
+    assert len(expected) == 25 * len(admin_store.STATUS_ORDER) + 6 and seen == expected
+    assert "waiting" in admin_store.STATUS_ORDER
 
 
 async def test_from_and_to_are_finish_times_for_completed_jobs(
@@ -314,3 +315,32 @@ async def test_a_revoked_token_loses_its_stream_within_5s_on_a_busy_queue(
                 w.cancel()
     assert all(t - revoked_at < 5 for t in ended), [t - revoked_at for t in ended]
     assert bearer[-1] > revoked_at - 1 and session[-1] > revoked_at - 1  # busy until the end
+
+
+async def test_the_workflow_page_of_a_fan_out_of_1000_draws_300_jobs_and_says_so(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    a, b, _ = await seed(pool)
+    root = await pool.fetchval(
+        "WITH p AS (INSERT INTO job_queue (workspace_id, job_type, payload)"
+        "  VALUES ($1, 'noop', '{}') RETURNING id),"
+        " c AS (INSERT INTO job_queue (workspace_id, job_type, payload)"
+        "  SELECT $1, 'noop', '{}' FROM generate_series(1, 1000) RETURNING id),"
+        " e AS (INSERT INTO job_dependencies (parent_id, child_id) SELECT p.id, c.id FROM p, c)"
+        " SELECT id FROM p",
+        a,
+    )
+    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        page = (await http.get(f"/admin/jobs/{root}/graph")).text
+        child = await pool.fetchval("SELECT child_id FROM job_dependencies LIMIT 1")
+        from_child = await http.get(f"/admin/jobs/{child}/graph")
+    nodes = re.findall(r'data-node="([0-9a-f-]{36})"', page)
+    assert len(nodes) == len(set(nodes)) == 300 and str(root) in nodes
+    assert page.count('class="edge') == 299
+    assert 'id="graph-cut"' in page and "only the\n  300 jobs nearest" in page
+    # From a child, the walk reaches its parent first: the root is always drawn.
+    assert from_child.status_code == 200 and f'data-node="{root}"' in from_child.text
+    other = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(b))}"}
+    async with httpx.AsyncClient(base_url=admin, headers=other) as http:
+        assert (await http.get(f"/admin/jobs/{root}/graph")).status_code == 404

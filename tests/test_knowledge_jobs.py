@@ -351,14 +351,29 @@ async def test_prompt_eval_scores_every_case_per_model(
     assert (await job(pool, job_id))["priority"] == 1
     await run_burst(pool, db_url, config=config(ai_gateway))
 
-    row = await job(pool, job_id)
+    # A case per job, then one scoring job after all of them.
+    parent = await job(pool, job_id)
+    assert parent["status"] == "completed", parent["error_msg"]
+    assert parent["result"]["cases"] == 3
+    cases = await pool.fetch(
+        "SELECT j.* FROM job_queue j JOIN job_dependencies d ON d.child_id = j.id"
+        " WHERE d.parent_id = $1 AND j.job_type = 'prompt_eval_case'",
+        job_id,
+    )
+    assert len(cases) == 3 and {c["status"] for c in cases} == {"completed"}
+    assert sorted(c["payload"]["cases"][0]["id"] for c in cases) == ["hovedstad", "json", "tall"]
+    assert all(c["priority"] == 1 for c in cases)
+    scorers = await pool.fetch("SELECT * FROM job_queue WHERE job_type = 'prompt_eval_score'")
+    assert len(scorers) == 1 and str(scorers[0]["id"]) == parent["result"]["score_job"]
+    row = scorers[0]
     assert row["status"] == "completed", row["error_msg"]
+    assert row["attempts"] == 1
+    assert row["started_at"] >= max(c["completed_at"] for c in cases)
     summary = row["result"]["summary"]
     assert (summary["good/model"]["passed"], summary["good/model"]["failed"]) == (3, 0)
     assert summary["good/model"]["prompt_tokens"] == 300
     assert summary["bad/model"]["cases"] == 3
-    progress = await pool.fetchval("SELECT progress FROM job_queue WHERE id = $1", job_id)
-    assert (progress["message"], progress["percent"]) == ("Prompt-lab: 6/6 svar", 95)
+    assert (row["progress"]["message"], row["progress"]["percent"]) == ("Prompt-lab: 6/6 svar", 100)
     results = {
         (r["model"], r["case_id"]): r
         for r in await pool.fetch(
@@ -377,8 +392,10 @@ async def test_prompt_eval_scores_every_case_per_model(
     assert all(c.body.get("temperature") == 0 for c in chats if c.schema_name is None)
     judge_calls = [c for c in chats if c.schema_name == "Verdict"]
     assert {c.body["model"] for c in judge_calls} == {"judge/model"}
-    run = await pool.fetchrow("SELECT run_ref, summary FROM prompt_eval_runs")
+    run = await pool.fetchrow("SELECT run_ref, job_id, summary FROM prompt_eval_runs")
     assert run["run_ref"] == "lab-1" and run["summary"]["models"] == summary
+    assert run["job_id"] == job_id
+    assert row["result"]["judge_usage"]["calls"] == 2  # the one judge check, per model
 
 
 def eval_answer_reply(r: Recorded) -> Any:
@@ -411,13 +428,13 @@ async def test_prompt_eval_case_refused_is_recorded_and_an_outage_retries(
         {"prompt": "{{land}}", "cases": cases, "models": ["good/model"], "max_concurrency": 1},
     )
     await run_burst(pool, db_url, config=config(ai_gateway))
-    row = await job(pool, ok)
+    row = await score_job(pool, ok)
     assert row["status"] == "completed", row["error_msg"]
     assert row["result"]["summary"]["good/model"]["errors"] == 1
     err = await pool.fetchval("SELECT error FROM prompt_eval_results WHERE case_id = 'json'")
     assert err.startswith("AI gateway 403: flagged")
 
-    ai_gateway.push(*[error(502, "Provider down", {"provider_name": "X"})] * 4)
+    ai_gateway.push(*[error(502, "Provider down", {"provider_name": "X"})] * 2)  # once per case
     down = await client.enqueue(
         pool,
         workspace,
@@ -425,9 +442,52 @@ async def test_prompt_eval_case_refused_is_recorded_and_an_outage_retries(
         {"prompt": "{{land}}", "cases": cases, "models": ["good/model"], "ref": "down"},
     )
     await run_burst(pool, db_url, config=config(ai_gateway))
-    row = await job(pool, down)
-    assert row["status"] == "retry" and "AI gateway 502" in row["error_msg"]
+    # The outage retries the case jobs, each alone; the scoring waits for them.
+    assert (await job(pool, down))["status"] == "completed"
+    case_jobs = await case_jobs_of(pool, down)
+    assert [c["status"] for c in case_jobs] == ["retry", "retry"]
+    assert all("AI gateway 502" in c["error_msg"] for c in case_jobs)
+    assert (await score_job(pool, down))["status"] == "waiting"
     assert await pool.fetchval("SELECT count(*) FROM prompt_eval_runs WHERE run_ref = 'down'") == 0
+
+    # One case job fails for good (its attempts used up); the other succeeds on its retry. The
+    # scoring runs anyway, and records the failed case's model as an error naming its job.
+    failed, retried = case_jobs
+    await pool.execute(
+        "UPDATE job_queue SET status = 'error', completed_at = now() WHERE id = $1", failed["id"]
+    )
+    await pool.execute("UPDATE job_queue SET scheduled_for = now() WHERE id = $1", retried["id"])
+    await run_burst(pool, db_url, config=config(ai_gateway))
+    row = await score_job(pool, down)
+    assert row["status"] == "completed", row["error_msg"]
+    assert row["result"]["summary"]["good/model"]["errors"] == 1
+    results = {
+        r["case_id"]: r
+        for r in await pool.fetch(
+            "SELECT r.* FROM prompt_eval_results r JOIN prompt_eval_runs u ON u.id = r.run_id"
+            " WHERE u.run_ref = 'down'"
+        )
+    }
+    lost = failed["payload"]["cases"][0]["id"]
+    assert results[lost]["error"] == f"case job {failed['id']} ended in error"
+    assert results[retried["payload"]["cases"][0]["id"]]["error"] is None
+
+
+async def case_jobs_of(pool: asyncpg.Pool, run: UUID) -> list[asyncpg.Record]:
+    return await pool.fetch(
+        "SELECT j.* FROM job_queue j JOIN job_dependencies d ON d.child_id = j.id"
+        " WHERE d.parent_id = $1 AND j.job_type = 'prompt_eval_case' ORDER BY j.id",
+        run,
+    )
+
+
+async def score_job(pool: asyncpg.Pool, run: UUID) -> asyncpg.Record:
+    return await pool.fetchrow(
+        "SELECT j.*, j.status::text AS status FROM job_queue j"
+        " JOIN job_dependencies d ON d.child_id = j.id"
+        " WHERE d.parent_id = $1 AND j.job_type = 'prompt_eval_score'",
+        run,
+    )
 
 
 async def test_prompt_eval_bad_input(

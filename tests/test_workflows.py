@@ -221,6 +221,111 @@ async def test_fan_in_of_1000(pool: asyncpg.Pool, db_url: str, workspace: UUID) 
     assert join["started_at"] >= last_part
 
 
+async def settle_calls(conn: asyncpg.Connection) -> int:
+    """How often this transaction has settled children (track_functions must be on)."""
+    return await conn.fetchval(
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions"
+        " WHERE funcname = 'sidelinja_settle_children'"
+    )
+
+
+async def test_a_batch_of_completions_releases_children_in_one_call(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    # 200 parents, each with a child of its own, and 1,000 parts of one join: one plain-SQL
+    # UPDATE completing 200 parents settles their 200 children with one call, and one UPDATE
+    # completing the 1,000 parts settles the join once.
+    await pool.execute(
+        "WITH p AS (INSERT INTO job_queue (workspace_id, job_type, payload)"
+        "  SELECT $1, 'noop', jsonb_build_object('pair', i) FROM generate_series(1, 200) i"
+        "  RETURNING id, payload),"
+        " c AS (INSERT INTO job_queue (workspace_id, job_type, payload)"
+        "  SELECT $1, 'noop', jsonb_build_object('child', i) FROM generate_series(1, 200) i"
+        "  RETURNING id, payload)"
+        " INSERT INTO job_dependencies (parent_id, child_id) SELECT p.id, c.id FROM p"
+        " JOIN c ON p.payload->'pair' = c.payload->'child'",
+        workspace,
+    )
+    await pool.execute(
+        "WITH parts AS (INSERT INTO job_queue (workspace_id, job_type, payload)"
+        "  SELECT $1, 'noop', jsonb_build_object('part', i) FROM generate_series(1, 1000) i"
+        "  RETURNING id),"
+        " joined AS (INSERT INTO job_queue (workspace_id, job_type, payload)"
+        "  VALUES ($1, 'noop', '{\"name\": \"join\"}') RETURNING id)"
+        " INSERT INTO job_dependencies (parent_id, child_id) SELECT parts.id, joined.id"
+        " FROM parts, joined",
+        workspace,
+    )
+    assert await statuses(pool) == {"pending": 1200, "waiting": 201}
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL track_functions = 'pl'")
+        done = await conn.execute(
+            "UPDATE job_queue SET status = 'completed', completed_at = now() WHERE payload ? 'pair'"
+        )
+        assert done == "UPDATE 200"
+        assert await settle_calls(conn) == 1
+        released = await conn.fetchval(
+            "SELECT count(*) FROM job_queue WHERE payload ? 'child' AND status = 'pending'"
+        )
+        assert released == 200
+        # 999 of the 1,000 parts: the join still waits for the last one.
+        await conn.execute(
+            "UPDATE job_queue SET status = 'completed', completed_at = now()"
+            " WHERE (payload->>'part')::int < 1000"
+        )
+        assert (await by_name_in(conn))["join"] == "waiting"
+        await conn.execute(
+            "UPDATE job_queue SET status = 'completed', completed_at = now()"
+            " WHERE (payload->>'part')::int = 1000"
+        )
+        assert (await by_name_in(conn))["join"] == "pending"
+        assert await settle_calls(conn) == 3
+
+
+async def by_name_in(conn: asyncpg.Connection) -> dict[str, str]:
+    rows = await conn.fetch(
+        "SELECT payload->>'name', status::text FROM job_queue WHERE payload ? 'name'"
+    )
+    return {r[0]: r[1] for r in rows}
+
+
+async def test_two_parents_of_one_child_finishing_concurrently_release_it(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    # Each transaction completes one parent and holds its commit until the other has updated
+    # too: whichever settles second waits for the first's lock on the child and then sees its
+    # commit, so the child is released exactly once, never left waiting.
+    for _ in range(5):
+        await pool.execute("DELETE FROM job_queue")
+        await pool.execute(graph_sql(workspace, ["a", "b", "c"], [("a", "c"), ("b", "c")]))
+        first, second = await pool.acquire(), await pool.acquire()
+        try:
+            t1, t2 = first.transaction(), second.transaction()
+            await t1.start()
+            await t2.start()
+            await first.execute(
+                "UPDATE job_queue SET status = 'completed' WHERE payload->>'name' = 'a'"
+            )
+            blocked = asyncio.create_task(
+                second.execute(
+                    "UPDATE job_queue SET status = 'completed' WHERE payload->>'name' = 'b'"
+                )
+            )
+            await wait_until(
+                lambda: pool.fetchval(
+                    "SELECT count(*) > 0 FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
+                ),
+                10,
+            )
+            await t1.commit()
+            await blocked
+            await t2.commit()
+        finally:
+            await pool.release(first)
+            await pool.release(second)
+        assert (await by_name(pool))["c"]["st"] == "pending"
+
+
 async def test_100k_waiting_children_do_not_touch_the_claim(
     pool: asyncpg.Pool, workspace: UUID
 ) -> None:

@@ -24,7 +24,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from sidelinja_worker.admin import auth, dashboard, metrics_view, store
+from sidelinja_worker.admin import auth, dashboard, metrics_view, store, workflow
 from sidelinja_worker.admin.events import EventHub
 from sidelinja_worker.admin.forms import (
     job_filter,
@@ -114,6 +114,35 @@ async def job_page(request: Request) -> Response:
             job_id=request.path_params["job_id"],
         )
     return render(request, "job.html", token, scope, job=job)
+
+
+async def workflow_page(request: Request) -> Response:
+    """The graph the job belongs to, as the token's scope sees it: another workspace's job, or
+    a job outside the scope, is a 404 like a missing one."""
+    scope, token = await session(request)
+    job_id = parse_job_id(request.path_params["job_id"])
+    async with store.scoped(request.app.state.pool, scope) as conn:
+        graph = await workflow.load(conn, job_id) if job_id else None
+    if graph is None:
+        return render(
+            request,
+            "missing.html",
+            token,
+            scope,
+            status_code=404,
+            job_id=request.path_params["job_id"],
+        )
+    return render(
+        request,
+        "workflow.html",
+        token,
+        scope,
+        g=graph,
+        max_nodes=workflow.MAX_NODES,
+        max_edges=workflow.MAX_EDGES,
+        node_w=workflow.NODE_W,
+        node_h=workflow.NODE_H,
+    )
 
 
 async def overview_page(request: Request) -> Response:
@@ -224,21 +253,26 @@ async def job_action(request: Request) -> Response:
         return PlainTextResponse("bad CSRF token or origin", status_code=403)
     job_id, action = parse_job_id(request.path_params["job_id"]), request.path_params["action"]
     async with store.scoped(request.app.state.pool, scope) as conn:
-        done = job_id is not None and await run_action(conn, action, job_id)
-        if done and job_id is not None:
-            await store.audit(conn, scope, action, [job_id], {})
+        target = await run_action(conn, action, job_id) if job_id is not None else None
+        done = target is not None
+        if target is not None:
+            # A retry of a node cancelled by its parent puts back the failed ancestor: the
+            # audit names the job put back, and the one the operator clicked.
+            detail = {} if target == job_id else {"asked_for": str(job_id)}
+            await store.audit(conn, scope, action, [target], detail)
     return RedirectResponse(
         f"/admin/jobs/{request.path_params['job_id']}?done={action if done else 'none'}",
         status_code=303,
     )
 
 
-async def run_action(conn: asyncpg.Connection, action: str, job_id: UUID) -> bool:
+async def run_action(conn: asyncpg.Connection, action: str, job_id: UUID) -> UUID | None:
+    """The id of the job the action changed, or None if it changed nothing."""
     if action == "retry":
-        return await store.retry_job(conn, job_id)
+        return await store.retry_node(conn, job_id)
     if action == "cancel":
-        return (await worker_store.request_cancel(conn, job_id))[0] is not None
-    return False
+        return job_id if (await worker_store.request_cancel(conn, job_id))[0] else None
+    return None
 
 
 async def bulk_retry(request: Request) -> Response:
@@ -373,6 +407,7 @@ ROUTES = [
     Route("/admin/jobs", jobs_page),
     Route("/admin/jobs/bulk-retry", bulk_retry, methods=["POST"]),
     Route("/admin/jobs/{job_id}", job_page),
+    Route("/admin/jobs/{job_id}/graph", workflow_page),
     Route("/admin/jobs/{job_id}/{action:str}", job_action, methods=["POST"]),
     Route("/admin/pauses/{action:str}", pause_action, methods=["POST"]),
     Route("/admin/dashboard", dashboard_page),

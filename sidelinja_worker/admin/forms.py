@@ -12,7 +12,7 @@ from uuid import UUID
 
 from sidelinja_worker.admin.store import STATUS_ORDER, Cursor, JobFilter, Scope
 
-STATUSES = ("error", "retry", "pending", "running", "completed", "cancelled")
+STATUSES = ("error", "retry", "pending", "waiting", "running", "completed", "cancelled")
 DEFAULT_STATUS = "error"  # the seed's use: failed jobs first
 # A payload search with no start time looks this far back: there is no index on payloads, so
 # it reads the rows of the window (see list_jobs in admin.sql).

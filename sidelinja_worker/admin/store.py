@@ -18,8 +18,9 @@ from sidelinja_worker.queue.queries import load
 Q = load("sidelinja_worker.admin", "sql/admin.sql")
 PAGE_SIZE = 50
 # The all-statuses list shows one status after another: what needs an operator first, the bulk
-# (completed) last. Within a status, newest first; completed jobs by when they finished.
-STATUS_ORDER = ("error", "retry", "running", "pending", "cancelled", "completed")
+# (completed) last. Waiting jobs (a graph's children held by their parents) come after the
+# pending ones they will become. Within a status, newest first; completed jobs by when they finished.
+STATUS_ORDER = ("error", "retry", "running", "pending", "waiting", "cancelled", "completed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +156,34 @@ async def jobs_for_events(conn: asyncpg.Connection, ids: list[UUID]) -> list[asy
 
 async def retry_job(conn: asyncpg.Connection, job_id: UUID) -> bool:
     return await conn.fetchval(Q["retry_job"], job_id) is not None
+
+
+async def retry_node(conn: asyncpg.Connection, job_id: UUID) -> UUID | None:
+    """Retry as a graph understands it: a failed job is put back (retry_job); a job cancelled by
+    a parent's failure puts back the failed ancestor that cancelled its branch, which brings the
+    branch back; a job cancelled by hand is put back and waits again for any unfinished parent.
+    The id of the job put back, or None if there was nothing to retry."""
+    root = await conn.fetchrow(Q["retry_root"], job_id)
+    if root is None:
+        return None
+    if root["status"] in ("error", "retry"):
+        return root["id"] if await retry_job(conn, root["id"]) else None
+    if root["status"] == "cancelled" and root["cancelled_by"] is None:
+        back = await conn.fetchval(Q["retry_cancelled"], root["id"])
+        if back is not None:
+            await conn.execute(Q["settle"], [back])
+        return back
+    return None
+
+
+async def graph_nodes(conn: asyncpg.Connection, job_id: UUID, limit: int) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["graph_nodes"], job_id, limit)
+
+
+async def graph_edges(
+    conn: asyncpg.Connection, ids: list[UUID], limit: int
+) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["graph_edges"], ids, limit)
 
 
 async def bulk_retry(conn: asyncpg.Connection, f: JobFilter, limit: int) -> list[UUID]:

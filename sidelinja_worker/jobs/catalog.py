@@ -10,6 +10,7 @@ from sidelinja_worker.jobs.ai import (
 from sidelinja_worker.jobs.knowledge import (
     generate_embeddings,
     prompt_eval,
+    prompt_eval_case,
     valgomat_generate_profile,
     valgomat_moderation,
 )
@@ -31,5 +32,7 @@ REGISTRY = Registry(
         valgomat_generate_profile.JOB_TYPE,
         valgomat_moderation.JOB_TYPE,
         prompt_eval.JOB_TYPE,
+        prompt_eval_case.CASE_JOB_TYPE,
+        prompt_eval_case.SCORE_JOB_TYPE,
     ]
 )

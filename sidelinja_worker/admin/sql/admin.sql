@@ -44,7 +44,8 @@ ORDER BY created_at;
 -- 1,000,000 jobs). Errors, retries, cancellations and pending jobs page over the
 -- idx_job_queue_admin_* indexes: `status = $1` (not LEAKPROOF, so never an index condition
 -- under row-level security) proves the partial index's predicate, and the row comparison is
--- LEAKPROOF, so it stays an index condition (pending: idx_job_queue_admin_pending_by_id, 0013).
+-- LEAKPROOF, so it stays an index condition (pending: idx_job_queue_admin_pending_by_id, 0013;
+-- waiting: idx_job_queue_admin_waiting, 0027, whose predicate `status = $1` implies).
 -- Running jobs have no index by time (every claim would write it): found through
 -- idx_job_queue_running and sorted.
 -- Search: an id prefix is a range of the primary key ($9..$10); a payload field is a
@@ -53,7 +54,11 @@ ORDER BY created_at;
 -- so the window is what keeps such a search to the rows of one day.
 SELECT id, workspace_id, job_type, status::text AS status, attempts, max_attempts,
        created_at, scheduled_for, completed_at, left(error_msg, 200) AS error_msg,
-       created_at AS sort_at
+       created_at AS sort_at,
+       -- A probe of job_dependencies' primary key per row shown (LIMIT 1: never a hashed
+       -- subplan, which read every edge for each page).
+       has_children OR coalesce((SELECT true FROM job_dependencies d
+                                 WHERE d.child_id = job_queue.id LIMIT 1), false) AS in_graph
 FROM job_queue
 WHERE status = $1::job_status
   AND ($2::text IS NULL OR job_type = $2)
@@ -75,7 +80,11 @@ LIMIT $8;
 -- a page costs in proportion to how rare the match is (0.25 s for a workspace of 60 jobs).
 SELECT id, workspace_id, job_type, status::text AS status, attempts, max_attempts,
        created_at, scheduled_for, completed_at, left(error_msg, 200) AS error_msg,
-       completed_at AS sort_at
+       completed_at AS sort_at,
+       -- A probe of job_dependencies' primary key per row shown (LIMIT 1: never a hashed
+       -- subplan, which read every edge for each page).
+       has_children OR coalesce((SELECT true FROM job_dependencies d
+                                 WHERE d.child_id = job_queue.id LIMIT 1), false) AS in_graph
 FROM job_queue
 WHERE status = 'completed' AND $1::job_status = 'completed'
   AND ($2::text IS NULL OR job_type = $2)
@@ -93,7 +102,9 @@ SELECT j.id, j.workspace_id, j.job_type, j.payload, j.status::text AS status, j.
        j.result, j.error_msg, j.errors, j.attempts, j.max_attempts, j.created_at, j.started_at,
        j.completed_at, j.scheduled_for, j.worker_id, j.progress, j.unique_key, j.timeout_s,
        j.cancel_requested_at, w.hostname AS worker_host, w.pid AS worker_pid,
-       w.expires_at AS lease_expires_at
+       w.expires_at AS lease_expires_at, j.cancelled_by,
+       j.has_children OR coalesce((SELECT true FROM job_dependencies d
+                                   WHERE d.child_id = j.id LIMIT 1), false) AS in_graph
 FROM job_queue j
 LEFT JOIN job_workers w ON w.id = j.worker_id
 WHERE j.id = $1;
@@ -105,6 +116,59 @@ SET status = 'pending', scheduled_for = now(), completed_at = NULL,
     max_attempts = greatest(max_attempts, attempts + 1)
 WHERE id = $1 AND status IN ('error', 'retry')
 RETURNING id;
+
+-- name: retry_root
+-- What a retry of job $1 puts back: the job itself, or, for a job cancelled by a parent's
+-- failure, the failed ancestor at the top of its `cancelled_by` chain (putting that one back
+-- brings the whole cancelled branch back with it). Bounded: a chain is at most a graph's depth.
+WITH RECURSIVE up(id, status, cancelled_by, depth) AS (
+    SELECT id, status, cancelled_by, 0 FROM job_queue WHERE id = $1
+    UNION ALL
+    SELECT j.id, j.status, j.cancelled_by, up.depth + 1
+    FROM up JOIN job_queue j ON j.id = up.cancelled_by
+    WHERE up.status = 'cancelled' AND up.depth < 10000
+)
+SELECT id, status::text AS status, cancelled_by FROM up ORDER BY depth DESC LIMIT 1;
+
+-- name: retry_cancelled
+-- A job cancelled by hand, put back; settled against its parents at once, so a job whose
+-- parents have not all completed waits for them again (`waiting`) instead of running early.
+WITH back AS (
+    UPDATE job_queue
+    SET status = 'pending', scheduled_for = now(), completed_at = NULL, error_msg = NULL,
+        cancel_requested_at = NULL, max_attempts = greatest(max_attempts, attempts + 1)
+    WHERE id = $1 AND status = 'cancelled' AND cancelled_by IS NULL
+    RETURNING id
+)
+SELECT id FROM back;
+
+-- name: settle
+SELECT sidelinja_settle_children($1::uuid[]);
+
+-- name: graph_nodes
+-- The jobs joined to job $1 by edges in either direction, breadth first from it, at most $2
+-- (ids of jobs the scope cannot see are walked through but never returned).
+WITH RECURSIVE reach(id) AS (
+    SELECT $1::uuid
+    UNION
+    SELECT n.id
+    FROM reach r,
+         LATERAL (SELECT d.child_id AS id FROM job_dependencies d WHERE d.parent_id = r.id
+                  UNION ALL
+                  SELECT d.parent_id FROM job_dependencies d WHERE d.child_id = r.id) n
+)
+SELECT j.id, j.job_type, j.status::text AS status, j.attempts, j.max_attempts, j.cancelled_by,
+       j.created_at
+FROM (SELECT id, row_number() OVER () AS n FROM reach LIMIT $2) r
+JOIN job_queue j ON j.id = r.id
+ORDER BY r.n;
+
+-- name: graph_edges
+-- The edges among the given jobs, at most $2.
+SELECT parent_id, child_id, run_anyway
+FROM job_dependencies
+WHERE child_id = ANY($1::uuid[]) AND parent_id = ANY($1::uuid[])
+LIMIT $2;
 
 -- name: bulk_retry
 -- The filtered set of error/retry jobs (same filters as list_jobs), at most $6 of them.

@@ -32,7 +32,12 @@ if (document.querySelector("[data-job]")) {
   const live = document.getElementById("live");
   source.onopen = () => { document.body.dataset.live = "on"; if (live) live.textContent = "live: on"; };
   source.onerror = () => { document.body.dataset.live = "off"; if (live) live.textContent = "live: reconnecting"; };
-  source.onmessage = (message) => applyEvent(JSON.parse(message.data));
+  source.onmessage = (message) => {
+    const ev = JSON.parse(message.data);
+    applyEvent(ev);
+    // Other scripts of the page (the workflow graph) follow the same stream.
+    document.dispatchEvent(new CustomEvent("job-event", { detail: ev }));
+  };
 }
 
 // The dashboard: its body fetched again every 5 s (the numbers change by the minute, not by

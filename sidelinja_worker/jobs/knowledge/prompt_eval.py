@@ -1,10 +1,16 @@
-"""`prompt_eval`, the prompt lab: a prompt and a test set, run case x model through the gateway
-with bounded concurrency, each answer scored; per-case results and a per-model summary stored
-in `prompt_eval_runs` / `prompt_eval_results`.
+"""`prompt_eval`, the prompt lab: a prompt and a test set, run case x model through the gateway,
+each answer scored; per-case results and a per-model summary stored in `prompt_eval_runs` /
+`prompt_eval_results`.
 
-A case the gateway refuses (a 4xx for that model or input) is recorded as failed and the job
-goes on; a transient fault (timeout, 5xx, 429) is an outage and retries the whole job. The judge
-model comes from the payload or `ai.prompt_eval.judge_model` in the workspace settings."""
+A run is a job graph: `prompt_eval` checks the run (payload, models, the workspace's call limit
+for the whole run) and fans out one `prompt_eval_case` job per case, which asks every model and
+scores its answers, and a `prompt_eval_score` join that runs once every case job has finished,
+summarises and stores the run (prompt_eval_case.py). Case jobs run in parallel on any worker and
+are retried one by one: a transient fault (timeout, 5xx, 429) retries that case alone. A case
+the gateway refuses (a 4xx for that model or input) is recorded as failed within its case job. A
+case job that fails for good does not stop the run: the score job records its models as errors
+and scores the rest. The judge model comes from the payload or `ai.prompt_eval.judge_model` in
+the workspace settings."""
 
 from __future__ import annotations
 
@@ -18,7 +24,6 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sidelinja_worker.jobs.ai.common import DEFAULT_MODEL
-from sidelinja_worker.jobs.knowledge import store as knowledge_store
 from sidelinja_worker.jobs.knowledge.common import DEFAULT_EMBEDDING_MODEL
 from sidelinja_worker.jobs.knowledge.prompt_eval_scoring import (
     Check,
@@ -28,12 +33,15 @@ from sidelinja_worker.jobs.knowledge.prompt_eval_scoring import (
 )
 from sidelinja_worker.jobs.knowledge.store import EvalRow
 from sidelinja_worker.jobs.silos import call_guard, check_planned_calls
+from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.registry import JobType
 from sidelinja_worker.services.ai_gateway import AiGateway, CallGuard, GuardError, Usage
 
+CASE_TYPE = "prompt_eval_case"
+SCORE_TYPE = "prompt_eval_score"
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 MAX_OUTPUT_CHARS = 20_000  # stored per result; a runaway answer must not bloat the table
 T = TypeVar("T")
@@ -227,50 +235,61 @@ async def resolve_judge(ctx: JobContext, payload: EvalPayload) -> str | None:
     return judge
 
 
-async def run(ctx: JobContext, payload: EvalPayload) -> dict[str, Any]:
+def planned_calls(payload: EvalPayload) -> tuple[int, str]:
+    """The paid calls a run (or one case's job) needs: every case x model, and a judge call per
+    judge check per model."""
+    judged = sum(isinstance(c, JudgeCheck) for case in payload.cases for c in case.expect)
+    what = f"{len(payload.cases)} cases x {len(payload.models)} models and {judged} judge checks"
+    return len(payload.models) * (len(payload.cases) + judged), what
+
+
+async def run_guard(ctx: JobContext, payload: EvalPayload) -> tuple[str | None, CallGuard]:
+    """The judge model and the call guard for the payload's cases, refusing at once (before any
+    call, or any case job) a model the workspace does not allow or a plan over its call limit."""
     judge = await resolve_judge(ctx, payload)
     guard = call_guard(await ctx.workspace_settings(), (DEFAULT_MODEL, DEFAULT_EMBEDDING_MODEL))
     for model in [*payload.models, *([judge] if judge else [])]:
         guard.allow_model(model)
-    judged = sum(isinstance(c, JudgeCheck) for case in payload.cases for c in case.expect)
-    planned = len(payload.models) * (len(payload.cases) + judged)
-    check_planned_calls(
-        guard,
-        planned,
-        f"{len(payload.cases)} cases x {len(payload.models)} models and {judged} judge checks",
-    )
-    lab = Lab(ctx, payload, judge, guard)
-    await ctx.progress(f"Prompt-lab: {lab.total} svar å hente…", 2)
-    outcomes = await gather_bounded(
-        [lab.run_case(case, model) for model in payload.models for case in payload.cases]
-    )
-    errors = [o.row.error for o in outcomes if o.row.error]
-    if len(errors) == len(outcomes):  # nothing answered: a bad key or no credits, not a test result
-        raise PermanentError(f"every case failed: {errors[0]}")
-    summary = summarize(payload.models, outcomes)
-    judge_usage = sum((o.judge_usage for o in outcomes), Usage())
+    check_planned_calls(guard, *planned_calls(payload))
+    return judge, guard
+
+
+async def run(ctx: JobContext, payload: EvalPayload) -> dict[str, Any]:
+    """Checks the run and fans it out: a case job per case and the score job after them all,
+    enqueued with this job's completion. ai.max_paid_calls_per_job applies to the run as a
+    whole: a run whose cases need more calls than that fails here, before any case job exists;
+    each case job is then held to its own case's calls."""
+    judge, _guard = await run_guard(ctx, payload)
     ref = payload.ref or f"job:{ctx.job_id}"
-    run_id = await knowledge_store.save_eval_run(
-        ctx.services.pool,
-        ctx.workspace_id,
-        ref,
-        ctx.job_id,
-        payload.prompt,
-        payload.models,
-        {"models": summary, "judge_model": lab.judge_model},
-        [o.row for o in outcomes],
-    )
-    return {
-        "run_id": str(run_id),
-        "ref": ref,
-        "summary": summary,
-        "judge_model": lab.judge_model,
-        "judge_usage": {
-            "prompt_tokens": judge_usage.prompt_tokens,
-            "completion_tokens": judge_usage.completion_tokens,
-            "calls": judge_usage.calls,
-        },
+    common = payload.model_dump(mode="json", exclude={"cases", "ref"}) | {"judge_model": judge}
+    priority = default_priority("prompt_eval")
+    cases = {
+        ctx.add_child(
+            NewJob(ctx.workspace_id, CASE_TYPE, {**common, "cases": [case]}, priority=priority)
+        ): case["id"]
+        for case in payload.model_dump(mode="json")["cases"]
     }
+    # run_anyway: a case job that fails for good is scored as failed, it does not cancel the run.
+    score = ctx.add_join(
+        NewJob(
+            ctx.workspace_id,
+            SCORE_TYPE,
+            {
+                "ref": ref,
+                "prompt": payload.prompt,
+                "models": payload.models,
+                "judge_model": judge,
+                "cases": [
+                    {"job_id": str(job_id), "id": case_id} for job_id, case_id in cases.items()
+                ],
+            },
+            priority=priority,
+            run_anyway=True,
+        ),
+        list(cases),
+    )
+    await ctx.progress(f"Prompt-lab: {len(cases)} tilfeller sendt ut", 100)
+    return {"ref": ref, "cases": len(cases), "score_job": str(score)}
 
 
 JOB_TYPE = JobType(
