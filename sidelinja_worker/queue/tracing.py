@@ -39,6 +39,7 @@ SHUTDOWN_FLUSH_S = 5.0
 # The processor's queue is bounded by OTEL_BSP_MAX_QUEUE_SIZE (default 2,048): a span that
 # finds it full is dropped. A value past this cap is taken as the cap, to bound memory.
 MAX_QUEUE_SIZE = 65_536
+DEFAULT_BATCH_SIZE = 512  # OTEL_BSP_MAX_EXPORT_BATCH_SIZE's default
 # An export request waits at most this long (OTEL_EXPORTER_OTLP_TIMEOUT, default 10 s, is
 # clamped to it): it blocks only the exporter's thread, but the next batch waits behind it.
 MAX_EXPORT_TIMEOUT_S = 30.0
@@ -171,7 +172,10 @@ def _set_up(exporters: list[str], service_version: str | None) -> None:
             exporter = _otlp_exporter()
         else:
             exporter = ConsoleSpanExporter()
-        batch = BatchSpanProcessor(exporter, max_queue_size=_queue_size(os.environ))
+        queue_size, batch_size = _queue_sizes(os.environ)
+        batch = BatchSpanProcessor(
+            exporter, max_queue_size=queue_size, max_export_batch_size=batch_size
+        )
         provider.add_span_processor(batch)
         processors.append(batch)
     # Handlers that make spans of their own (opentelemetry.trace.get_tracer) get this provider,
@@ -207,14 +211,24 @@ def _names_service(environ: Mapping[str, str]) -> bool:
     )
 
 
-def _queue_size(environ: Mapping[str, str]) -> int | None:
-    """OTEL_BSP_MAX_QUEUE_SIZE within 1..MAX_QUEUE_SIZE; None (the SDK's default) if unset or
-    not a number."""
+def _queue_sizes(environ: Mapping[str, str]) -> tuple[int | None, int | None]:
+    """(queue size, export batch size): OTEL_BSP_MAX_QUEUE_SIZE within 1..MAX_QUEUE_SIZE and
+    OTEL_BSP_MAX_EXPORT_BATCH_SIZE (default 512) no larger (the SDK refuses a batch larger
+    than the queue). None: the SDK's default, for an unset or malformed value."""
+    queue = _positive_int(environ.get("OTEL_BSP_MAX_QUEUE_SIZE"))
+    if queue is None:
+        return None, None
+    queue = min(queue, MAX_QUEUE_SIZE)
+    batch = _positive_int(environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE")) or DEFAULT_BATCH_SIZE
+    return queue, min(batch, queue)
+
+
+def _positive_int(raw: str | None) -> int | None:
     try:
-        size = int(environ.get("OTEL_BSP_MAX_QUEUE_SIZE", ""))
+        value = int(raw or "")
     except ValueError:
         return None
-    return min(max(size, 1), MAX_QUEUE_SIZE)
+    return value if value > 0 else None
 
 
 def _export_timeout_s(environ: Mapping[str, str]) -> float:
