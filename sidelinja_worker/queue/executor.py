@@ -51,6 +51,11 @@ def timeout_for_type(jt: JobType | None, max_timeout_s: float) -> float:
     return min(float(jt.timeout_s), max_timeout_s) if jt is not None else max_timeout_s
 
 
+# What an attempt ended in, for its span: the outcome ("completed", "retry", "error",
+# "deferred", "cancelled", "timeout", "released") and the exception behind a failure.
+Attempt = tuple[str, BaseException | None]
+
+
 async def execute(
     job: ClaimedJob,
     jt: JobType | None,
@@ -59,39 +64,16 @@ async def execute(
     worker_id: UUID,
     timeout_s: float,
     cancel_reasons: Mapping[UUID, str],
-) -> None:
+    *,
+    in_span: bool = False,
+) -> Attempt:
     """Runs `job` to one recorded outcome. The worker enforces `timeout_s` by cancelling the
     task with the reason TIMED_OUT in `cancel_reasons` (one watchdog for all jobs is far
     cheaper than a timer per job); the reason decides what a cancellation means. With tracing
-    on, the attempt is a span (tracing.start_job_span) current while the handler runs."""
-    if not tracing.ENABLED:
-        await _execute(job, jt, writer, services, worker_id, timeout_s, cancel_reasons)
-        return
-    span, token = tracing.start_job_span(job, worker_id)
-    outcome, error = "abandoned", None  # if something past the handler's own failures escapes
-    try:
-        outcome, error = await _execute(
-            job, jt, writer, services, worker_id, timeout_s, cancel_reasons
-        )
-    finally:
-        message = clean_message(f"{type(error).__name__}: {error}") if error else None
-        tracing.end_job_span(span, token, outcome, error, message)
-
-
-# What an attempt ended in, for its span: the outcome ("completed", "retry", "error",
-# "deferred", "cancelled", "timeout", "released") and the exception behind a failure.
-Attempt = tuple[str, BaseException | None]
-
-
-async def _execute(
-    job: ClaimedJob,
-    jt: JobType | None,
-    writer: OutcomeWriter,
-    services: Services,
-    worker_id: UUID,
-    timeout_s: float,
-    cancel_reasons: Mapping[UUID, str],
-) -> Attempt:
+    on, the attempt runs inside its span (`_in_span`); off, this is the whole of tracing's cost
+    to a job: one module attribute read, no extra coroutine."""
+    if tracing.ENABLED and not in_span:
+        return await _in_span(job, jt, writer, services, worker_id, timeout_s, cancel_reasons)
     logs.bind_job(job)  # every line this task logs carries the job's id, type, workspace
     if jt is None:  # only when a worker was started with a type it then lost; be explicit
         message = f"no handler for job type {job.job_type!r}"
@@ -152,6 +134,30 @@ async def _execute(
             "job %s (%s) raised %s", job.id, job.job_type, type(exc).__name__, exc_info=True
         )
         return _fail(writer, job, "transient", f"{type(exc).__name__}: {exc}"), exc
+
+
+async def _in_span(
+    job: ClaimedJob,
+    jt: JobType | None,
+    writer: OutcomeWriter,
+    services: Services,
+    worker_id: UUID,
+    timeout_s: float,
+    cancel_reasons: Mapping[UUID, str],
+) -> Attempt:
+    """`execute` with the attempt's span current in this task while the handler runs, ended
+    with the outcome (tracing.end_job_span)."""
+    span, token = tracing.start_job_span(job, worker_id)
+    attempt: Attempt = ("abandoned", None)  # if something past the handler's failures escapes
+    try:
+        attempt = await execute(
+            job, jt, writer, services, worker_id, timeout_s, cancel_reasons, in_span=True
+        )
+        return attempt
+    finally:
+        outcome, error = attempt
+        message = clean_message(f"{type(error).__name__}: {error}") if error else None
+        tracing.end_job_span(span, token, outcome, error, message)
 
 
 class RawResultError(Exception):
