@@ -142,11 +142,13 @@ async def test_a_job_span_joins_the_enqueuers_trace_with_its_http_call_and_follo
     assert (job.trace_id, job.parent_span_id) == (TRACE_ID, PARENT_ID)
     assert (job.name, job.kind, job.status) == ("process traced_call", "consumer", "unset")
     attributes = job.attributes
-    assert attributes["sidelinja.job.type"] == attributes["messaging.destination.name"]
-    assert attributes["sidelinja.job.type"] == "traced_call"
+    assert attributes["messaging.destination.name"] == "traced_call"
     assert attributes["sidelinja.workspace.id"] == str(workspace)
     assert attributes["messaging.message.id"] == str(job_id)
     assert attributes["messaging.operation.type"] == "process"
+    assert attributes["messaging.system"] == "sidelinja"
+    worker = await pool.fetchval("SELECT worker_id FROM job_queue WHERE id = $1", job_id)
+    assert attributes["sidelinja.worker.id"] == str(worker)
     assert (attributes["sidelinja.job.attempt"], attributes["sidelinja.job.max_attempts"]) == (1, 1)
     assert attributes["sidelinja.job.outcome"] == "completed"
     started, scheduled = await pool.fetchrow(

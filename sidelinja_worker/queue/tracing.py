@@ -13,6 +13,7 @@ import os
 import re
 import threading
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ _TRUE = frozenset({"true", "1", "yes", "on"})
 _provider: TracerProvider | None = None
 _processors: list[BatchSpanProcessor] = []
 _tracer: Tracer | None = None
+_api: Any = None  # the OpenTelemetry calls a job's span makes, looked up once (_bind_api)
 _users = 0  # workers in this process that started tracing and have not stopped it yet
 
 
@@ -184,6 +186,7 @@ def _set_up(exporters: list[str], service_version: str | None) -> None:
         trace.set_tracer_provider(provider)
     _provider, _processors = provider, processors
     _tracer = provider.get_tracer(INSTRUMENTATION_NAME, service_version)
+    _bind_api()
     ENABLED = True
     log.info("tracing on: spans to %s", ", ".join(exporters))
 
@@ -275,39 +278,50 @@ def enable(provider: TracerProvider | None = None) -> None:
 
     source = provider or trace.get_tracer_provider()
     _tracer = source.get_tracer(INSTRUMENTATION_NAME)
+    _bind_api()
     ENABLED = True
+
+
+def _bind_api() -> None:
+    global _api
+    from opentelemetry import context, trace
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+
+    _api = SimpleNamespace(
+        attach=context.attach,
+        detach=context.detach,
+        set_span_in_context=trace.set_span_in_context,
+        CONSUMER=SpanKind.CONSUMER,
+        Status=Status,
+        ERROR=StatusCode.ERROR,
+    )
 
 
 # -- the worker's side --------------------------------------------------------------------------
 
 
 def start_job_span(job: ClaimedJob, worker_id: object) -> tuple[Span, object]:
-    """The span of this attempt of `job`, made current in this task; the token undoes that."""
-    from opentelemetry import context, trace
-    from opentelemetry.trace import SpanKind
-
-    assert _tracer is not None
+    """The span of this attempt of `job`, made current in this task; the token undoes that.
+    Its attributes are few and not repeated under two names: each costs the SDK a few µs to
+    check and the exporter to encode, per job."""
+    assert _tracer is not None and _api is not None
     span = _tracer.start_span(
         f"process {job.job_type}",
         context=_parent(job.traceparent),
-        kind=SpanKind.CONSUMER,
+        kind=_api.CONSUMER,
         attributes={
             "messaging.system": "sidelinja",
             "messaging.operation.type": "process",
-            "messaging.operation.name": "process",
             "messaging.destination.name": job.job_type,
             "messaging.message.id": str(job.id),
-            "sidelinja.job.id": str(job.id),
-            "sidelinja.job.type": job.job_type,
             "sidelinja.workspace.id": str(job.workspace_id),
             "sidelinja.job.attempt": job.attempt,
             "sidelinja.job.max_attempts": job.max_attempts,
-            "sidelinja.job.priority": job.priority,
             "sidelinja.job.pickup_delay_s": max(float(job.waited_s), 0.0),
             "sidelinja.worker.id": str(worker_id),
         },
     )
-    return span, context.attach(trace.set_span_in_context(span))
+    return span, _api.attach(_api.set_span_in_context(span))
 
 
 def end_job_span(
@@ -315,15 +329,13 @@ def end_job_span(
 ) -> None:
     """Records the attempt's outcome on `span`, ends it, and makes the task's context what it
     was. A failed attempt (retry, error, timeout) has status error, with the exception."""
-    from opentelemetry import context
-    from opentelemetry.trace import Status, StatusCode
-
-    context.detach(token)  # type: ignore[arg-type]
+    assert _api is not None
+    _api.detach(token)
     span.set_attribute("sidelinja.job.outcome", outcome)
     if outcome in FAILED_OUTCOMES:
         if error is not None:
             span.record_exception(error)
-        span.set_status(Status(StatusCode.ERROR, message))
+        span.set_status(_api.Status(_api.ERROR, message))
     span.end()
 
 

@@ -77,7 +77,7 @@ class OtlpReceiver:
 
     def of_job(self, job_id: object) -> list[ReceivedSpan]:
         """The spans of a job's attempts, oldest first."""
-        found = [s for s in self.spans if s.attributes.get("sidelinja.job.id") == str(job_id)]
+        found = [s for s in self.spans if s.attributes.get("messaging.message.id") == str(job_id)]
         return sorted(found, key=lambda s: s.attributes["sidelinja.job.attempt"])
 
 
