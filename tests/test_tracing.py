@@ -135,6 +135,8 @@ async def test_a_job_span_joins_the_enqueuers_trace_with_its_http_call_and_follo
     payload = f'{{"url": "{outside.url}"}}'
     job_id = await insert_traced(pool, workspace, "traced_call", payload, TRACEPARENT)
     broken_id = await insert_traced(pool, workspace, "traced_broken", "{}", None)
+    slow_id = await insert_traced(pool, workspace, "traced_slow", "{}", TRACEPARENT)
+    later_id = await insert_traced(pool, workspace, "traced_later", "{}", TRACEPARENT)
     _, err, _ = await run_burst_process(db_url, otel_env(receiver.url))
     assert "tracing on: spans to otlp" in err
 
@@ -183,6 +185,12 @@ async def test_a_job_span_joins_the_enqueuers_trace_with_its_http_call_and_follo
     assert "ValueError: the handler is broken" in broken.status_message
     exception = one([e for e in broken.events if e.name == "exception"])
     assert exception.attributes["exception.type"] == "ValueError"
+    slow = one(receiver.of_job(slow_id))
+    assert (slow.status, slow.attributes["sidelinja.job.outcome"]) == ("error", "timeout")
+    assert slow.status_message == "TimeoutError: timed out after 0.2 s"
+    later = one(receiver.of_job(later_id))
+    assert (later.status, later.attributes["sidelinja.job.outcome"]) == ("unset", "deferred")
+    assert later.trace_id == TRACE_ID
 
 
 MALFORMED = [
