@@ -13,7 +13,15 @@ start-up and shutdown, measured once per variant on an empty queue, taken off). 
 variant runs this bench's worker child with PYTHONPATH at the given tree, on the database this
 tree migrated (the extra column is nothing to it). Absolute figures move with the machine's
 load; the ratios are the result. With tracing on, the receiver's count of spans says how many
-the bounded queue dropped."""
+the bounded queue dropped.
+
+    python bench/tracing_cost.py --instructions [--jobs 5000] [--base-tree /tmp/base]
+
+counts instead, under callgrind, the instructions the executor spends on a noop job with
+tracing off, in-process (no database: outcomes are left with the outcome writer), for this tree
+and the base one: the same code gives the same count whatever else the machine does, so a
+difference of a fraction of a percent shows. Each count is a run of N jobs less a run of none
+(start-up, imports), divided by N."""
 
 from __future__ import annotations
 
@@ -187,16 +195,75 @@ def _report(runs: dict[str, list[Run]], n: int, rounds: int, concurrency: int) -
     print("\n".join(lines))
 
 
+async def executor_loop(n: int, made: int) -> None:
+    """Runs `n` noop jobs through executor.execute, as a slot does, with tracing as the
+    environment leaves it (off here). `made` jobs are made either way, so that a run of none
+    less a run of `n` counts only the executor."""
+    from uuid import UUID
+
+    from sidelinja_worker.jobs import noop
+    from sidelinja_worker.queue import executor
+    from sidelinja_worker.queue.config import ServiceConfig
+    from sidelinja_worker.queue.context import Services
+    from sidelinja_worker.queue.jobs import ClaimedJob
+    from sidelinja_worker.queue.outcomes import OutcomeWriter
+
+    worker_id = UUID(int=1)
+    writer = OutcomeWriter(None, worker_id)  # type: ignore[arg-type]  # never flushed here
+    services = Services(None, None, ServiceConfig({}), None)  # type: ignore[arg-type]
+    space = UUID(int=2)
+    jobs = [ClaimedJob(UUID(int=10 + i), space, "noop", {}, 0, 1, 3, None) for i in range(made)]
+    for job in jobs[:n]:
+        await executor.execute(job, noop.JOB_TYPE, writer, services, worker_id, 60.0, {})
+
+
+def instructions(n: int, base_tree: Path | None) -> None:
+    trees: list[tuple[str, dict[str, str]]] = [("this tree, tracing off", {})]
+    if base_tree is not None:
+        trees.append(("base tree", {"PYTHONPATH": str(base_tree)}))
+    for name, env in trees:
+        counts = [_callgrind(jobs, n, env) for jobs in (0, n)]
+        print(f"{name:24}: {(counts[1] - counts[0]) / n:,.0f} instructions per job ({n:,} jobs)")
+
+
+def _callgrind(n: int, made: int, env: dict[str, str]) -> int:
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "callgrind.out"
+        subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
+             __file__, "--executor-loop", str(n), "--jobs", str(made)],
+            # A fixed hash seed: the same dict and set work in every run.
+            env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+            | {"PYTHONHASHSEED": "0"} | env,
+            check=True, capture_output=True,
+        )  # fmt: skip
+        for line in out.read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise RuntimeError("callgrind wrote no summary")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--base-tree", type=Path, help="an earlier commit's tree, for 'base'")
+    parser.add_argument("--instructions", action="store_true", help="callgrind, the executor")
+    parser.add_argument("--executor-loop", type=int, help=argparse.SUPPRESS)
     parser.add_argument(
         "--database-url", default=os.environ.get("DATABASE_URL", DEFAULT_URL), help="admin URL"
     )
     args = parser.parse_args()
+    if args.executor_loop is not None:
+        asyncio.run(executor_loop(args.executor_loop, args.jobs))
+        return
+    if args.instructions:
+        instructions(args.jobs, args.base_tree)
+        return
     asyncio.run(
         measure(args.database_url, args.jobs, args.rounds, args.concurrency, args.base_tree)
     )

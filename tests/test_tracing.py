@@ -22,8 +22,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import TracerProvider
 
-from sidelinja_worker.queue import client, tracing
+from sidelinja_worker.jobs import noop
+from sidelinja_worker.queue import client, executor, tracing
 from sidelinja_worker.queue.client import NewJob
+from sidelinja_worker.queue.config import ServiceConfig
+from sidelinja_worker.queue.context import Services
+from sidelinja_worker.queue.jobs import ClaimedJob
+from sidelinja_worker.queue.outcomes import OutcomeWriter
 from tests.fakes.otlp_receiver import OtlpReceiver, ReceivedSpan, silent_collector
 from tests.fakes.serve import serve
 from tests.helpers import SPAWNED, Spawned, insert_jobs
@@ -362,3 +367,23 @@ def test_parse_traceparent_never_raises_and_accepts_only_the_exact_form(value: s
 )
 def test_what_turns_tracing_on(env: dict[str, str], exporters: list[str]) -> None:
     assert tracing.wanted_exporters(env) == exporters
+
+
+@pytest.mark.parametrize("broken", ["start_job_span", "end_job_span"])
+async def test_a_failing_tracer_never_fails_a_job(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, broken: str
+) -> None:
+    def fails(*args: object) -> tuple[object, object]:
+        raise RuntimeError("a tracing bug")
+
+    monkeypatch.setattr(tracing, "ENABLED", True)
+    monkeypatch.setattr(tracing, "start_job_span", lambda *args: (None, None))
+    monkeypatch.setattr(tracing, "end_job_span", lambda *args: None)
+    monkeypatch.setattr(tracing, broken, fails)
+    worker_id = UUID(int=1)
+    job = ClaimedJob(UUID(int=2), UUID(int=3), "noop", {}, 0, 1, 3, None)
+    services = Services(None, None, ServiceConfig({}), None)  # type: ignore[arg-type]
+    writer = OutcomeWriter(None, worker_id)  # type: ignore[arg-type]
+    attempt = await executor.execute(job, noop.JOB_TYPE, writer, services, worker_id, 60, {})
+    assert attempt == ("completed", None)
+    assert "tracing failed" in caplog.text

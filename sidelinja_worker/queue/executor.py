@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
+from typing import Any
 from uuid import UUID
 
 import orjson
@@ -73,7 +74,10 @@ async def execute(
     on, the attempt runs inside its span (`_in_span`); off, this is the whole of tracing's cost
     to a job: one module attribute read, no extra coroutine."""
     if tracing.ENABLED and not in_span:
-        return await _in_span(job, jt, writer, services, worker_id, timeout_s, cancel_reasons)
+        attempt = execute(
+            job, jt, writer, services, worker_id, timeout_s, cancel_reasons, in_span=True
+        )
+        return await _in_span(job, worker_id, attempt)
     logs.bind_job(job)  # every line this task logs carries the job's id, type, workspace
     if jt is None:  # only when a worker was started with a type it then lost; be explicit
         message = f"no handler for job type {job.job_type!r}"
@@ -137,27 +141,26 @@ async def execute(
 
 
 async def _in_span(
-    job: ClaimedJob,
-    jt: JobType | None,
-    writer: OutcomeWriter,
-    services: Services,
-    worker_id: UUID,
-    timeout_s: float,
-    cancel_reasons: Mapping[UUID, str],
+    job: ClaimedJob, worker_id: UUID, attempt: Coroutine[Any, Any, Attempt]
 ) -> Attempt:
-    """`execute` with the attempt's span current in this task while the handler runs, ended
-    with the outcome (tracing.end_job_span)."""
-    span, token = tracing.start_job_span(job, worker_id)
-    attempt: Attempt = ("abandoned", None)  # if something past the handler's failures escapes
+    """Runs `attempt` (this job's `execute`) with the attempt's span current in this task,
+    and ends the span with the outcome (tracing.end_job_span)."""
     try:
-        attempt = await execute(
-            job, jt, writer, services, worker_id, timeout_s, cancel_reasons, in_span=True
-        )
-        return attempt
+        span, token = tracing.start_job_span(job, worker_id)
+    except Exception:  # tracing never costs a job its run: it runs untraced
+        log.warning("job %s: no span (tracing failed)", job.id, exc_info=True)
+        return await attempt
+    ended: Attempt = ("abandoned", None)  # if something past the handler's failures escapes
+    try:
+        ended = await attempt
+        return ended
     finally:
-        outcome, error = attempt
+        outcome, error = ended
         message = clean_message(f"{type(error).__name__}: {error}") if error else None
-        tracing.end_job_span(span, token, outcome, error, message)
+        try:
+            tracing.end_job_span(span, token, outcome, error, message)
+        except Exception:  # the outcome is recorded; a slot must not die for its span
+            log.warning("job %s: span not ended (tracing failed)", job.id, exc_info=True)
 
 
 class RawResultError(Exception):
