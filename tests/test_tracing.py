@@ -358,6 +358,7 @@ def test_parse_traceparent_never_raises_and_accepts_only_the_exact_form(value: s
         ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, ["otlp"]),
         ({"OTEL_EXPORTER_OTLP_ENDPOINT": "  "}, []),
         ({"OTEL_TRACES_EXPORTER": "otlp"}, ["otlp"]),
+        ({"OTEL_TRACES_EXPORTER": "", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"}, ["otlp"]),
         ({"OTEL_TRACES_EXPORTER": "console, OTLP,otlp"}, ["console", "otlp"]),
         ({"OTEL_TRACES_EXPORTER": "zipkin"}, []),
         ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"}, []),

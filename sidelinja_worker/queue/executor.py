@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine, Mapping
+from contextvars import ContextVar
 from typing import Any
 from uuid import UUID
 
@@ -52,6 +53,10 @@ def timeout_for_type(jt: JobType | None, max_timeout_s: float) -> float:
     return min(float(jt.timeout_s), max_timeout_s) if jt is not None else max_timeout_s
 
 
+# True while `execute` runs an attempt inside its span (set by `_in_span`), so the inner
+# call runs the attempt itself. Read only with tracing on.
+_IN_SPAN: ContextVar[bool] = ContextVar("sidelinja_in_job_span", default=False)
+
 # What an attempt ended in, for its span: the outcome ("completed", "retry", "error",
 # "deferred", "cancelled", "timeout", "released") and the exception behind a failure.
 Attempt = tuple[str, BaseException | None]
@@ -65,18 +70,14 @@ async def execute(
     worker_id: UUID,
     timeout_s: float,
     cancel_reasons: Mapping[UUID, str],
-    *,
-    in_span: bool = False,
 ) -> Attempt:
     """Runs `job` to one recorded outcome. The worker enforces `timeout_s` by cancelling the
     task with the reason TIMED_OUT in `cancel_reasons` (one watchdog for all jobs is far
     cheaper than a timer per job); the reason decides what a cancellation means. With tracing
-    on, the attempt runs inside its span (`_in_span`); off, this is the whole of tracing's cost
-    to a job: one module attribute read, no extra coroutine."""
-    if tracing.ENABLED and not in_span:
-        attempt = execute(
-            job, jt, writer, services, worker_id, timeout_s, cancel_reasons, in_span=True
-        )
+    on, this runs again inside the attempt's span (`_in_span`); off, tracing costs a job one
+    module attribute read, and no extra coroutine or parameter."""
+    if tracing.ENABLED and not _IN_SPAN.get():
+        attempt = execute(job, jt, writer, services, worker_id, timeout_s, cancel_reasons)
         return await _in_span(job, worker_id, attempt)
     logs.bind_job(job)  # every line this task logs carries the job's id, type, workspace
     if jt is None:  # only when a worker was started with a type it then lost; be explicit
@@ -145,22 +146,26 @@ async def _in_span(
 ) -> Attempt:
     """Runs `attempt` (this job's `execute`) with the attempt's span current in this task,
     and ends the span with the outcome (tracing.end_job_span)."""
+    inside = _IN_SPAN.set(True)
     try:
-        span, token = tracing.start_job_span(job, worker_id)
-    except Exception:  # tracing never costs a job its run: it runs untraced
-        log.warning("job %s: no span (tracing failed)", job.id, exc_info=True)
-        return await attempt
-    ended: Attempt = ("abandoned", None)  # if something past the handler's failures escapes
-    try:
-        ended = await attempt
-        return ended
-    finally:
-        outcome, error = ended
-        message = clean_message(f"{type(error).__name__}: {error}") if error else None
         try:
-            tracing.end_job_span(span, token, outcome, error, message)
-        except Exception:  # the outcome is recorded; a slot must not die for its span
-            log.warning("job %s: span not ended (tracing failed)", job.id, exc_info=True)
+            span, token = tracing.start_job_span(job, worker_id)
+        except Exception:  # tracing never costs a job its run: it runs untraced
+            log.warning("job %s: no span (tracing failed)", job.id, exc_info=True)
+            return await attempt
+        ended: Attempt = ("abandoned", None)  # if something past the handler's failures escapes
+        try:
+            ended = await attempt
+            return ended
+        finally:
+            outcome, error = ended
+            message = clean_message(f"{type(error).__name__}: {error}") if error else None
+            try:
+                tracing.end_job_span(span, token, outcome, error, message)
+            except Exception:  # the outcome is recorded; a slot must not die for its span
+                log.warning("job %s: span not ended (tracing failed)", job.id, exc_info=True)
+    finally:
+        _IN_SPAN.reset(inside)
 
 
 class RawResultError(Exception):

@@ -88,13 +88,13 @@ def wanted_exporters(environ: Mapping[str, str]) -> list[str]:
 
     On when OTEL_TRACES_EXPORTER names an exporter (`otlp`, `console`, comma-separated), or,
     with it unset, when an OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT or
-    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT): the SDK's own default exporter is otlp, but a worker
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT; empty counts as unset): the SDK's own default exporter is otlp, but a worker
     nobody configured for traces must not try to reach localhost:4318. OTEL_SDK_DISABLED=true
     and OTEL_TRACES_EXPORTER=none keep it off whatever else is set."""
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() in _TRUE:
         return []
-    named = environ.get("OTEL_TRACES_EXPORTER")
-    if named is None:
+    named = environ.get("OTEL_TRACES_EXPORTER", "").strip()
+    if not named:  # unset or empty
         endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get(
             "OTEL_EXPORTER_OTLP_ENDPOINT"
         )
