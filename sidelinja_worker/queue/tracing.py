@@ -45,6 +45,7 @@ DEFAULT_BATCH_SIZE = 512  # OTEL_BSP_MAX_EXPORT_BATCH_SIZE's default
 # clamped to it): it blocks only the exporter's thread, but the next batch waits behind it.
 MAX_EXPORT_TIMEOUT_S = 30.0
 
+# Attribute values are cut to this length unless OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT is set.
 MAX_ATTRIBUTE_CHARS = 4096
 
 # The outcomes that set the span's status to error.
