@@ -11,7 +11,7 @@ from uuid import UUID
 
 import asyncpg
 
-from sidelinja_worker.queue import store
+from sidelinja_worker.queue import store, tracing
 from sidelinja_worker.queue.ids import uuid7s
 from sidelinja_worker.queue.priorities import default_priority
 
@@ -39,6 +39,9 @@ class NewJob:
     parents: tuple[UUID, ...] = ()
     run_anyway: bool = False
     job_id: UUID | None = None
+    # W3C trace context to store with the job (docs/tracing.md); None: the current span's, when
+    # tracing is on. A value that is not a valid version 00 traceparent is not stored.
+    traceparent: str | None = None
 
     def checked(self) -> NewJob:
         """Self, or a ValueError saying what is wrong; nothing reaches the database half-valid."""
@@ -116,6 +119,7 @@ async def _enqueue_jobs(conn: store.Conn, checked: list[NewJob], rounds: int) ->
         max_attempts=[j.max_attempts for j in checked],
         unique_keys=[j.unique_key for j in checked],
         timeouts_s=[j.timeout_s for j in checked],
+        traceparents=_traceparents(checked),
     )
     if _copyable(checked):
         await store.copy_jobs(conn, rows, with_schedule=checked[0].scheduled_for is not None)
@@ -124,6 +128,15 @@ async def _enqueue_jobs(conn: store.Conn, checked: list[NewJob], rounds: int) ->
     if len(inserted) == len(ids):
         return ids
     return await _resolve_duplicates(conn, checked, ids, inserted, rounds)
+
+
+def _traceparents(jobs: Sequence[NewJob]) -> list[str | None]:
+    """Each job's own valid traceparent, else the current span's when tracing is on."""
+    current = tracing.current_traceparent() if tracing.ENABLED else None
+    return [
+        tracing.valid_traceparent(j.traceparent) if j.traceparent is not None else current
+        for j in jobs
+    ]
 
 
 COPY_MIN_JOBS = 64  # below this a single INSERT is as quick and one round trip fewer

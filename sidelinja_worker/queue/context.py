@@ -12,7 +12,7 @@ from uuid import UUID
 import asyncpg
 import httpx
 
-from sidelinja_worker.queue import store
+from sidelinja_worker.queue import store, tracing
 from sidelinja_worker.queue.backoff import clamp_s
 from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.config import ServiceConfig
@@ -59,11 +59,23 @@ class Services:
     def http(self) -> httpx.AsyncClient:
         if self._http is None:
             self._http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0))
+            if tracing.ENABLED:  # each call a child span of the job's, carrying its traceparent
+                tracing.instrument_http(self._http)
         return self._http
 
     async def aclose(self) -> None:
         if self._http is not None:
             await self._http.aclose()
+
+
+def _traced(job: NewJob) -> NewJob:
+    """`job` carrying the current span's context (this job's span, with tracing on): the outcome
+    writer enqueues it later, outside this job's task and its context."""
+    if tracing.ENABLED and job.traceparent is None:
+        current = tracing.current_traceparent()
+        if current is not None:
+            return replace(job, traceparent=current)
+    return job
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,14 +105,16 @@ class JobContext:
     def enqueue_on_success(self, job: NewJob) -> None:
         """`job` is enqueued atomically with this job's completion: if this job fails, is
         retried or its outcome is lost, it is not enqueued (no duplicates on re-runs)."""
-        self.follow_ups.append(job.checked())
+        self.follow_ups.append(_traced(job).checked())
 
     def add_child(self, job: NewJob, *, after: Sequence[UUID] = ()) -> UUID:
         """Fan-out: `job` becomes a child of this job, enqueued with its completion (as
         `enqueue_on_success`), and also waits for the jobs in `after` (other children added
         here, for a join). Returns the child's id, fixed now so that a join can name it."""
         child = replace(
-            job, job_id=job.job_id or uuid7s(1)[0], parents=(self.job_id, *job.parents, *after)
+            _traced(job),
+            job_id=job.job_id or uuid7s(1)[0],
+            parents=(self.job_id, *job.parents, *after),
         )
         self.follow_ups.append(child.checked())
         return cast(UUID, child.job_id)

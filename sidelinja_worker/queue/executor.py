@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
+from contextvars import ContextVar
+from typing import Any
 from uuid import UUID
 
 import orjson
 
-from sidelinja_worker.queue import logs, metrics
+from sidelinja_worker.queue import logs, metrics, tracing
 from sidelinja_worker.queue.backoff import clamp_s, defer_until, retry_delay_s
 from sidelinja_worker.queue.context import JobContext, Services, clean_text
 from sidelinja_worker.queue.db import RawJson
@@ -51,6 +53,15 @@ def timeout_for_type(jt: JobType | None, max_timeout_s: float) -> float:
     return min(float(jt.timeout_s), max_timeout_s) if jt is not None else max_timeout_s
 
 
+# True while `execute` runs an attempt inside its span (set by `_in_span`), so the inner
+# call runs the attempt itself. Read only with tracing on.
+_IN_SPAN: ContextVar[bool] = ContextVar("sidelinja_in_job_span", default=False)
+
+# What an attempt ended in, for its span: the outcome ("completed", "retry", "error",
+# "deferred", "cancelled", "timeout", "released") and the exception behind a failure.
+Attempt = tuple[str, BaseException | None]
+
+
 async def execute(
     job: ClaimedJob,
     jt: JobType | None,
@@ -59,16 +70,19 @@ async def execute(
     worker_id: UUID,
     timeout_s: float,
     cancel_reasons: Mapping[UUID, str],
-) -> None:
+) -> Attempt:
     """Runs `job` to one recorded outcome. The worker enforces `timeout_s` by cancelling the
     task with the reason TIMED_OUT in `cancel_reasons` (one watchdog for all jobs is far
-    cheaper than a timer per job); the reason decides what a cancellation means."""
+    cheaper than a timer per job); the reason decides what a cancellation means. With tracing
+    on, this runs again inside the attempt's span (`_in_span`); off, tracing costs a job one
+    module attribute read, and no extra coroutine or parameter."""
+    if tracing.ENABLED and not _IN_SPAN.get():
+        attempt = execute(job, jt, writer, services, worker_id, timeout_s, cancel_reasons)
+        return await _in_span(job, worker_id, attempt)
     logs.bind_job(job)  # every line this task logs carries the job's id, type, workspace
     if jt is None:  # only when a worker was started with a type it then lost; be explicit
-        _fail(
-            writer, job, "unknown_type", f"no handler for job type {job.job_type!r}", permanent=True
-        )
-        return
+        message = f"no handler for job type {job.job_type!r}"
+        return _fail(writer, job, "unknown_type", message, permanent=True), LookupError(message)
     ctx = JobContext(
         job.id, job.workspace_id, job.job_type, job.attempt, job.max_attempts, services, worker_id
     )
@@ -93,32 +107,65 @@ async def execute(
                 job.attempt,
                 job.max_attempts,
             )
+        return "completed", None
     except RawResultError as exc:
-        _fail(writer, job, "bad_result", str(exc), permanent=True)
-    except TimeoutError:  # the handler's own (an HTTP read, say); ours is a cancellation
-        _fail(writer, job, "transient", "TimeoutError: a call timed out")
+        return _fail(writer, job, "bad_result", str(exc), permanent=True), exc
+    except TimeoutError as exc:  # the handler's own (an HTTP read, say); ours is a cancellation
+        return _fail(writer, job, "transient", "TimeoutError: a call timed out"), exc
     except RetryJob as exc:
-        _fail(writer, job, "transient", str(exc), after_s=exc.after_s)
+        return _fail(writer, job, "transient", str(exc), after_s=exc.after_s), exc
     except PermanentError as exc:
-        _fail(writer, job, "permanent", str(exc), permanent=True)
+        return _fail(writer, job, "permanent", str(exc), permanent=True), exc
     except Defer as exc:
         until = defer_until(exc.after_s, exc.until)
         log.info("job %s deferred until %s: %s", job.id, until.isoformat(), exc)
         writer.released(Release(job.id, until, clean_message(str(exc))))
+        return "deferred", None
     except asyncio.CancelledError:
         asyncio.current_task().uncancel()  # type: ignore[union-attr]
         reason = cancel_reasons.get(job.id)
         if reason == TIMED_OUT:
-            _fail(writer, job, "timeout", f"timed out after {timeout_s:g} s")
-        elif reason == CANCEL_REQUESTED:
+            message = f"timed out after {timeout_s:g} s"
+            _fail(writer, job, "timeout", message)
+            return "timeout", TimeoutError(message)
+        if reason == CANCEL_REQUESTED:
             writer.cancelled(job.id)
-        else:  # shutdown past the grace period: back to the queue, not a failed attempt
-            writer.released(Release(job.id, None))
+            return "cancelled", None
+        # shutdown past the grace period: back to the queue, not a failed attempt
+        writer.released(Release(job.id, None))
+        return "released", None
     except Exception as exc:  # a handler bug or an unclassified fault: transient, retried
         log.warning(
             "job %s (%s) raised %s", job.id, job.job_type, type(exc).__name__, exc_info=True
         )
-        _fail(writer, job, "transient", f"{type(exc).__name__}: {exc}")
+        return _fail(writer, job, "transient", f"{type(exc).__name__}: {exc}"), exc
+
+
+async def _in_span(
+    job: ClaimedJob, worker_id: UUID, attempt: Coroutine[Any, Any, Attempt]
+) -> Attempt:
+    """Runs `attempt` (this job's `execute`) with the attempt's span current in this task,
+    and ends the span with the outcome (tracing.end_job_span)."""
+    inside = _IN_SPAN.set(True)
+    try:
+        try:
+            span, token = tracing.start_job_span(job, worker_id)
+        except Exception:  # tracing never costs a job its run: it runs untraced
+            log.warning("job %s: no span (tracing failed)", job.id, exc_info=True)
+            return await attempt
+        ended: Attempt = ("abandoned", None)  # if something past the handler's failures escapes
+        try:
+            ended = await attempt
+            return ended
+        finally:
+            outcome, error = ended
+            message = clean_message(f"{type(error).__name__}: {error}") if error else None
+            try:
+                tracing.end_job_span(span, token, outcome, error, message)
+            except Exception:  # the outcome is recorded; a slot must not die for its span
+                log.warning("job %s: span not ended (tracing failed)", job.id, exc_info=True)
+    finally:
+        _IN_SPAN.reset(inside)
 
 
 class RawResultError(Exception):
@@ -152,7 +199,9 @@ def _fail(
     *,
     permanent: bool = False,
     after_s: float | None = None,
-) -> None:
+) -> str:
+    """Records the failure; returns the outcome: "error" when the job ends here, else
+    "retry"."""
     metrics.failed(job.job_type)
     delay_s = retry_delay_s(after_s, job.attempt)
     message = clean_message(message) if message else kind
@@ -167,14 +216,15 @@ def _fail(
             kind,
             message,
         )
-    else:
-        log.warning(
-            "job %s %s failed (attempt %d/%d, %s), retry in %gs: %s",
-            job.id,
-            job.job_type,
-            job.attempt,
-            job.max_attempts,
-            kind,
-            delay_s,
-            message,
-        )
+        return "error"
+    log.warning(
+        "job %s %s failed (attempt %d/%d, %s), retry in %gs: %s",
+        job.id,
+        job.job_type,
+        job.attempt,
+        job.max_attempts,
+        kind,
+        delay_s,
+        message,
+    )
+    return "retry"

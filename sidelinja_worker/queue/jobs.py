@@ -22,3 +22,4 @@ class ClaimedJob:
     max_attempts: int
     timeout_s: int | None
     waited_s: float = 0.0  # from due to claimed: the pickup latency
+    traceparent: str | None = None  # the enqueuer's W3C trace context, as the row holds it

@@ -53,6 +53,7 @@ class EnqueueRows:
     max_attempts: list[int]
     unique_keys: list[str | None]
     timeouts_s: list[int | None]
+    traceparents: list[str | None]
 
 
 def claim_statement(fair: bool, type_capped: bool) -> str:
@@ -185,6 +186,7 @@ async def enqueue(conn: Conn, rows: EnqueueRows) -> set[UUID]:
         rows.max_attempts,
         rows.unique_keys,
         rows.timeouts_s,
+        rows.traceparents,
     )
     return {r[0] for r in inserted}
 
@@ -207,6 +209,9 @@ async def copy_jobs(conn: Conn, rows: EnqueueRows, with_schedule: bool) -> None:
     if with_schedule:
         columns.append("scheduled_for")
         records = ((*r, at) for r, at in zip(records, rows.scheduled_for, strict=True))
+    if any(rows.traceparents):  # traced enqueues only: the column is left out otherwise
+        columns.append("traceparent")
+        records = ((*r, tp) for r, tp in zip(records, rows.traceparents, strict=True))
     await conn.copy_records_to_table("job_queue", records=records, columns=columns)
 
 

@@ -16,7 +16,7 @@ from uuid import UUID, uuid4
 
 import asyncpg
 
-from sidelinja_worker.queue import executor, metrics, store
+from sidelinja_worker.queue import executor, metrics, store, tracing
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.context import Services, clean_text
 from sidelinja_worker.queue.db import DB_ERRORS, create_pool
@@ -196,9 +196,11 @@ class Worker:
         except UserError as exc:  # the shared pool works: go on with it, plans left to choose
             log.warning("no pool for claims (%s); using the shared one", exc)
         self._writer.use_pool(self._queue_pool)
+        tracing.start(_version())  # off unless OTEL_* variables ask for traces
         try:
             await self._run()
         finally:
+            tracing.stop()  # every job's span has ended: send what is queued, bounded
             # The last seconds' counts for the dashboard, if the database answers at once.
             with contextlib.suppress(*metrics.MINUTE_ERRORS):
                 await asyncio.wait_for(metrics.flush_minutes(self._pool), 1.0)

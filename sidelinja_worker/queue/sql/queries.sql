@@ -40,7 +40,7 @@ SET status = 'running',
 WHERE id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts, timeout_s,
           extract(epoch FROM coalesce($4::timestamptz, statement_timestamp()) - scheduled_for)::float8
-              AS waited_s;
+              AS waited_s, traceparent;
 
 -- name: claim_capped
 -- `claim` with job type caps: a type with a cap has room for `cap - running` more, counted
@@ -87,7 +87,7 @@ SET status = 'running',
 WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts, timeout_s,
           extract(epoch FROM coalesce($4::timestamptz, statement_timestamp()) - scheduled_for)::float8
-              AS waited_s;
+              AS waited_s, traceparent;
 
 -- name: claim_fair
 -- Within a priority level, jobs are taken round-robin across workspaces, so 50,000 jobs of one
@@ -208,7 +208,7 @@ SET status = 'running',
 WHERE id = ANY(ARRAY(SELECT id FROM chosen UNION ALL SELECT id FROM locked_one))
 RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts, timeout_s,
           extract(epoch FROM coalesce($4::timestamptz, statement_timestamp()) - scheduled_for)::float8
-              AS waited_s;
+              AS waited_s, traceparent;
 
 -- name: claim_fair_capped
 -- `claim_fair` with job type caps (type_room, as in `claim_capped`). Every busy workspace with
@@ -310,7 +310,7 @@ SET status = 'running',
 WHERE id = ANY(ARRAY(SELECT id FROM chosen))
 RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts, timeout_s,
           extract(epoch FROM coalesce($4::timestamptz, statement_timestamp()) - scheduled_for)::float8
-              AS waited_s;
+              AS waited_s, traceparent;
 
 -- name: lock_limited_claims
 -- Serialises the claims that count running jobs against a cap, cluster-wide, for one
@@ -507,14 +507,15 @@ WHERE j.id = ANY($1::uuid[])
 -- of its workspace is not inserted (the unique index decides, for every writer); the caller
 -- then looks up the holder with `find_by_unique_keys`.
 INSERT INTO job_queue (id, workspace_id, job_type, payload, priority, scheduled_for,
-                       max_attempts, unique_key, timeout_s)
+                       max_attempts, unique_key, timeout_s, traceparent)
 SELECT j.id, j.workspace_id, j.job_type, j.payload, j.priority,
        coalesce(j.scheduled_for, now() + make_interval(secs => coalesce(j.delay_s, 0))),
-       j.max_attempts, j.unique_key, j.timeout_s
+       j.max_attempts, j.unique_key, j.timeout_s, j.traceparent
 FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::jsonb[], $5::smallint[],
-            $6::timestamptz[], $7::float8[], $8::smallint[], $9::text[], $10::integer[])
+            $6::timestamptz[], $7::float8[], $8::smallint[], $9::text[], $10::integer[],
+            $11::text[])
      AS j(id, workspace_id, job_type, payload, priority, scheduled_for, delay_s,
-          max_attempts, unique_key, timeout_s)
+          max_attempts, unique_key, timeout_s, traceparent)
 ON CONFLICT (workspace_id, unique_key)
     WHERE unique_key IS NOT NULL AND status IN ('pending', 'retry', 'running')
 DO NOTHING
