@@ -84,7 +84,7 @@ async def run(args: argparse.Namespace) -> int:
         async with opened(args) as (_db, pool), pool.acquire() as conn:
             reader = Reader(args, conn, default_workspace, name)
             with progress.bar(
-                f"enqueueing {name}",
+                f"enqueueing {os.path.basename(name)}",  # the bar keeps its width
                 size,
                 shown=shown,
                 counted="{task.fields[jobs]} jobs",
