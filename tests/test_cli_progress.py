@@ -20,6 +20,7 @@ import asyncpg
 import pytest
 
 from tests.helpers import cli, make_workspace, one_line_error
+from tests.test_rls import RoleMaker, as_user, make_role_fixture  # noqa: F401 (fixture)
 
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # anything but tab and newline
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
@@ -162,6 +163,37 @@ async def test_file_flags_that_belong_on_the_line_are_refused(
     assert "line 1: no workspace_id" in one_line_error(no_workspace)
     ghost = cli("enqueue", "--file", str(path), "--workspace", str(uuid4()), url=db_url)
     assert "line 1: no workspace " in one_line_error(ghost)
+
+
+async def test_under_row_level_security_the_file_goes_in_by_insert(
+    db_url: str, pool: asyncpg.Pool, workspace: UUID, tmp_path: Path, make_role: RoleMaker
+) -> None:
+    """COPY is refused where row-level security applies: a role that has it (the web app's,
+    given what the CLI reads besides) enqueues a file all the same, checked row by row by the
+    policies; a line for another workspace is refused by them, and nothing goes in."""
+    role = await make_role(
+        "GRANT sidelinja_app TO {r}", "GRANT SELECT ON sidelinja_schema_migrations TO {r}"
+    )
+    url = f"{as_user(db_url, role)}?sidelinja.workspace_id={workspace}"
+    path = _jsonl(
+        tmp_path / "jobs.jsonl", [{"job_type": "noop", "payload": {"n": i}} for i in range(300)]
+    )
+    out = cli("enqueue", "--file", str(path), "--workspace", str(workspace), url=url)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"enqueued 300 jobs from {path}\n"
+    assert await pool.fetchval("SELECT count(DISTINCT payload->>'n') FROM job_queue") == 300
+    other = await make_workspace(pool, "other")
+    rows = [{"job_type": "noop"}] * 100 + [{"job_type": "noop", "workspace_id": str(other)}]
+    crossing = cli(
+        "enqueue",
+        "--file",
+        str(_jsonl(tmp_path / "x.jsonl", rows)),
+        "--workspace",
+        str(workspace),
+        url=url,
+    )
+    assert "line 101: no workspace" in one_line_error(crossing)  # the policy hides it
+    assert await pool.fetchval("SELECT count(*) FROM job_queue") == 300
 
 
 # --- prune ---------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+import asyncpg
+
 from sidelinja_worker import settings
 from sidelinja_worker.cli import admin as admin_cli
 from sidelinja_worker.cli import bulk, commands, retention
@@ -157,6 +159,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         print(f"sidelinja-worker: error: database: {first}", file=sys.stderr)
+        return 2
+    except asyncpg.InsufficientPrivilegeError as exc:  # a role without the owner's rights
+        if debug:
+            traceback.print_exc()
+        first = str(exc).strip().splitlines()[0]
+        print(
+            f"sidelinja-worker: error: database: {first}; the CLI runs as the schema owner",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         return 130
