@@ -12,7 +12,8 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from uuid import UUID, uuid4
 
@@ -21,6 +22,7 @@ import pytest
 
 from tests.helpers import cli, make_workspace, one_line_error
 from tests.test_rls import RoleMaker, as_user, make_role_fixture  # noqa: F401 (fixture)
+from tests.test_top import _screen_shows, _tmux
 
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # anything but tab and newline
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
@@ -278,45 +280,33 @@ async def test_prune_deletes_exactly_the_jobs_past_retention_and_keeps_graphs_wh
     assert again.stdout.startswith("pruned 0 jobs")
     # The command's own retention, bounded as the worker's flags are.
     shorter = cli("prune", "--keep-errors", "10d", url=db_url)
-    assert shorter.stdout.startswith("pruned 1 jobs"), shorter.stdout  # error-young
+    assert shorter.stdout.startswith("pruned 1 job;"), shorter.stdout  # error-young
     assert "--keep-errors" in one_line_error(cli("prune", "--keep-errors", "5", url=db_url))
 
 
 # --- in a terminal -------------------------------------------------------------------------
 
 
-def _tmux(socket: str, *args: str) -> str:
-    return subprocess.run(
-        ["tmux", "-L", socket, *args], capture_output=True, text=True, check=False
-    ).stdout
+@contextmanager
+def terminal(db_url: str, *args: str) -> Iterator[str]:
+    """`sidelinja-worker ARGS` in a tmux pseudo-terminal whose pane stays after the command
+    ends (it prints EXIT=code); yields the tmux socket, whose session is "top" as in
+    tests/test_top.py, whose screen reader this reuses."""
+    socket = f"sidelinja-cli-{os.getpid()}-{uuid4().hex[:6]}"
+    command = (
+        f"DATABASE_URL={shlex.quote(db_url)} SIDELINJA_LOG_FORMAT= {shlex.quote(sys.executable)}"
+        f" -m sidelinja_worker {shlex.join(args)}; echo EXIT=$?; sleep 600"
+    )
+    _tmux(socket, "new-session", "-d", "-s", "top", "-x", "160", "-y", "40", command)
+    try:
+        yield socket
+    finally:
+        _tmux(socket, "kill-server")
 
 
-async def _screen_shows(socket: str, *texts: str, timeout_s: float = 60) -> str:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        screen = _tmux(socket, "capture-pane", "-p", "-t", "cli")
-        if all(t in screen for t in texts):
-            return screen
-        assert time.monotonic() < deadline, f"{texts} not on screen:\n{screen}"
-        await asyncio.sleep(0.1)
-
-
-class Terminal:
-    """A command in a tmux pseudo-terminal; the pane stays after the command ends."""
-
-    def __init__(self, db_url: str, *args: str) -> None:
-        self.socket = f"sidelinja-cli-{os.getpid()}-{uuid4().hex[:6]}"
-        command = (
-            f"DATABASE_URL={shlex.quote(db_url)} SIDELINJA_LOG_FORMAT= {shlex.quote(sys.executable)}"
-            f" -m sidelinja_worker {shlex.join(args)}; echo EXIT=$?; sleep 600"
-        )
-        _tmux(self.socket, "new-session", "-d", "-s", "cli", "-x", "160", "-y", "40", command)
-
-    async def shows(self, *texts: str) -> str:
-        return await _screen_shows(self.socket, *texts)
-
-    def close(self) -> None:
-        _tmux(self.socket, "kill-server")
+async def _final_screen(db_url: str, *args: str) -> str:
+    with terminal(db_url, *args) as socket:
+        return await _screen_shows(socket, "EXIT=0", timeout_s=60)
 
 
 @needs_tmux
@@ -324,23 +314,17 @@ async def test_enqueue_file_and_prune_show_a_bar_in_a_terminal(
     db_url: str, pool: asyncpg.Pool, workspace: UUID, tmp_path: Path
 ) -> None:
     path = _jsonl(tmp_path / "jobs.jsonl", [{"job_type": "noop"} for _ in range(10_000)])
-    term = Terminal(db_url, "enqueue", "--file", str(path), "--workspace", str(workspace))
-    try:
-        screen = await term.shows("EXIT=0")
-        assert re.search(r"enqueueing .*jobs\.jsonl .*━.* 100% .*10000 jobs", screen), screen
-        assert "enqueued 10000 jobs" in screen
-    finally:
-        term.close()
+    screen = await _final_screen(
+        db_url, "enqueue", "--file", str(path), "--workspace", str(workspace)
+    )
+    assert re.search(r"enqueueing jobs\.jsonl .*━.* 100% .*10000 jobs", screen), screen
+    assert "enqueued 10000 jobs" in screen
     await pool.execute(
         "UPDATE job_queue SET status = 'completed', completed_at = now() - interval '15 days'"
     )
-    term = Terminal(db_url, "prune")
-    try:
-        screen = await term.shows("EXIT=0")
-        assert re.search(r"deleting finished jobs .*━.* 100% .*10000/10000", screen), screen
-        assert "pruned 10000 jobs" in screen
-    finally:
-        term.close()
+    screen = await _final_screen(db_url, "prune")
+    assert re.search(r"deleting finished jobs .*━.* 100% .*10000/10000", screen), screen
+    assert "pruned 10000 jobs" in screen
 
 
 @needs_tmux
@@ -355,14 +339,13 @@ async def test_migrate_shows_which_migration_runs_and_for_how_long(
         transaction = holder.transaction()
         await transaction.start()
         await holder.execute("LOCK TABLE job_queue IN ROW EXCLUSIVE MODE")
-        term = Terminal(db_url, "migrate")
-        try:
-            await term.shows("migration 1 of 1: 0013_admin_pending_index_by_id", "0:00:02")
+        with terminal(db_url, "migrate") as socket:
+            await _screen_shows(
+                socket, "migration 1 of 1: 0013_admin_pending_index_by_id", "0:00:02"
+            )
             await transaction.rollback()
-            screen = await term.shows("EXIT=0")
+            screen = await _screen_shows(socket, "EXIT=0")
             assert "applied: 0013_admin_pending_index_by_id" in screen
-        finally:
-            term.close()
     assert await pool.fetchval(
         "SELECT to_regclass('idx_job_queue_admin_pending_by_id') IS NOT NULL"
     )

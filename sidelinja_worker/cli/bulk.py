@@ -92,8 +92,9 @@ async def run(args: argparse.Namespace) -> int:
             ) as bar:
                 async with conn.transaction():
                     enqueued = await reader.enqueue_all(stream, bar)
-    skipped = f"; skipped {len(reader.bad)} bad lines (listed above)" if reader.bad else ""
-    print(f"enqueued {enqueued} jobs from {name}{skipped}")
+    bad = progress.count(len(reader.bad), "bad line")
+    skipped = f"; skipped {bad} (listed above)" if reader.bad else ""
+    print(f"enqueued {progress.count(enqueued, 'job')} from {name}{skipped}")
     newjob.warn_missing_settings(args, reader.job_types)
     return 1 if reader.bad else 0
 

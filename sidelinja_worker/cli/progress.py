@@ -26,6 +26,11 @@ from sidelinja_worker.queue import logs
 Advance = Callable[[int], None]  # a bar's advance, handed to work that counts in steps
 
 
+def count(n: int, noun: str) -> str:
+    """ "1 job", "2 jobs": the final line reads as a sentence."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def wanted(log_format: str | None) -> bool:
     """A live display only on a terminal, and never in the middle of JSON log lines."""
     return sys.stderr.isatty() and not logs.want_json(sys.stderr, forced=log_format)

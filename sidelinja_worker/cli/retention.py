@@ -25,20 +25,17 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         help="count what would go (the same deletes, in a transaction rolled back at the end)",
     )
     # dest = the settings' field: settings.load validates and bounds them as `run`'s flags.
-    p.add_argument(
-        "--keep-completed",
-        dest="keep_completed",
-        metavar="DURATION",
-        default=argparse.SUPPRESS,
-        help="retention of completed and cancelled jobs [env SIDELINJA_KEEP_COMPLETED] (14d)",
-    )
-    p.add_argument(
-        "--keep-errors",
-        dest="keep_errors",
-        metavar="DURATION",
-        default=argparse.SUPPRESS,
-        help="retention of jobs that ended in error [env SIDELINJA_KEEP_ERRORS] (90d)",
-    )
+    for flag, env, default, jobs in (
+        ("--keep-completed", "SIDELINJA_KEEP_COMPLETED", "14d", "completed and cancelled jobs"),
+        ("--keep-errors", "SIDELINJA_KEEP_ERRORS", "90d", "jobs that ended in error"),
+    ):
+        p.add_argument(
+            flag,
+            dest=flag[2:].replace("-", "_"),
+            metavar="DURATION",
+            default=argparse.SUPPRESS,
+            help=f"retention of {jobs} [env {env}] ({default})",
+        )
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -57,7 +54,8 @@ async def run(args: argparse.Namespace) -> int:
             bar.update(total=deleted, completed=deleted)
     kept = at_most - deleted
     held = f"; {kept} past retention kept whole with a graph not yet past it" if kept > 0 else ""
-    print(f"{'would prune' if args.dry_run else 'pruned'} {deleted} jobs{held}")
+    said = "would prune" if args.dry_run else "pruned"
+    print(f"{said} {progress.count(deleted, 'job')}{held}")
     return 0
 
 
