@@ -4,8 +4,9 @@ token's search never shows the other workspace's jobs; the platform admin's sees
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from urllib.parse import urlencode
 from uuid import UUID
 
 import asyncpg
@@ -107,6 +108,12 @@ async def test_search_form_in_chromium_with_two_workspaces(
     }
     window = {"from": older, "to": _minute(now - timedelta(days=2))}
     assert await _search(page, **window) == {a42_old}
+    # A link whose window has a zone: the form shows it in UTC, so a second search keeps it.
+    link_from = (now - timedelta(days=4)).astimezone(timezone(timedelta(hours=2)))
+    query = urlencode({"status": "all", "payload": "episode_id=42", "from": link_from.isoformat()})
+    await page.goto(f"{admin}/admin/jobs?{query}")  # type: ignore[attr-defined]
+    assert await page.input_value("input[name=from]") == older  # type: ignore[attr-defined]
+    assert await _search(page, type="whisper_transcribe") == {a42, a42_old, b42}
     assert await _search(page, **{**CLEAR, "status": "all", "id": a43[:8]}) == {a43}
     assert await _search(page, id=a43[:13], payload="episode_id=43") == {a43}
     assert await _search(page, id=a43[:8], payload="episode_id=42") == set()
