@@ -151,6 +151,25 @@ async def test_skip_bad_enqueues_the_good_lines_from_stdin(
     assert await pool.fetchval("SELECT count(*) FROM job_queue") == 197
 
 
+async def test_a_line_whose_unique_key_is_held_joins_the_holder(
+    db_url: str, pool: asyncpg.Pool, workspace: UUID, tmp_path: Path
+) -> None:
+    held = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, unique_key)"
+        " VALUES ($1, 'noop', '{}', 'nightly') RETURNING id",
+        workspace,
+    )
+    rows = [{"job_type": "noop", "unique_key": k} for k in ("nightly", "new", "new", "other")]
+    path = _jsonl(tmp_path / "jobs.jsonl", rows)
+    out = cli("enqueue", "--file", str(path), "--workspace", str(workspace), url=db_url)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == (
+        f"enqueued 2 jobs from {path}; 2 lines joined the job holding its unique key\n"
+    )
+    keys = await pool.fetch("SELECT unique_key, id FROM job_queue ORDER BY unique_key")
+    assert [k[0] for k in keys] == ["new", "nightly", "other"] and keys[1][1] == held
+
+
 async def test_file_flags_that_belong_on_the_line_are_refused(
     db_url: str, workspace: UUID, tmp_path: Path
 ) -> None:

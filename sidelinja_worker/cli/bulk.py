@@ -15,6 +15,7 @@ import stat
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
+from dataclasses import replace
 from typing import IO, Any
 from uuid import UUID
 
@@ -25,6 +26,7 @@ from sidelinja_worker.cli import newjob, progress
 from sidelinja_worker.cli.session import opened, parse_uuid
 from sidelinja_worker.queue import client, store
 from sidelinja_worker.queue.errors import UserError
+from sidelinja_worker.queue.ids import uuid7s
 
 MAX_LINE_BYTES = 1 << 20  # a payload bigger than this belongs in a file the job reads
 BATCH = 1000  # jobs per enqueue_many: COPY for plain jobs, one statement each batch
@@ -92,9 +94,11 @@ async def run(args: argparse.Namespace) -> int:
             ) as bar:
                 async with conn.transaction():
                     enqueued = await reader.enqueue_all(stream, bar)
-    bad = progress.count(len(reader.bad), "bad line")
-    skipped = f"; skipped {bad} (listed above)" if reader.bad else ""
-    print(f"enqueued {progress.count(enqueued, 'job')} from {name}{skipped}")
+    joined = progress.count(reader.joined, "line")
+    held = f"; {joined} joined the job holding its unique key" if reader.joined else ""
+    skipped = progress.count(len(reader.bad), "bad line")
+    skipped = f"; skipped {skipped} (listed above)" if reader.bad else ""
+    print(f"enqueued {progress.count(enqueued, 'job')} from {name}{held}{skipped}")
     newjob.warn_missing_settings(args, reader.job_types)
     return 1 if reader.bad else 0
 
@@ -148,25 +152,37 @@ class Reader:
         self.bad: list[str] = []
         self.job_types: set[str] = set()
         self._workspaces: dict[UUID, bool] = {}
+        self.enqueued = 0
+        self.joined = 0
 
     async def enqueue_all(self, stream: IO[bytes], bar: progress.Bar) -> int:
+        """Enqueues every good line; returns how many new jobs went in (self.joined counts the
+        lines whose unique key a queued or running job holds: they are that job)."""
         under_rls = await self.conn.fetchval("SELECT row_security_active('job_queue')")
         batch_size = RLS_BATCH if under_rls else BATCH
         batch: list[client.NewJob] = []
-        enqueued = read = 0
+        read = 0
         for number, raw, consumed in lines(stream):
             read += consumed
             job = await self._job(number, raw)
             if job is not None:
                 batch.append(job)
             if len(batch) >= batch_size:
-                enqueued += len(await client.enqueue_many(self.conn, batch))
+                await self._enqueue(batch)
                 batch = []
-                bar.update(completed=read, jobs=enqueued)
+                bar.update(completed=read, jobs=self.enqueued)
         if batch:
-            enqueued += len(await client.enqueue_many(self.conn, batch))
-        bar.update(total=read, completed=read, jobs=enqueued)
-        return enqueued
+            await self._enqueue(batch)
+        bar.update(total=read, completed=read, jobs=self.enqueued)
+        return self.enqueued
+
+    async def _enqueue(self, batch: list[client.NewJob]) -> None:
+        # Ids given in advance tell a new job from a line deduplicated onto a holder.
+        jobs = [replace(j, job_id=i) for j, i in zip(batch, uuid7s(len(batch)), strict=True)]
+        got = await client.enqueue_many(self.conn, jobs)
+        joined = sum(j.job_id != i for j, i in zip(jobs, got, strict=True))
+        self.joined += joined
+        self.enqueued += len(jobs) - joined
 
     async def _job(self, number: int, raw: bytes | None) -> client.NewJob | None:
         """The line's job; None for a blank line or (with --skip-bad) a bad one."""
