@@ -307,13 +307,14 @@ async def test_prune_deletes_exactly_the_jobs_past_retention_and_keeps_graphs_wh
 
 
 @contextmanager
-def terminal(db_url: str, *args: str) -> Iterator[str]:
+def terminal(db_url: str, *args: str, log_format: str = "") -> Iterator[str]:
     """`sidelinja-worker ARGS` in a tmux pseudo-terminal whose pane stays after the command
     ends (it prints EXIT=code); yields the tmux socket, whose session is "top" as in
     tests/test_top.py, whose screen reader this reuses."""
     socket = f"sidelinja-cli-{os.getpid()}-{uuid4().hex[:6]}"
     command = (
-        f"DATABASE_URL={shlex.quote(db_url)} SIDELINJA_LOG_FORMAT= {shlex.quote(sys.executable)}"
+        f"DATABASE_URL={shlex.quote(db_url)} SIDELINJA_LOG_FORMAT={log_format}"
+        f" {shlex.quote(sys.executable)}"
         f" -m sidelinja_worker {shlex.join(args)}; echo EXIT=$?; sleep 600"
     )
     _tmux(socket, "new-session", "-d", "-s", "top", "-x", "160", "-y", "40", command)
@@ -323,8 +324,8 @@ def terminal(db_url: str, *args: str) -> Iterator[str]:
         _tmux(socket, "kill-server")
 
 
-async def _final_screen(db_url: str, *args: str) -> str:
-    with terminal(db_url, *args) as socket:
+async def _final_screen(db_url: str, *args: str, log_format: str = "") -> str:
+    with terminal(db_url, *args, log_format=log_format) as socket:
         return await _screen_shows(socket, "EXIT=0", timeout_s=60)
 
 
@@ -338,12 +339,16 @@ async def test_enqueue_file_and_prune_show_a_bar_in_a_terminal(
     )
     assert re.search(r"enqueueing jobs\.jsonl .*━.* 100% .*10000 jobs", screen), screen
     assert "enqueued 10000 jobs" in screen
+    # JSON logs on a terminal: a log collector reads them, so no bar, only the final line.
+    args = ("enqueue", "--file", str(path), "--workspace", str(workspace))
+    screen = await _final_screen(db_url, *args, log_format="json")
+    assert "enqueued 10000 jobs" in screen and "━" not in screen and "%" not in screen, screen
     await pool.execute(
         "UPDATE job_queue SET status = 'completed', completed_at = now() - interval '15 days'"
     )
     screen = await _final_screen(db_url, "prune")
-    assert re.search(r"deleting finished jobs .*━.* 100% .*10000/10000", screen), screen
-    assert "pruned 10000 jobs" in screen
+    assert re.search(r"deleting finished jobs .*━.* 100% .*20000/20000", screen), screen
+    assert "pruned 20000 jobs" in screen  # both runs
 
 
 @needs_tmux
