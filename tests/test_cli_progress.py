@@ -20,7 +20,8 @@ from uuid import UUID, uuid4
 import asyncpg
 import pytest
 
-from tests.helpers import cli, make_workspace, one_line_error
+from sidelinja_worker.queue import migrate
+from tests.helpers import cli, make_workspace, one_line_error, spawn, wait_for
 from tests.test_rls import RoleMaker, as_user, make_role_fixture  # noqa: F401 (fixture)
 from tests.test_top import _screen_shows, _tmux
 
@@ -376,3 +377,20 @@ async def test_migrate_shows_which_migration_runs_and_for_how_long(
     piped = cli("migrate", url=db_url)
     assert piped.stdout == "up to date\n"
     _plain(piped)
+
+
+async def test_migrate_says_when_it_waits_for_another_migrate(
+    db_url: str, pool: asyncpg.Pool
+) -> None:
+    async with pool.acquire() as holder:
+        await holder.execute("SELECT pg_advisory_lock($1)", migrate.LOCK_KEY)
+        try:
+            proc = spawn("migrate", url=db_url)
+            await wait_for(
+                lambda: "waiting for another migrate" in proc.stderr_so_far(), 60, "the notice"
+            )
+            assert proc.poll() is None  # it waits for the lock, it does not give up
+        finally:
+            await holder.execute("SELECT pg_advisory_unlock($1)", migrate.LOCK_KEY)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and out == "up to date\n", err

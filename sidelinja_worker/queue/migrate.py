@@ -12,7 +12,7 @@ import asyncpg
 from sidelinja_worker.queue.errors import UserError
 
 # Any 64-bit number unique to us; two `migrate` runs at once serialise on it.
-_LOCK_KEY = 0x5349_444C_494E_4A41  # "SIDLINJA"
+LOCK_KEY = 0x5349_444C_494E_4A41  # "SIDLINJA"
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 _TABLE = "sidelinja_schema_migrations"
 
@@ -63,10 +63,10 @@ async def apply_all(
     """Applies what is pending, each migration in its own transaction, under an advisory lock so
     that concurrent runs apply each migration once. Returns what this call applied. `on_wait` is
     called once if another run holds the lock, `on_start` as each migration starts."""
-    if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", _LOCK_KEY):
+    if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", LOCK_KEY):
         if on_wait is not None:
             on_wait()
-        await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
+        await conn.execute("SELECT pg_advisory_lock($1)", LOCK_KEY)
     try:
         await conn.execute(
             f"CREATE TABLE IF NOT EXISTS {_TABLE} ("
@@ -88,7 +88,7 @@ async def apply_all(
             applied.append(migration)
         return applied
     finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
+        await conn.execute("SELECT pg_advisory_unlock($1)", LOCK_KEY)
 
 
 async def require_migrated(conn: asyncpg.Connection) -> None:
