@@ -15,7 +15,17 @@ from tests.helpers import cli, one_line_error
 def test_help_lists_subcommands_and_each_has_help() -> None:
     top = cli("--help", url=None)
     assert top.returncode == 0
-    for command in ("migrate", "enqueue", "run", "types", "demo", "jobs", "workspace", "admin"):
+    for command in (
+        "migrate",
+        "enqueue",
+        "run",
+        "types",
+        "demo",
+        "jobs",
+        "workspace",
+        "admin",
+        "prune",
+    ):
         assert command in top.stdout
         assert cli(command, "--help", url=None).returncode == 0
 
@@ -104,6 +114,9 @@ async def test_unknown_job_type_and_bad_workspace(db_url: str, pool: asyncpg.Poo
     assert "--workspace 'ws-1' is not a UUID" in one_line_error(not_uuid)
     missing = cli("enqueue", "noop", "--workspace", str(uuid4()), url=db_url)
     assert "no workspace" in one_line_error(missing)
+    for partial in (["noop"], ["--workspace", str(uuid4())], []):  # --file makes both optional
+        out = cli("enqueue", *partial, url=db_url)
+        assert "give JOB_TYPE and --workspace (or --file" in one_line_error(out)
     assert await pool.fetchval("SELECT count(*) FROM job_queue") == 0
 
 

@@ -33,7 +33,8 @@ def _time(text: Any) -> datetime | None:
         value = datetime.fromisoformat(str(text))
     except ValueError:
         return None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+    # In UTC: the form shows a time without its zone, and reads such a time back as UTC.
+    return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def job_filter(params: Mapping[str, Any], scope: Scope) -> JobFilter:

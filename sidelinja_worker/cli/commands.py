@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import json
 import logging
-import math
 import os
 import signal
 from datetime import UTC, datetime
@@ -14,19 +13,18 @@ from typing import Any
 from uuid import UUID, uuid4
 
 from sidelinja_worker.cli import admin as admin_cli
+from sidelinja_worker.cli import bulk, newjob, progress, retention
 from sidelinja_worker.cli import limits as limits_cli
 from sidelinja_worker.cli import operator as operator_cli
 from sidelinja_worker.cli.session import opened, parse_uuid
 from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.jobs.transcripts import pipeline
 from sidelinja_worker.queue import client, embedded, gctune, metrics, migrate, store
-from sidelinja_worker.queue.client import SMALLINT_MAX
 from sidelinja_worker.queue.db import (
     connect,
     resolve_database,
     say,
 )
-from sidelinja_worker.queue.durations import parse_duration_s
 from sidelinja_worker.queue.errors import UserError
 from sidelinja_worker.queue.why import explain
 from sidelinja_worker.queue.worker import EXIT_WORKER_DIED, Worker, WorkerDied
@@ -48,6 +46,7 @@ async def dispatch(args: argparse.Namespace) -> int:
         "jobs": cmd_jobs,
         "limits": cmd_limits,
         "pipeline": cmd_pipeline,
+        "prune": retention.run,
     }
     return await handlers[args.command](args)
 
@@ -64,7 +63,16 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
             if not missing:
                 print("up to date")
             return 1 if missing else 0
-        applied = await migrate.apply_all(conn)
+        with progress.steps(progress.wanted(args.settings.log_format)) as shown:
+
+            def on_start(position: int, count: int, m: migrate.Migration) -> None:
+                shown.start(f"migration {position} of {count}: {m.version:04d}_{m.name}")
+
+            def on_wait() -> None:
+                say("sidelinja-worker: waiting for another migrate to finish (advisory lock)")
+
+            applied = await migrate.apply_all(conn, on_start=on_start, on_wait=on_wait)
+            shown.finish()
     finally:
         await conn.close()
     for m in applied:
@@ -84,7 +92,9 @@ def show_types() -> int:
 
 
 async def cmd_enqueue(args: argparse.Namespace) -> int:
-    job = parse_new_job(args)
+    if args.file is not None:
+        return await bulk.run(args)
+    job = newjob.from_flags(args)
     async with opened(args) as (_db, pool):
         if not await store.workspace_exists(pool, UUID(str(job.workspace_id))):
             raise UserError(
@@ -95,66 +105,8 @@ async def cmd_enqueue(args: argparse.Namespace) -> int:
     print(job_id[0])
     if job.scheduled_for is not None and job.scheduled_for < datetime.now(UTC):
         say(f"sidelinja-worker: warning: --at {args.at} is in the past; the job is due now")
-    missing = args.settings.service_config().missing(REGISTRY[job.job_type].needs_settings)
-    if missing:
-        say(
-            f"sidelinja-worker: warning: {job.job_type} needs {', '.join(missing)}, not set "
-            "here; a worker without them fails the job at once"
-        )
+    newjob.warn_missing_settings(args, {job.job_type})
     return 0
-
-
-def parse_new_job(args: argparse.Namespace) -> client.NewJob:
-    """The enqueue arguments as a NewJob, or a UserError naming the first bad one."""
-    if args.job_type not in REGISTRY:
-        raise UserError(f"unknown job type {args.job_type!r}; known: {', '.join(sorted(REGISTRY))}")
-    try:
-        payload = json.loads(args.payload)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"--payload is not JSON: {exc}") from None
-    if not isinstance(payload, dict):
-        raise UserError(f"--payload must be a JSON object, got {type(payload).__name__}")
-    workspace = parse_uuid(args.workspace, "--workspace")
-    if not 1 <= args.max_attempts <= SMALLINT_MAX:
-        raise UserError(f"--max-attempts must be 1 to {SMALLINT_MAX}, not {args.max_attempts}")
-    if args.priority is not None and not -SMALLINT_MAX <= args.priority <= SMALLINT_MAX:
-        raise UserError(f"--priority must be -{SMALLINT_MAX} to {SMALLINT_MAX}")
-    timeout_s = None
-    if args.timeout:
-        timeout_s = math.ceil(_duration("--timeout", args.timeout))
-        if timeout_s < 1:
-            raise UserError(f"--timeout must be at least 1s, not {args.timeout!r}")
-    try:
-        return client.NewJob(
-            workspace,
-            args.job_type,
-            payload,
-            priority=args.priority,
-            scheduled_for=parse_timestamp(args.at) if args.at else None,
-            delay_s=_duration("--in", args.delay) if args.delay else None,
-            max_attempts=args.max_attempts,
-            unique_key=args.unique_key,
-            timeout_s=timeout_s,
-        ).checked()
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-
-
-def _duration(flag: str, text: str) -> float:
-    try:
-        return parse_duration_s(text)
-    except UserError as exc:
-        raise UserError(f"{flag}: {exc}") from None
-
-
-def parse_timestamp(text: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise UserError(
-            f"--at {text!r} is not an ISO 8601 timestamp, e.g. 2026-12-24T18:00"
-        ) from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 async def cmd_run(args: argparse.Namespace) -> int:

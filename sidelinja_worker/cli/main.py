@@ -10,9 +10,11 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+import asyncpg
+
 from sidelinja_worker import settings
 from sidelinja_worker.cli import admin as admin_cli
-from sidelinja_worker.cli import commands
+from sidelinja_worker.cli import bulk, commands, retention
 from sidelinja_worker.cli import limits as limits_cli
 from sidelinja_worker.cli import operator as operator_cli
 from sidelinja_worker.queue import logs
@@ -43,10 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--check", action="store_true", help="apply nothing; exit 1 while any migration is pending"
     )
 
-    p = sub.add_parser("enqueue", help="enqueue one job and print its id")
-    p.add_argument("job_type", metavar="JOB_TYPE")
-    p.add_argument("--workspace", required=True, help="workspace id (UUID)")
-    p.add_argument("--payload", default="{}", help="the payload, a JSON object (default {})")
+    p = sub.add_parser("enqueue", help="enqueue one job and print its id (or --file: many)")
+    p.add_argument("job_type", metavar="JOB_TYPE", nargs="?", help="required without --file")
+    p.add_argument("--workspace", help="workspace id (UUID); required without --file")
+    p.add_argument("--payload", help="the payload, a JSON object (default {})")
     p.add_argument("--priority", type=int, help="default: the job type's (see `types`)")
     when = p.add_mutually_exclusive_group()
     when.add_argument(
@@ -55,13 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     when.add_argument(
         "--at", metavar="TIMESTAMP", help="run at, ISO 8601 (UTC if no zone); a past time warns"
     )
-    p.add_argument("--max-attempts", type=int, default=3, help="default 3")
+    p.add_argument("--max-attempts", type=int, help="default 3")
     p.add_argument("--unique-key", help="dedupe: reuse a queued/running job with this key")
     p.add_argument(
         "--timeout",
         metavar="DURATION",
         help="override the job type's timeout, e.g. 5m (whole seconds, at least 1s)",
     )
+    bulk.add_flags(p)
 
     p = sub.add_parser("run", help="run jobs until SIGTERM/SIGINT (or --burst)")
     settings.add_flags(p, "run")
@@ -110,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-embed", action="store_true", help="skip generate_embeddings")
 
     limits_cli.add_command(sub)
+    retention.add_command(sub)
     admin_cli.add_commands(sub)
     operator_cli.add_commands(sub)
     for command in sub.choices.values():  # `run --debug` as well as `--debug run`
@@ -155,6 +159,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         print(f"sidelinja-worker: error: database: {first}", file=sys.stderr)
+        return 2
+    except asyncpg.InsufficientPrivilegeError as exc:  # a role without the owner's rights
+        if debug:
+            traceback.print_exc()
+        first = str(exc).strip().splitlines()[0]
+        print(
+            f"sidelinja-worker: error: database: {first}; the CLI runs as the schema owner",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         return 130

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import asyncpg
 
@@ -37,13 +38,45 @@ async def prune_loop(pool: asyncpg.Pool, settings: WorkerSettings) -> None:
     """Deletes finished jobs past retention in small batches, so the table stays small."""
     while True:
         try:
-            while (
-                await store.prune(
-                    pool, settings.keep_completed_s, settings.keep_errors_s, PRUNE_BATCH
-                )
-                >= PRUNE_BATCH  # a batch with whole graphs in it may delete more
-            ):
-                await asyncio.sleep(0)  # let claims through between batches
+            await prune_past_retention(pool, settings.keep_completed_s, settings.keep_errors_s)
         except DB_ERRORS as exc:
             log.debug("prune skipped: %s", exc)
         await asyncio.sleep(settings.prune_interval_s)
+
+
+async def prune_past_retention(
+    conn: store.Conn,
+    keep_completed_s: float,
+    keep_errors_s: float,
+    *,
+    batch: int = PRUNE_BATCH,
+    on_batch: Callable[[int], None] | None = None,
+) -> int:
+    """Deletes every finished job past retention, batch by batch, each batch its own statement
+    (on a pool, its own transaction): jobs in graphs go only with their whole graph (the prune
+    statement's rule). Runs until a batch deletes nothing, since a batch of graph jobs may stop
+    short of `batch` while more remain. Returns how many it deleted; `on_batch` gets each
+    batch's count (the CLI's progress bar)."""
+    deleted = 0
+    while True:
+        count = await store.prune(conn, keep_completed_s, keep_errors_s, batch)
+        if count == 0:
+            return deleted
+        deleted += count
+        if on_batch is not None:
+            on_batch(count)
+        await asyncio.sleep(0)  # let claims through between batches
+
+
+# The progress bar's total: finished jobs past retention. An upper bound of what the prune
+# deletes, since a graph with a job not yet past retention stays whole.
+PAST_RETENTION_SQL = """
+SELECT count(*) FROM job_queue
+WHERE status IN ('completed', 'error', 'cancelled')
+  AND completed_at < now() - make_interval(secs => $1)
+  AND (status <> 'error' OR completed_at < now() - make_interval(secs => $2))
+"""
+
+
+async def past_retention(conn: store.Conn, keep_completed_s: float, keep_errors_s: float) -> int:
+    return int(await conn.fetchval(PAST_RETENTION_SQL, keep_completed_s, keep_errors_s))

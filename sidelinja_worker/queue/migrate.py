@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 
@@ -11,7 +12,7 @@ import asyncpg
 from sidelinja_worker.queue.errors import UserError
 
 # Any 64-bit number unique to us; two `migrate` runs at once serialise on it.
-_LOCK_KEY = 0x5349_444C_494E_4A41  # "SIDLINJA"
+LOCK_KEY = 0x5349_444C_494E_4A41  # "SIDLINJA"
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 _TABLE = "sidelinja_schema_migrations"
 
@@ -49,10 +50,23 @@ async def pending(conn: asyncpg.Connection) -> list[Migration]:
     return [m for m in shipped_migrations() if m.version not in done]
 
 
-async def apply_all(conn: asyncpg.Connection) -> list[Migration]:
+# (position from 1, how many this run applies, the migration): called as each one starts.
+OnStart = Callable[[int, int, Migration], None]
+
+
+async def apply_all(
+    conn: asyncpg.Connection,
+    *,
+    on_start: OnStart | None = None,
+    on_wait: Callable[[], None] | None = None,
+) -> list[Migration]:
     """Applies what is pending, each migration in its own transaction, under an advisory lock so
-    that concurrent runs apply each migration once. Returns what this call applied."""
-    await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
+    that concurrent runs apply each migration once. Returns what this call applied. `on_wait` is
+    called once if another run holds the lock, `on_start` as each migration starts."""
+    if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", LOCK_KEY):
+        if on_wait is not None:
+            on_wait()
+        await conn.execute("SELECT pg_advisory_lock($1)", LOCK_KEY)
     try:
         await conn.execute(
             f"CREATE TABLE IF NOT EXISTS {_TABLE} ("
@@ -60,7 +74,10 @@ async def apply_all(conn: asyncpg.Connection) -> list[Migration]:
             " applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
         )
         applied = []
-        for migration in await pending(conn):
+        todo = await pending(conn)
+        for position, migration in enumerate(todo, start=1):
+            if on_start is not None:
+                on_start(position, len(todo), migration)
             async with conn.transaction():
                 await conn.execute(migration.sql)
                 await conn.execute(
@@ -71,7 +88,7 @@ async def apply_all(conn: asyncpg.Connection) -> list[Migration]:
             applied.append(migration)
         return applied
     finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
+        await conn.execute("SELECT pg_advisory_unlock($1)", LOCK_KEY)
 
 
 async def require_migrated(conn: asyncpg.Connection) -> None:

@@ -1,0 +1,97 @@
+"""What `enqueue` accepts, checked one way: the flags of one job and the lines of a bulk file
+both become a client.NewJob here, or a UserError naming what is wrong."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from sidelinja_worker.cli.session import parse_uuid
+from sidelinja_worker.jobs.catalog import REGISTRY
+from sidelinja_worker.queue import client
+from sidelinja_worker.queue.client import SMALLINT_MAX
+from sidelinja_worker.queue.db import say
+from sidelinja_worker.queue.durations import parse_duration_s
+from sidelinja_worker.queue.errors import UserError
+
+DEFAULT_MAX_ATTEMPTS = 3
+
+
+def from_flags(args: argparse.Namespace) -> client.NewJob:
+    """The enqueue arguments as a NewJob, or a UserError naming the first bad one."""
+    if args.job_type is None or args.workspace is None:
+        raise UserError("give JOB_TYPE and --workspace (or --file with one job per line)")
+    try:
+        payload = json.loads(args.payload or "{}")
+    except json.JSONDecodeError as exc:
+        raise UserError(f"--payload is not JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise UserError(f"--payload must be a JSON object, got {type(payload).__name__}")
+    workspace = parse_uuid(args.workspace, "--workspace")
+    max_attempts = DEFAULT_MAX_ATTEMPTS if args.max_attempts is None else args.max_attempts
+    if not 1 <= max_attempts <= SMALLINT_MAX:
+        raise UserError(f"--max-attempts must be 1 to {SMALLINT_MAX}, not {max_attempts}")
+    if args.priority is not None and not -SMALLINT_MAX <= args.priority <= SMALLINT_MAX:
+        raise UserError(f"--priority must be -{SMALLINT_MAX} to {SMALLINT_MAX}")
+    timeout_s = None
+    if args.timeout:
+        timeout_s = math.ceil(_duration("--timeout", args.timeout))
+        if timeout_s < 1:
+            raise UserError(f"--timeout must be at least 1s, not {args.timeout!r}")
+    return new_job(
+        workspace,
+        args.job_type,
+        payload,
+        priority=args.priority,
+        scheduled_for=parse_timestamp(args.at, "--at") if args.at else None,
+        delay_s=_duration("--in", args.delay) if args.delay else None,
+        max_attempts=max_attempts,
+        unique_key=args.unique_key,
+        timeout_s=timeout_s,
+    )
+
+
+def new_job(
+    workspace: UUID, job_type: str, payload: Mapping[str, Any], **options: Any
+) -> client.NewJob:
+    """A checked NewJob of a known job type; `options` are NewJob's optional fields."""
+    if job_type not in REGISTRY:
+        raise UserError(f"unknown job type {job_type!r}; known: {', '.join(sorted(REGISTRY))}")
+    try:
+        return client.NewJob(workspace, job_type, payload, **options).checked()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _duration(flag: str, text: str) -> float:
+    try:
+        return parse_duration_s(text)
+    except UserError as exc:
+        raise UserError(f"{flag}: {exc}") from None
+
+
+def parse_timestamp(text: str, what: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise UserError(
+            f"{what} {text!r} is not an ISO 8601 timestamp, e.g. 2026-12-24T18:00"
+        ) from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def warn_missing_settings(args: argparse.Namespace, job_types: Iterable[str]) -> None:
+    """One warning per job type that needs a setting this machine lacks."""
+    config = args.settings.service_config()
+    for job_type in sorted(job_types):
+        missing = config.missing(REGISTRY[job_type].needs_settings)
+        if missing:
+            say(
+                f"sidelinja-worker: warning: {job_type} needs {', '.join(missing)}, not set "
+                "here; a worker without them fails the job at once"
+            )
