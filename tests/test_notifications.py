@@ -65,6 +65,15 @@ async def test_notifications_from_a_role_with_no_rights_change_no_job(
         limits_before = worker._limits.current
         user = urlsplit(db_url)._replace(netloc=f"{role}@{urlsplit(db_url).netloc.split('@')[-1]}")
         evil = await asyncpg.connect(user.geturl())
+
+        async def heard() -> bool:
+            # The listener starts beside the first claim: a job can run before its LISTEN is
+            # up, and a notification sent before then is gone. Hints are repeated until one lands.
+            await evil.execute("SELECT pg_notify($1, $2)", CANCEL_CHANNEL, str(running))
+            return running in seen
+
+        await wait_for(heard)
+        seen.clear()
         payloads = [
             str(running),
             str(later),
