@@ -33,7 +33,8 @@ from sidelinja_worker.queue.db import connect
 CONCURRENCIES = (1, 10, 50)
 # Drains as a user runs the worker, beside the tuned ones above (logging at warning): the CLI's
 # default log level at concurrency 50, and `sidelinja-worker run` with no flags at all
-# (concurrency 3, poll 1 s, log info, status events on).
+# (concurrency 3, poll 1 s, log info, status events "auto": sent only while a listener holds a
+# lease, and none does here).
 DEFAULT_CONCURRENCY = 3
 AS_RUN = ((50, "info"), (DEFAULT_CONCURRENCY, "info"))
 TARGET_LOG_COST = 0.05  # the default log level costs at most 5 % of the c=50 drain
@@ -422,7 +423,7 @@ def _as_run_rows(ours: Ours) -> list[Row]:
     return [
         Row(
             f"Drain with the defaults: `sidelinja-worker run` (concurrency {DEFAULT_CONCURRENCY}, "
-            f"log info, events on), median of {DRAIN_RUNS}",
+            f"log info, status events auto), median of {DRAIN_RUNS}",
             f"{_rate(d.jobs_per_s)} (range {low:,.0f}–{high:,.0f})",
         ),
         Row(
