@@ -17,7 +17,7 @@ import pytest
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.client import NewJob, enqueue_many
 from sidelinja_worker.queue.config import ServiceConfig
-from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.context import MAX_FOLLOW_UPS, JobContext
 from sidelinja_worker.queue.ids import uuid7s
 from sidelinja_worker.queue.queries import QUERIES
 from sidelinja_worker.queue.registry import Registry
@@ -378,17 +378,19 @@ async def _total(ctx: JobContext, payload: Any) -> Any:
     return {"total": sum(p.result["square"] for p in parents if p.job_type == "square")}
 
 
+SPLIT_SQUARE_TOTAL = Registry(
+    [job_type("split", _split), job_type("square", _square), job_type("total", _total)]
+)
+
+
 async def test_fan_out_and_join_with_results(
     pool: asyncpg.Pool, db_url: str, workspace: UUID
 ) -> None:
-    registry = Registry(
-        [job_type("split", _split), job_type("square", _square), job_type("total", _total)]
-    )
     await pool.execute(
         "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'split', '{\"n\": 3}')",
         workspace,
     )
-    await run_burst(pool, db_url, registry)
+    await run_burst(pool, db_url, SPLIT_SQUARE_TOTAL)
     assert await statuses(pool) == {"completed": 5}
     total = await pool.fetchrow("SELECT result, started_at FROM job_queue WHERE job_type = 'total'")
     assert total["result"] == {"total": 0 + 1 + 4}
@@ -396,6 +398,24 @@ async def test_fan_out_and_join_with_results(
         "SELECT max(completed_at) FROM job_queue WHERE job_type = 'square'"
     )
     assert total["started_at"] >= squares
+
+
+async def test_a_fan_out_past_the_bound_fails_the_job_and_adds_nothing(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    # MAX_FOLLOW_UPS children, then the join: one job too many.
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'split', $2)",
+        workspace,
+        {"n": MAX_FOLLOW_UPS},
+    )
+    await run_burst(pool, db_url, SPLIT_SQUARE_TOTAL)
+    rows = await pool.fetch(
+        "SELECT job_type, status::text AS st, attempts, error_msg FROM job_queue"
+    )
+    assert [(r["job_type"], r["st"], r["attempts"]) for r in rows] == [("split", "error", 1)]
+    assert f"adds more than {MAX_FOLLOW_UPS:,} jobs" in rows[0]["error_msg"]
+    assert await pool.fetchval("SELECT count(*) FROM job_dependencies") == 0
 
 
 async def test_python_client_enqueues_a_graph(

@@ -17,12 +17,19 @@ from sidelinja_worker.queue.backoff import clamp_s
 from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.db import DB_ERRORS
+from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.queue.ids import uuid7s
 from sidelinja_worker.queue.limits import RateLimiter
 
 log = logging.getLogger("sidelinja_worker.job")
 
 MAX_PROGRESS_CHARS = 500  # a progress message is a line for a live page, not a log
+# The most jobs one job may add (follow-ups, children and joins together). They are inserted,
+# with their edges, in the transaction that completes the job, beside other jobs' outcomes: a
+# fan-out sized by hostile input (a payload's list, a file's length) must fail that one job,
+# not hold a worker's outcome writer in one giant transaction. A bigger graph is built in
+# layers: a job per layer that adds up to this many.
+MAX_FOLLOW_UPS = 10_000
 
 
 def clean_text(text: object, max_chars: int) -> str:
@@ -105,12 +112,22 @@ class JobContext:
     def enqueue_on_success(self, job: NewJob) -> None:
         """`job` is enqueued atomically with this job's completion: if this job fails, is
         retried or its outcome is lost, it is not enqueued (no duplicates on re-runs)."""
+        self._check_room()
         self.follow_ups.append(_traced(job).checked())
+
+    def _check_room(self) -> None:
+        if len(self.follow_ups) >= MAX_FOLLOW_UPS:
+            raise PermanentError(
+                f"job {self.job_id} adds more than {MAX_FOLLOW_UPS:,} jobs; build a bigger"
+                " graph in layers"
+            )
 
     def add_child(self, job: NewJob, *, after: Sequence[UUID] = ()) -> UUID:
         """Fan-out: `job` becomes a child of this job, enqueued with its completion (as
         `enqueue_on_success`), and also waits for the jobs in `after` (other children added
-        here, for a join). Returns the child's id, fixed now so that a join can name it."""
+        here, for a join). Returns the child's id, fixed now so that a join can name it.
+        A job adds at most MAX_FOLLOW_UPS jobs; one more is a PermanentError."""
+        self._check_room()
         child = replace(
             _traced(job),
             job_id=job.job_id or uuid7s(1)[0],
