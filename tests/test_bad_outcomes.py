@@ -21,7 +21,7 @@ from sidelinja_worker.queue.backoff import DEFER_MAX_S, RETRY_MAX_S, clamp_s, de
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.db import RawJson
 from sidelinja_worker.queue.errors import Defer, RetryJob, UserError
-from sidelinja_worker.queue.executor import MAX_RESULT_BYTES, timeout_for
+from sidelinja_worker.queue.executor import MAX_PAYLOAD_BYTES, MAX_RESULT_BYTES, timeout_for
 from sidelinja_worker.queue.jobs import ClaimedJob
 from sidelinja_worker.queue.outcomes import OutcomeWriter
 from sidelinja_worker.queue.registry import Registry
@@ -223,3 +223,62 @@ def test_duration_settings_must_be_finite_and_bounded(flag: str, value: str) -> 
     # NaN and exponents are no durations; a number past the bound names the bound.
     with pytest.raises(UserError, match=f"{flag} .*(bad duration|must be)"):
         settings.load(settings.given_flags(args))
+
+
+async def test_big_payloads_stay_out_of_the_claim_and_over_the_cap_fail_alone(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """Any plain-SQL insert can write a payload of hundreds of megabytes. A claim carries only
+    small payloads; a bigger one is read alone when its job runs, and one over the cap (giant
+    or compressed from giant) fails its own job without reaching the worker's memory."""
+    big = "y" * 300_000  # compressed in storage: left behind, read alone, runs
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES"
+        " ($1, 'noop', '{\"name\": \"small\"}'),"
+        " ($1, 'noop', jsonb_build_object('name', 'big', 'text', $2::text)),"
+        " ($1, 'noop', jsonb_build_object('name', 'random', 'text',"
+        "   (SELECT string_agg(md5(g::text), '') FROM generate_series(1, 2000) g))),"
+        " ($1, 'noop', jsonb_build_object('name', 'giant', 'text', repeat('z', 60000000))),"
+        " ($1, 'noop', jsonb_build_object('name', 'over', 'text', repeat('q', $3::int)))",
+        workspace,
+        big,
+        MAX_PAYLOAD_BYTES,
+    )
+    worker_id = UUID(int=98)
+    await store.register_worker(pool, worker_id, "test", 1, None, 60)
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        try:  # the claim is rolled back; the jobs run below
+            claimed = await store.claim(conn, worker_id, 10, ["noop"])
+            names = await conn.fetch(
+                "SELECT id, payload->>'name' AS name FROM job_queue WHERE id = ANY($1)",
+                [j.id for j in claimed],
+            )
+        finally:
+            await tx.rollback()
+    carried = {r["name"]: next(j.payload for j in claimed if j.id == r["id"]) for r in names}
+    assert carried == {"small": {"name": "small"}} | dict.fromkeys(
+        ("big", "random", "giant", "over")
+    )
+
+    await run_burst(pool, db_url)
+    rows = {
+        r["name"]: r
+        for r in await pool.fetch(
+            "SELECT payload->>'name' AS name, status::text AS st, attempts, error_msg,"
+            " result->>'text' AS text FROM job_queue"
+        )
+    }
+    assert {n: r["st"] for n, r in rows.items()} == {
+        "small": "completed",
+        "big": "completed",
+        "random": "completed",
+        "giant": "error",
+        "over": "error",
+    }
+    assert rows["big"]["text"] == big and len(rows["random"]["text"]) == 64_000
+    for name in ("giant", "over"):
+        assert rows[name]["attempts"] == 1
+        assert f"over the cap of {MAX_PAYLOAD_BYTES:,}" in rows[name]["error_msg"]
+    assert "payload of 60,000,0" in rows["giant"]["error_msg"]

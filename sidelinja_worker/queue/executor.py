@@ -13,7 +13,7 @@ from uuid import UUID
 
 import orjson
 
-from sidelinja_worker.queue import logs, metrics, tracing
+from sidelinja_worker.queue import logs, metrics, store, tracing
 from sidelinja_worker.queue.backoff import clamp_s, defer_until, retry_delay_s
 from sidelinja_worker.queue.context import JobContext, Services, clean_text
 from sidelinja_worker.queue.db import RawJson
@@ -35,6 +35,11 @@ TIMED_OUT = "timed-out"
 # enough for any transcript or analysis, small enough that a runaway result cannot take the
 # worker's memory or a batch write down with it.
 MAX_RESULT_BYTES = 16 * 1024 * 1024
+# A payload the claim left behind (over 8 kB stored, or compressed) is read alone when its job
+# runs, and refused over this many bytes of JSON: any plain-SQL insert can write a payload of
+# hundreds of megabytes, and a slot must not parse that. Big input belongs in a file or a
+# table the payload names.
+MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
 # An error message is cut to this many characters before it is stored.
 MAX_MESSAGE_CHARS = 4000
 
@@ -93,7 +98,10 @@ async def execute(
                 f"{', '.join(missing)} not set: configure it (env var or flag) "
                 f"to run {job.job_type} jobs"
             )
-        payload = jt.parse_payload(job.payload)
+        raw = job.payload
+        if raw is None:  # too big for the claim to carry (see claims in queries.sql)
+            raw = await _left_behind_payload(services, job.id)
+        payload = jt.parse_payload(raw)
         started_s = time.perf_counter()
         result = await jt.handler(ctx, payload)
         writer.completed(job.id, _encode_result(result), ctx.follow_ups)
@@ -166,6 +174,19 @@ async def _in_span(
                 log.warning("job %s: span not ended (tracing failed)", job.id, exc_info=True)
     finally:
         _IN_SPAN.reset(inside)
+
+
+async def _left_behind_payload(services: Services, job_id: UUID) -> Any:
+    found = await store.job_payload(services.pool, job_id, MAX_PAYLOAD_BYTES)
+    if found is None:
+        raise LookupError(f"job {job_id} is gone")
+    size, payload = found
+    if payload is None:
+        raise PermanentError(
+            f"payload of {size:,} bytes of JSON, over the cap of {MAX_PAYLOAD_BYTES:,}: store"
+            " big input elsewhere and pass a reference"
+        )
+    return payload
 
 
 class RawResultError(Exception):

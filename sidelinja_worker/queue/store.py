@@ -221,6 +221,13 @@ async def add_dependencies(conn: Conn, edges: Sequence[tuple[UUID, UUID, bool]])
         await conn.execute(Q["add_dependencies"], list(parents), list(children), list(anyway))
 
 
+async def job_payload(conn: Conn, job_id: UUID, max_bytes: int) -> tuple[int, Any] | None:
+    """(size as JSON text, payload or None when over `max_bytes`) of a payload the claim left
+    behind; None when the job is gone."""
+    row = await conn.fetchrow(Q["job_payload"], job_id, max_bytes, timeout=STATEMENT_TIMEOUT_S)
+    return None if row is None else (row["size"], row["payload"])
+
+
 async def parent_results(conn: Conn, job_id: UUID) -> list[asyncpg.Record]:
     return await conn.fetch(Q["parent_results"], job_id, timeout=STATEMENT_TIMEOUT_S)
 

@@ -14,6 +14,11 @@
 -- claim, so a job whose worker dies has used an attempt. `id = ANY(ARRAY(...))` keeps each
 -- UPDATE on the primary key; the obvious `UPDATE ... FROM picked` is often planned as a hash
 -- join over the whole table.
+-- A claim carries a payload only when it is stored uncompressed in at most 8 kB, so at most
+-- that many bytes of JSON per job: a claim of 2,000 jobs must not bring a worker 2,000 giant
+-- (or compressed, far bigger) payloads that any plain-SQL insert can write. Others come back
+-- NULL (the column is NOT NULL, so NULL means "left behind"), and the executor reads each one
+-- alone when its job runs (job_payload), within MAX_PAYLOAD_BYTES.
 
 -- name: claim
 -- Up to $2 due jobs, highest priority first, then oldest scheduled_for (the seed's order).
@@ -38,7 +43,10 @@ SET status = 'running',
     worker_id = $1,
     cancel_requested_at = NULL
 WHERE id = ANY(ARRAY(SELECT id FROM picked))
-RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts, timeout_s,
+RETURNING id, workspace_id, job_type,
+          CASE WHEN pg_column_size(payload) <= 8192 AND pg_column_compression(payload) IS NULL
+               THEN payload END AS payload,  -- NULL: left behind (see above)
+          priority, attempts, max_attempts, timeout_s,
           extract(epoch FROM coalesce($4::timestamptz, statement_timestamp()) - scheduled_for)::float8
               AS waited_s, traceparent;
 
@@ -85,7 +93,10 @@ SET status = 'running',
     worker_id = $1,
     cancel_requested_at = NULL
 WHERE id = ANY(ARRAY(SELECT id FROM chosen))
-RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts, timeout_s,
+RETURNING id, workspace_id, job_type,
+          CASE WHEN pg_column_size(payload) <= 8192 AND pg_column_compression(payload) IS NULL
+               THEN payload END AS payload,  -- NULL: left behind (see above)
+          priority, attempts, max_attempts, timeout_s,
           extract(epoch FROM coalesce($4::timestamptz, statement_timestamp()) - scheduled_for)::float8
               AS waited_s, traceparent;
 
@@ -206,7 +217,10 @@ SET status = 'running',
     worker_id = $1,
     cancel_requested_at = NULL
 WHERE id = ANY(ARRAY(SELECT id FROM chosen UNION ALL SELECT id FROM locked_one))
-RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts, timeout_s,
+RETURNING id, workspace_id, job_type,
+          CASE WHEN pg_column_size(payload) <= 8192 AND pg_column_compression(payload) IS NULL
+               THEN payload END AS payload,  -- NULL: left behind (see above)
+          priority, attempts, max_attempts, timeout_s,
           extract(epoch FROM coalesce($4::timestamptz, statement_timestamp()) - scheduled_for)::float8
               AS waited_s, traceparent;
 
@@ -308,7 +322,10 @@ SET status = 'running',
     worker_id = $1,
     cancel_requested_at = NULL
 WHERE id = ANY(ARRAY(SELECT id FROM chosen))
-RETURNING id, workspace_id, job_type, payload, priority, attempts, max_attempts, timeout_s,
+RETURNING id, workspace_id, job_type,
+          CASE WHEN pg_column_size(payload) <= 8192 AND pg_column_compression(payload) IS NULL
+               THEN payload END AS payload,  -- NULL: left behind (see above)
+          priority, attempts, max_attempts, timeout_s,
           extract(epoch FROM coalesce($4::timestamptz, statement_timestamp()) - scheduled_for)::float8
               AS waited_s, traceparent;
 
@@ -527,6 +544,17 @@ RETURNING id;
 INSERT INTO job_dependencies (parent_id, child_id, run_anyway)
 SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::bool[])
 ON CONFLICT DO NOTHING;
+
+-- name: job_payload
+-- A payload the claim left behind: its size as JSON text, and the payload itself only when
+-- that size is within $2. A value stored bigger than $2 is refused before it is decompressed.
+SELECT s.size, CASE WHEN s.size <= $2 THEN j.payload END AS payload
+FROM job_queue j
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN pg_column_size(j.payload) > $2 THEN pg_column_size(j.payload)::bigint
+                ELSE octet_length(j.payload::text)::bigint END AS size
+) s
+WHERE j.id = $1;
 
 -- name: parent_results
 -- A job's parents with their results, for its handler (read only when the handler asks).
