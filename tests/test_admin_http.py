@@ -344,3 +344,35 @@ async def test_the_workflow_page_of_a_fan_out_of_1000_draws_300_jobs_and_says_so
     other = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(b))}"}
     async with httpx.AsyncClient(base_url=admin, headers=other) as http:
         assert (await http.get(f"/admin/jobs/{root}/graph")).status_code == 404
+
+
+async def test_a_job_page_names_a_giant_payload_result_or_history_instead_of_showing_it(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """Any plain-SQL writer of a row can make its payload, result or error history hundreds of
+    megabytes; the job page shows each only up to admin_store.SHOW_MAX_BYTES as stored."""
+    a, _b, _b_job = await seed(pool)
+    giant = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, result, errors)"
+        " VALUES ($1, 'noop', jsonb_build_object('text',"
+        "   (SELECT string_agg(md5(g::text), '') FROM generate_series(1, 40000) g)),"
+        "  'completed', jsonb_build_object('text', repeat('r', 50000000)),"
+        "  (SELECT jsonb_agg(jsonb_build_object('attempt', g, 'message', md5(g::text)))"
+        "   FROM generate_series(1, 20000) g))"
+        " RETURNING id",
+        a,
+    )
+    small = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'noop',"
+        " '{\"episode_id\": 42}') RETURNING id",
+        a,
+    )
+    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        page = await http.get(f"/admin/jobs/{giant}")
+        shown = await http.get(f"/admin/jobs/{small}")
+    assert page.status_code == 200
+    assert len(page.content) < 100_000, len(page.content)
+    for what in ("payload", "result", "error history"):
+        assert re.search(rf"The {what} is [\d,]+ bytes as stored: too big to show here", page.text)
+    assert "too big" not in shown.text and '"episode_id": 42' in shown.text

@@ -146,8 +146,13 @@ async def list_jobs(
     return rows
 
 
+# The most bytes (as stored, perhaps compressed) of a payload, result or error history the job
+# page shows; a bigger one is named with its size (`sidelinja-worker jobs show` prints it).
+SHOW_MAX_BYTES = 128 * 1024
+
+
 async def get_job(conn: asyncpg.Connection, job_id: UUID) -> asyncpg.Record | None:
-    return await conn.fetchrow(Q["get_job"], job_id)
+    return await conn.fetchrow(Q["get_job"], job_id, SHOW_MAX_BYTES)
 
 
 async def jobs_for_events(conn: asyncpg.Connection, ids: list[UUID]) -> list[asyncpg.Record]:

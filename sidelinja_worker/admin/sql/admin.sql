@@ -98,8 +98,19 @@ ORDER BY completed_at DESC, id DESC
 LIMIT $8;
 
 -- name: get_job
-SELECT j.id, j.workspace_id, j.job_type, j.payload, j.status::text AS status, j.priority,
-       j.result, j.error_msg, j.errors, j.attempts, j.max_attempts, j.created_at, j.started_at,
+-- The payload, result and error history are shown only when each is stored in at most $2
+-- bytes (NULL otherwise, with its stored size beside it): any plain-SQL writer of the row can
+-- make them hundreds of megabytes, and a job page must stay a page.
+SELECT j.id, j.workspace_id, j.job_type,
+       CASE WHEN pg_column_size(j.payload) <= $2 THEN j.payload END AS payload,
+       pg_column_size(j.payload) AS payload_bytes,
+       j.status::text AS status, j.priority,
+       CASE WHEN pg_column_size(j.result) <= $2 THEN j.result END AS result,
+       pg_column_size(j.result) AS result_bytes,
+       j.error_msg,
+       CASE WHEN pg_column_size(j.errors) <= $2 THEN j.errors END AS errors,
+       pg_column_size(j.errors) AS errors_bytes,
+       j.attempts, j.max_attempts, j.created_at, j.started_at,
        j.completed_at, j.scheduled_for, j.worker_id, j.progress, j.unique_key, j.timeout_s,
        j.cancel_requested_at, w.hostname AS worker_host, w.pid AS worker_pid,
        w.expires_at AS lease_expires_at, j.cancelled_by,
