@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 from collections.abc import Awaitable, Callable
@@ -14,7 +15,8 @@ from uuid import UUID
 import asyncpg
 import pytest
 
-from sidelinja_worker.queue import store
+from sidelinja_worker.jobs import noop
+from sidelinja_worker.queue import context, store
 from sidelinja_worker.queue.client import NewJob, enqueue_many
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.context import MAX_FOLLOW_UPS, JobContext
@@ -416,6 +418,34 @@ async def test_a_fan_out_past_the_bound_fails_the_job_and_adds_nothing(
     assert [(r["job_type"], r["st"], r["attempts"]) for r in rows] == [("split", "error", 1)]
     assert f"adds more than {MAX_FOLLOW_UPS:,} jobs" in rows[0]["error_msg"]
     assert await pool.fetchval("SELECT count(*) FROM job_dependencies") == 0
+
+
+async def test_a_join_whose_parents_results_pass_the_cap_fails_alone(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(context, "MAX_PARENT_RESULTS_BYTES", 1_500)
+    await pool.execute(
+        "WITH parts AS (INSERT INTO job_queue (workspace_id, job_type, payload)"
+        "  SELECT $1, 'noop', jsonb_build_object('text', repeat('x', 600))"
+        "  FROM generate_series(1, 3) RETURNING id),"
+        " joined AS (INSERT INTO job_queue (workspace_id, job_type, payload)"
+        "  VALUES ($1, 'total', '{}') RETURNING id)"
+        " INSERT INTO job_dependencies (parent_id, child_id) SELECT parts.id, joined.id"
+        " FROM parts, joined",
+        workspace,
+    )
+    await run_burst(pool, db_url, Registry([noop.JOB_TYPE, job_type("total", _total)]))
+    rows = await pool.fetch("SELECT job_type, status::text AS st, error_msg FROM job_queue")
+    assert sorted((r["job_type"], r["st"]) for r in rows) == [
+        ("noop", "completed"),
+        ("noop", "completed"),
+        ("noop", "completed"),
+        ("total", "error"),
+    ]
+    (message,) = [r["error_msg"] for r in rows if r["job_type"] == "total"]
+    assert re.search(
+        r"this job's 3 parents are 1,8\d\d bytes of JSON together, over the cap of 1,500", message
+    ), message
 
 
 async def test_python_client_enqueues_a_graph(

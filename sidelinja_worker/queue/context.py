@@ -30,6 +30,10 @@ MAX_PROGRESS_CHARS = 500  # a progress message is a line for a live page, not a 
 # not hold a worker's outcome writer in one giant transaction. A bigger graph is built in
 # layers: a job per layer that adds up to this many.
 MAX_FOLLOW_UPS = 10_000
+# The most bytes of JSON a job's parents' results may hold together for `parent_results`: a
+# join's parents may be thousands, each result up to the executor's cap, and any plain-SQL
+# writer can make one bigger. Over it, the asking job fails permanently, naming the sum.
+MAX_PARENT_RESULTS_BYTES = 64 * 1024 * 1024
 
 
 def clean_text(text: object, max_chars: int) -> str:
@@ -141,9 +145,17 @@ class JobContext:
         return self.add_child(job, after=children)
 
     async def parent_results(self) -> list[ParentResult]:
-        """This job's parents in a graph (oldest first), each with its status and result."""
+        """This job's parents in a graph (oldest first), each with its status and result.
+        Their results together are at most MAX_PARENT_RESULTS_BYTES of JSON; more is a
+        PermanentError, and no more than that is ever read."""
         if self._parents is None:
-            rows = await store.parent_results(self.services.pool, self.job_id)
+            cap = MAX_PARENT_RESULTS_BYTES
+            rows = await store.parent_results(self.services.pool, self.job_id, cap)
+            if rows and rows[0]["total"] > cap:
+                raise PermanentError(
+                    f"the results of this job's {len(rows)} parents are {rows[0]['total']:,}"
+                    f" bytes of JSON together, over the cap of {cap:,}"
+                )
             self._parents = [
                 ParentResult(r["id"], r["job_type"], r["status"], r["result"]) for r in rows
             ]

@@ -228,8 +228,10 @@ async def job_payload(conn: Conn, job_id: UUID, max_bytes: int) -> tuple[int, An
     return None if row is None else (row["size"], row["payload"])
 
 
-async def parent_results(conn: Conn, job_id: UUID) -> list[asyncpg.Record]:
-    return await conn.fetch(Q["parent_results"], job_id, timeout=STATEMENT_TIMEOUT_S)
+async def parent_results(conn: Conn, job_id: UUID, max_bytes: int) -> list[asyncpg.Record]:
+    """The job's parents (id, job_type, status, result, total); results only within
+    `max_bytes` of JSON together (see the query)."""
+    return await conn.fetch(Q["parent_results"], job_id, max_bytes, timeout=STATEMENT_TIMEOUT_S)
 
 
 async def job_relatives(conn: Conn, job_id: UUID) -> list[asyncpg.Record]:

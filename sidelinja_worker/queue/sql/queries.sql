@@ -557,10 +557,20 @@ CROSS JOIN LATERAL (
 WHERE j.id = $1;
 
 -- name: parent_results
--- A job's parents with their results, for its handler (read only when the handler asks).
-SELECT p.id, p.job_type, p.status::text AS status, p.result
+-- A job's parents with their results, for its handler (read only when the handler asks). A
+-- join may have thousands of parents and any plain-SQL writer can make a result huge, so a
+-- result comes back only while the results so far fit in $2 bytes of JSON, and `total` is
+-- all of theirs together, for the caller to refuse a join over it. A result stored bigger than
+-- $2 is counted by its stored size, never decompressed.
+SELECT p.id, p.job_type, p.status::text AS status,
+       CASE WHEN sum(s.size) OVER (ORDER BY p.created_at, p.id) <= $2 THEN p.result END AS result,
+       sum(s.size) OVER () AS total
 FROM job_dependencies d
 JOIN job_queue p ON p.id = d.parent_id
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN pg_column_size(p.result) > $2 THEN pg_column_size(p.result)::bigint
+                ELSE coalesce(octet_length(p.result::text), 0)::bigint END AS size
+) s
 WHERE d.child_id = $1
 ORDER BY p.created_at, p.id;
 
