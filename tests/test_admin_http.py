@@ -353,18 +353,21 @@ async def test_a_job_page_names_a_giant_payload_result_or_history_instead_of_sho
     megabytes; the job page shows each only up to admin_store.SHOW_MAX_BYTES as stored."""
     a, _b, _b_job = await seed(pool)
     giant = await pool.fetchval(
-        "INSERT INTO job_queue (workspace_id, job_type, payload, status, result, errors)"
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, result, errors,"
+        "                       progress)"
         " VALUES ($1, 'noop', jsonb_build_object('text',"
         "   (SELECT string_agg(md5(g::text), '') FROM generate_series(1, 40000) g)),"
         "  'completed', jsonb_build_object('text', repeat('r', 50000000)),"
         "  (SELECT jsonb_agg(jsonb_build_object('attempt', g, 'message', md5(g::text)))"
-        "   FROM generate_series(1, 20000) g))"
+        "   FROM generate_series(1, 20000) g),"
+        "  jsonb_build_object('message', repeat('p', 10000000), 'percent', 'ninety'))"
         " RETURNING id",
         a,
     )
     small = await pool.fetchval(
-        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'noop',"
-        " '{\"episode_id\": 42}') RETURNING id",
+        "INSERT INTO job_queue (workspace_id, job_type, payload, progress) VALUES ($1, 'noop',"
+        ' \'{"episode_id": 42}\', \'{"message": "Transkriberer", "percent": "ninety"}\')'
+        " RETURNING id",
         a,
     )
     headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
@@ -375,4 +378,9 @@ async def test_a_job_page_names_a_giant_payload_result_or_history_instead_of_sho
     assert len(page.content) < 100_000, len(page.content)
     for what in ("payload", "result", "error history"):
         assert re.search(rf"The {what} is [\d,]+ bytes as stored: too big to show here", page.text)
+    assert shown.status_code == 200 and "Transkriberer" in shown.text  # a percent not a number
     assert "too big" not in shown.text and '"episode_id": 42' in shown.text
+    # Nor does a live stream send such a progress report to every page.
+    async with pool.acquire() as conn:
+        (event,) = await admin_store.jobs_for_events(conn, [giant])
+    assert event["progress"] is None

@@ -99,8 +99,9 @@ LIMIT $8;
 
 -- name: get_job
 -- The payload, result and error history are shown only when each is stored in at most $2
--- bytes (NULL otherwise, with its stored size beside it): any plain-SQL writer of the row can
--- make them hundreds of megabytes, and a job page must stay a page.
+-- bytes (NULL otherwise, with its stored size beside it), and progress in at most 4 kB as in
+-- jobs_for_events: any plain-SQL writer of the row can make them hundreds of megabytes (or
+-- compressed from that), and a job page must stay a page.
 SELECT j.id, j.workspace_id, j.job_type,
        CASE WHEN pg_column_size(j.payload) <= $2 THEN j.payload END AS payload,
        pg_column_size(j.payload) AS payload_bytes,
@@ -111,7 +112,9 @@ SELECT j.id, j.workspace_id, j.job_type,
        CASE WHEN pg_column_size(j.errors) <= $2 THEN j.errors END AS errors,
        pg_column_size(j.errors) AS errors_bytes,
        j.attempts, j.max_attempts, j.created_at, j.started_at,
-       j.completed_at, j.scheduled_for, j.worker_id, j.progress, j.unique_key, j.timeout_s,
+       j.completed_at, j.scheduled_for, j.worker_id,
+       CASE WHEN pg_column_size(j.progress) <= 4096 THEN j.progress END AS progress,
+       j.unique_key, j.timeout_s,
        j.cancel_requested_at, w.hostname AS worker_host, w.pid AS worker_pid,
        w.expires_at AS lease_expires_at, j.cancelled_by,
        j.has_children OR coalesce((SELECT true FROM job_dependencies d
@@ -219,7 +222,10 @@ SELECT id, name FROM workspaces ORDER BY name, id;
 
 -- name: jobs_for_events
 -- What a live stream sends: the rows a notification names, read again under the token's scope.
-SELECT id, workspace_id, job_type, status::text AS status, attempts, max_attempts, progress
+-- A progress report is a line for a page (the worker writes at most 500 characters); one a
+-- plain-SQL writer made bigger than 4 kB as stored is left out, not sent to every page.
+SELECT id, workspace_id, job_type, status::text AS status, attempts, max_attempts,
+       CASE WHEN pg_column_size(progress) <= 4096 THEN progress END AS progress
 FROM job_queue
 WHERE id = ANY($1::uuid[]);
 
