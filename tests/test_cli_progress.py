@@ -196,7 +196,8 @@ async def test_under_row_level_security_the_file_goes_in_by_insert(
     role = await make_role(
         "GRANT sidelinja_app TO {r}", "GRANT SELECT ON sidelinja_schema_migrations TO {r}"
     )
-    url = f"{as_user(db_url, role)}?sidelinja.workspace_id={workspace}"
+    base = as_user(db_url, role)  # the embedded server's URL already has a query (?host=)
+    url = f"{base}{'&' if '?' in base else '?'}sidelinja.workspace_id={workspace}"
     path = _jsonl(
         tmp_path / "jobs.jsonl", [{"job_type": "noop", "payload": {"n": i}} for i in range(300)]
     )
