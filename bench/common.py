@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import time
@@ -18,6 +20,19 @@ import asyncpg
 # Where the benchmarks create their throwaway databases when neither --database-url nor
 # DATABASE_URL says otherwise: the machine's own PostgreSQL.
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def drain_parser(doc: str, jobs: int = 20_000) -> argparse.ArgumentParser:
+    """The arguments every drain benchmark takes: --jobs per drain and --database-url (an
+    admin URL, DATABASE_URL by default); the script adds its own."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=jobs)
+    parser.add_argument(
+        "--database-url", default=os.environ.get("DATABASE_URL", DEFAULT_URL), help="admin URL"
+    )
+    return parser
+
+
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
 STOP_TIMEOUT_S = 60.0  # a SIGTERMed child finishes its running jobs and writes outcomes

@@ -9,7 +9,6 @@ worker's CPU per job. Absolute figures move with the machine's load; the ratio i
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import statistics
@@ -17,7 +16,7 @@ import sys
 from uuid import uuid4
 
 import sidelinja_bench as sw
-from common import DEFAULT_URL, RESULTS_DIR, create_database, drop_database
+from common import RESULTS_DIR, create_database, drain_parser, drop_database
 from cpu import ServerCpu
 
 from sidelinja_worker.queue.db import connect
@@ -70,13 +69,9 @@ async def measure(admin_url: str, n: int, pairs: int, concurrency: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=20_000)
+    parser = drain_parser(__doc__)
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=50)
-    parser.add_argument(
-        "--database-url", default=os.environ.get("DATABASE_URL", DEFAULT_URL), help="admin URL"
-    )
     args = parser.parse_args()
     asyncio.run(measure(args.database_url, args.jobs, args.pairs, args.concurrency))
 

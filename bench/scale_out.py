@@ -48,11 +48,11 @@ from uuid import UUID, uuid4
 import asyncpg
 import sidelinja_bench as sw
 from common import (
-    DEFAULT_URL,
     RESULTS_DIR,
     Child,
     Latency,
     create_database,
+    drain_parser,
     drop_database,
     listening_backends,
     spawn,
@@ -510,8 +510,7 @@ def report(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=20_000)
+    parser = drain_parser(__doc__)
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--mixed-jobs", type=int, default=4000)
@@ -523,9 +522,6 @@ def main() -> None:
         "--mixed-only",
         action="store_true",
         help="part 2 alone (printed, not written to scale_out.md): to compare two commits",
-    )
-    parser.add_argument(
-        "--database-url", default=os.environ.get("DATABASE_URL", DEFAULT_URL), help="admin URL"
     )
     args = parser.parse_args()
     if args.mixed_only:

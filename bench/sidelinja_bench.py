@@ -106,14 +106,17 @@ async def drain(
     since: datetime,
     server: ServerCpu | None = None,
     log_level: str = "warning",
+    *child_args: str,
 ) -> Drain:
     """Drains what is queued with one burst-mode worker process logging at `log_level` (at
-    info, to a file in bench/results, as a worker under a process manager logs to a pipe)."""
+    info, to a file in bench/results, as a worker under a process manager logs to a pipe);
+    `child_args` go to worker_child.py as well."""
     log_args = ("--log-level", log_level)
     log_file = RESULTS_DIR / "worker_child.log" if log_level != "warning" else None
     wall_s, report, _, cpu = await run_measured(
-        conn, server, "worker_child.py", url, str(concurrency), *log_args, stderr=log_file
-    )
+        conn, server, "worker_child.py", url, str(concurrency), *log_args, *child_args,
+        stderr=log_file,
+    )  # fmt: skip
     jobs, span_s = await drain_span(conn, since)
     return Drain(concurrency, jobs, span_s, wall_s, report["hwm_kb"], cpu, log_level)
 

@@ -40,7 +40,7 @@ from uuid import uuid4
 
 import asyncpg
 import sidelinja_bench as sw
-from common import DEFAULT_URL, create_database, drop_database
+from common import create_database, drain_parser, drop_database
 from cpu import CpuSplit, ServerCpu, run_measured
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -247,16 +247,12 @@ def _callgrind(n: int, made: int, env: dict[str, str]) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=20_000)
+    parser = drain_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--base-tree", type=Path, help="an earlier commit's tree, for 'base'")
     parser.add_argument("--instructions", action="store_true", help="callgrind, the executor")
     parser.add_argument("--executor-loop", type=int, help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--database-url", default=os.environ.get("DATABASE_URL", DEFAULT_URL), help="admin URL"
-    )
     args = parser.parse_args()
     if args.executor_loop is not None:
         asyncio.run(executor_loop(args.executor_loop, args.jobs))

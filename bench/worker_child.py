@@ -2,12 +2,15 @@
 it. Prints its memory as JSON on exit.
 
     python bench/worker_child.py URL CONCURRENCY [--serve] [--log-level info] [--extra-types a,b]
+                                 [--claim-max N]
 
 Without --serve it runs in burst mode (drains, exits); with it, it runs until SIGTERM.
 Poll interval 1 s, so that an idle worker is woken by LISTEN/NOTIFY, not by polling. The log
 level defaults to warning (the tuned figure); `--log-level info` is the CLI's default, with its
 handler and format (JSON lines, as when stderr is a file or a pipe). `--extra-types` registers
-copies of noop under other names (a type to cap in a mixed workload)."""
+copies of noop under other names (a type to cap in a mixed workload). `--claim-max` sets the
+most one claim asks for (the worker's CLAIM_MAX, its prefetch PREFETCH_MAX twice that), for
+bench/claim_size.py."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from procmem import print_report
 from sidelinja_worker.jobs import noop
 from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.queue import logs
+from sidelinja_worker.queue import worker as worker_module
 from sidelinja_worker.queue.db import create_pool
 from sidelinja_worker.queue.gctune import tune_for_serving
 from sidelinja_worker.queue.registry import Registry
@@ -59,7 +63,11 @@ def main() -> None:
     parser.add_argument("--serve", action="store_true")
     parser.add_argument("--log-level", default="warning")
     parser.add_argument("--extra-types", default="", help="comma-separated noop copies")
+    parser.add_argument("--claim-max", type=int, help="the most one claim asks for")
     args = parser.parse_args()
+    if args.claim_max:
+        worker_module.CLAIM_MAX = args.claim_max
+        worker_module.PREFETCH_MAX = 2 * args.claim_max
     # As cli.main configures it.
     logging.basicConfig(
         level=args.log_level.upper(),
