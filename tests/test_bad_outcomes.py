@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidelinja_worker import settings
+from sidelinja_worker.admin import store as admin_store
 from sidelinja_worker.cli.main import build_parser
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.backoff import DEFER_MAX_S, RETRY_MAX_S, clamp_s, defer_until
@@ -282,3 +283,39 @@ async def test_big_payloads_stay_out_of_the_claim_and_over_the_cap_fail_alone(
         assert rows[name]["attempts"] == 1
         assert f"over the cap of {MAX_PAYLOAD_BYTES:,}" in rows[name]["error_msg"]
     assert "payload of 60,000,0" in rows["giant"]["error_msg"]
+
+
+async def test_extreme_row_values_written_by_sql_never_stop_the_claims(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """A claim computes from each row it takes: the attempt count (+1) and the wait (now minus
+    scheduled_for). A row at smallint's top or due since -infinity once failed the whole
+    statement, and so every claim of every worker, for as long as that one row was due."""
+    ids = [
+        await pool.fetchval(
+            f"INSERT INTO job_queue (workspace_id, job_type, payload, {columns})"
+            f" VALUES ($1, 'noop', '{{}}', {values}) RETURNING id",
+            workspace,
+        )
+        for columns, values in (
+            ("scheduled_for, created_at", "'-infinity', '-infinity'"),
+            ("attempts, max_attempts", "32767, 32767"),
+            ("attempts", "32767"),
+            ("priority", "1"),
+        )
+    ]
+    assert await store.oldest_due_s(pool) >= 0  # the dashboard's gauge, beside a -infinity row
+    await run_burst(pool, db_url)
+    rows = await pool.fetch(
+        "SELECT id, status::text AS st, attempts FROM job_queue WHERE id = ANY($1)", ids
+    )
+    assert {r["id"]: (r["st"], r["attempts"]) for r in rows} == {
+        ids[0]: ("completed", 1),
+        ids[1]: ("completed", 32767),
+        ids[2]: ("completed", 32767),
+        ids[3]: ("completed", 1),
+    }
+    # The admin's retry gives one more attempt, here as far as the column goes.
+    await pool.execute("UPDATE job_queue SET status = 'error' WHERE id = $1", ids[1])
+    async with pool.acquire() as conn:
+        assert await admin_store.retry_job(conn, ids[1])

@@ -127,7 +127,7 @@ WHERE j.id = $1;
 -- "Retry now": an error or retry job is due at once. An error job gets one more attempt.
 UPDATE job_queue
 SET status = 'pending', scheduled_for = now(), completed_at = NULL,
-    max_attempts = greatest(max_attempts, attempts + 1)
+    max_attempts = greatest(max_attempts, least(attempts, 32766) + 1)
 WHERE id = $1 AND status IN ('error', 'retry')
 RETURNING id;
 
@@ -150,7 +150,7 @@ SELECT id, status::text AS status, cancelled_by FROM up ORDER BY depth DESC LIMI
 WITH back AS (
     UPDATE job_queue
     SET status = 'pending', scheduled_for = now(), completed_at = NULL, error_msg = NULL,
-        cancel_requested_at = NULL, max_attempts = greatest(max_attempts, attempts + 1)
+        cancel_requested_at = NULL, max_attempts = greatest(max_attempts, least(attempts, 32766) + 1)
     WHERE id = $1 AND status = 'cancelled' AND cancelled_by IS NULL
     RETURNING id
 )
@@ -188,7 +188,7 @@ LIMIT $2;
 -- The filtered set of error/retry jobs (same filters as list_jobs), at most $6 of them.
 UPDATE job_queue
 SET status = 'pending', scheduled_for = now(), completed_at = NULL,
-    max_attempts = greatest(max_attempts, attempts + 1)
+    max_attempts = greatest(max_attempts, least(attempts, 32766) + 1)
 WHERE id = ANY(ARRAY(
     SELECT id FROM job_queue
     WHERE status IN ('error', 'retry')

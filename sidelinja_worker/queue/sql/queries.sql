@@ -14,6 +14,11 @@
 -- claim, so a job whose worker dies has used an attempt. `id = ANY(ARRAY(...))` keeps each
 -- UPDATE on the primary key; the obvious `UPDATE ... FROM picked` is often planned as a hash
 -- join over the whole table.
+-- Every value a claim computes from a row holds for any value plain SQL can write: the attempt
+-- count stops at smallint's top (32767, a job long past any max_attempts) instead of failing
+-- the statement, and a scheduled_for of -infinity (due since ever) has waited 0 s, as
+-- subtracting it fails too. Either failure would fail every claim of every worker while that
+-- row was due: one row of one workspace would stop the whole queue.
 -- A claim carries a payload only when it is stored uncompressed in at most 8 kB, so at most
 -- that many bytes of JSON per job: a claim of 2,000 jobs must not bring a worker 2,000 giant
 -- (or compressed, far bigger) payloads that any plain-SQL insert can write. Others come back
@@ -39,7 +44,7 @@ WITH picked AS (
 UPDATE job_queue
 SET status = 'running',
     started_at = coalesce($4::timestamptz, statement_timestamp()),
-    attempts = attempts + 1,
+    attempts = least(attempts, 32766) + 1,
     worker_id = $1,
     cancel_requested_at = NULL
 WHERE id = ANY(ARRAY(SELECT id FROM picked))
@@ -47,8 +52,10 @@ RETURNING id, workspace_id, job_type,
           CASE WHEN pg_column_size(payload) <= 8192 AND pg_column_compression(payload) IS NULL
                THEN payload END AS payload,  -- NULL: left behind (see above)
           priority, attempts, max_attempts, timeout_s,
-          extract(epoch FROM coalesce($4::timestamptz, statement_timestamp()) - scheduled_for)::float8
-              AS waited_s, traceparent;
+          CASE WHEN isfinite(scheduled_for)
+               THEN extract(epoch FROM coalesce($4::timestamptz, statement_timestamp())
+                                       - scheduled_for)::float8
+               ELSE 0 END AS waited_s, traceparent;
 
 -- name: claim_capped
 -- `claim` with job type caps: a type with a cap has room for `cap - running` more, counted
@@ -89,7 +96,7 @@ WITH type_room AS (
 UPDATE job_queue
 SET status = 'running',
     started_at = coalesce($4::timestamptz, statement_timestamp()),
-    attempts = attempts + 1,
+    attempts = least(attempts, 32766) + 1,
     worker_id = $1,
     cancel_requested_at = NULL
 WHERE id = ANY(ARRAY(SELECT id FROM chosen))
@@ -97,8 +104,10 @@ RETURNING id, workspace_id, job_type,
           CASE WHEN pg_column_size(payload) <= 8192 AND pg_column_compression(payload) IS NULL
                THEN payload END AS payload,  -- NULL: left behind (see above)
           priority, attempts, max_attempts, timeout_s,
-          extract(epoch FROM coalesce($4::timestamptz, statement_timestamp()) - scheduled_for)::float8
-              AS waited_s, traceparent;
+          CASE WHEN isfinite(scheduled_for)
+               THEN extract(epoch FROM coalesce($4::timestamptz, statement_timestamp())
+                                       - scheduled_for)::float8
+               ELSE 0 END AS waited_s, traceparent;
 
 -- name: claim_fair
 -- Within a priority level, jobs are taken round-robin across workspaces, so 50,000 jobs of one
@@ -213,7 +222,7 @@ WITH RECURSIVE open_types AS MATERIALIZED (
 UPDATE job_queue
 SET status = 'running',
     started_at = coalesce($4::timestamptz, statement_timestamp()),
-    attempts = attempts + 1,
+    attempts = least(attempts, 32766) + 1,
     worker_id = $1,
     cancel_requested_at = NULL
 WHERE id = ANY(ARRAY(SELECT id FROM chosen UNION ALL SELECT id FROM locked_one))
@@ -221,8 +230,10 @@ RETURNING id, workspace_id, job_type,
           CASE WHEN pg_column_size(payload) <= 8192 AND pg_column_compression(payload) IS NULL
                THEN payload END AS payload,  -- NULL: left behind (see above)
           priority, attempts, max_attempts, timeout_s,
-          extract(epoch FROM coalesce($4::timestamptz, statement_timestamp()) - scheduled_for)::float8
-              AS waited_s, traceparent;
+          CASE WHEN isfinite(scheduled_for)
+               THEN extract(epoch FROM coalesce($4::timestamptz, statement_timestamp())
+                                       - scheduled_for)::float8
+               ELSE 0 END AS waited_s, traceparent;
 
 -- name: claim_fair_capped
 -- `claim_fair` with job type caps (type_room, as in `claim_capped`). Every busy workspace with
@@ -318,7 +329,7 @@ WITH RECURSIVE type_room AS (
 UPDATE job_queue
 SET status = 'running',
     started_at = coalesce($4::timestamptz, statement_timestamp()),
-    attempts = attempts + 1,
+    attempts = least(attempts, 32766) + 1,
     worker_id = $1,
     cancel_requested_at = NULL
 WHERE id = ANY(ARRAY(SELECT id FROM chosen))
@@ -326,8 +337,10 @@ RETURNING id, workspace_id, job_type,
           CASE WHEN pg_column_size(payload) <= 8192 AND pg_column_compression(payload) IS NULL
                THEN payload END AS payload,  -- NULL: left behind (see above)
           priority, attempts, max_attempts, timeout_s,
-          extract(epoch FROM coalesce($4::timestamptz, statement_timestamp()) - scheduled_for)::float8
-              AS waited_s, traceparent;
+          CASE WHEN isfinite(scheduled_for)
+               THEN extract(epoch FROM coalesce($4::timestamptz, statement_timestamp())
+                                       - scheduled_for)::float8
+               ELSE 0 END AS waited_s, traceparent;
 
 -- name: lock_limited_claims
 -- Serialises the claims that count running jobs against a cap, cluster-wide, for one
@@ -795,7 +808,9 @@ GROUP BY 1, 2
 ORDER BY 1, 2;
 
 -- name: oldest_due_s
-SELECT coalesce(extract(epoch FROM now() - min(scheduled_for)), 0)::float8
+-- A scheduled_for of -infinity (any plain-SQL writer may set it) cannot be subtracted: left out.
+SELECT coalesce(extract(epoch FROM now() - min(scheduled_for)
+                                            FILTER (WHERE isfinite(scheduled_for))), 0)::float8
 FROM job_queue
 WHERE status IN ('pending', 'retry') AND scheduled_for <= now();
 
