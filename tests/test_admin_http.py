@@ -354,13 +354,14 @@ async def test_a_job_page_names_a_giant_payload_result_or_history_instead_of_sho
     a, _b, _b_job = await seed(pool)
     giant = await pool.fetchval(
         "INSERT INTO job_queue (workspace_id, job_type, payload, status, result, errors,"
-        "                       progress)"
+        "                       progress, error_msg)"
         " VALUES ($1, 'noop', jsonb_build_object('text',"
         "   (SELECT string_agg(md5(g::text), '') FROM generate_series(1, 40000) g)),"
         "  'completed', jsonb_build_object('text', repeat('r', 50000000)),"
         "  (SELECT jsonb_agg(jsonb_build_object('attempt', g, 'message', md5(g::text)))"
         "   FROM generate_series(1, 20000) g),"
-        "  jsonb_build_object('message', repeat('p', 10000000), 'percent', 'ninety'))"
+        "  jsonb_build_object('message', repeat('p', 10000000), 'percent', 'ninety'),"
+        "  repeat('e', 5000000))"
         " RETURNING id",
         a,
     )

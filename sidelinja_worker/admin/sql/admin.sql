@@ -108,7 +108,7 @@ SELECT j.id, j.workspace_id, j.job_type,
        j.status::text AS status, j.priority,
        CASE WHEN pg_column_size(j.result) <= $2 THEN j.result END AS result,
        pg_column_size(j.result) AS result_bytes,
-       j.error_msg,
+       left(j.error_msg, 20000) AS error_msg,  -- the worker writes at most 4,000 characters
        CASE WHEN pg_column_size(j.errors) <= $2 THEN j.errors END AS errors,
        pg_column_size(j.errors) AS errors_bytes,
        j.attempts, j.max_attempts, j.created_at, j.started_at,
