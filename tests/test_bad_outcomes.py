@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
@@ -319,3 +319,33 @@ async def test_extreme_row_values_written_by_sql_never_stop_the_claims(
     await pool.execute("UPDATE job_queue SET status = 'error' WHERE id = $1", ids[1])
     async with pool.acquire() as conn:
         assert await admin_store.retry_job(conn, ids[1])
+
+
+async def test_the_error_history_stops_growing_at_a_megabyte(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """Every recorded failure is appended to `errors` while the history is stored in at most
+    1 MB: a history some plain-SQL writer made huge (near jsonb's 255 MB, an append fails the
+    statement) must not fail the batch it is in, nor the rescue of every dead worker's jobs."""
+    huge, plain = [
+        await pool.fetchval(
+            "INSERT INTO job_queue (workspace_id, job_type, payload, max_attempts, errors)"
+            " VALUES ($1, 'noop', '{\"fail_permanent\": \"no\"}', 1, $2) RETURNING id",
+            workspace,
+            history,
+        )
+        for history in (
+            [uuid4().hex + uuid4().hex for _ in range(20_000)],  # 1.3 MB that do not compress
+            [],
+        )
+    ]
+    await run_burst(pool, db_url)
+    rows = {
+        r["id"]: r
+        for r in await pool.fetch(
+            "SELECT id, status::text AS st, error_msg, jsonb_array_length(errors) AS n"
+            " FROM job_queue"
+        )
+    }
+    assert (rows[huge]["st"], rows[huge]["error_msg"], rows[huge]["n"]) == ("error", "no", 20_000)
+    assert (rows[plain]["st"], rows[plain]["n"]) == ("error", 1)

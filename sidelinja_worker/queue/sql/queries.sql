@@ -483,7 +483,10 @@ RETURNING j.id;
 -- name: fail
 -- Batched failure. A permanent failure, or the last attempt, ends in `error`; otherwise `retry`
 -- after the delay the worker computed (backoff, or the service's Retry-After). Every failure is
--- appended to `errors`; `error_msg` keeps the latest, as the seed has it.
+-- appended to `errors` while that history is stored in at most 1 MB (here and wherever a failure
+-- is recorded: a history any plain-SQL writer made near jsonb's 255 MB limit must not fail the
+-- whole batch, nor the rescue of every dead worker's jobs); `error_msg` keeps the latest, as
+-- the seed has it.
 UPDATE job_queue j
 SET status = CASE WHEN f.permanent OR j.attempts >= j.max_attempts
                   THEN 'error' ELSE 'retry' END::job_status,
@@ -492,8 +495,10 @@ SET status = CASE WHEN f.permanent OR j.attempts >= j.max_attempts
                          ELSE now() + make_interval(secs => f.delay_s) END,
     completed_at = CASE WHEN f.permanent OR j.attempts >= j.max_attempts THEN now() END,
     error_msg = f.message,
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', j.attempts, 'at', now(), 'class', f.kind, 'message', f.message))
+    errors = CASE WHEN pg_column_size(j.errors) <= 1048576  -- the history stops at 1 MB
+                  THEN j.errors || jsonb_build_array(jsonb_build_object(
+                      'attempt', j.attempts, 'at', now(), 'class', f.kind, 'message', f.message))
+                  ELSE j.errors END
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bool[], $5::float8[])
      AS f(id, kind, message, permanent, delay_s)
 WHERE j.id = f.id
@@ -524,9 +529,11 @@ UPDATE job_queue j
 SET status = 'cancelled',
     completed_at = now(),
     error_msg = 'cancelled while running',
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', j.attempts, 'at', now(), 'class', 'cancelled',
-        'message', 'cancelled while running'))
+    errors = CASE WHEN pg_column_size(j.errors) <= 1048576  -- the history stops at 1 MB
+                  THEN j.errors || jsonb_build_array(jsonb_build_object(
+                      'attempt', j.attempts, 'at', now(), 'class', 'cancelled',
+                      'message', 'cancelled while running'))
+                  ELSE j.errors END
 WHERE j.id = ANY($1::uuid[])
   AND j.status = 'running'
   AND j.worker_id = $2;
@@ -661,10 +668,12 @@ SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'error' ELSE 'retry' EN
     completed_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
     error_msg = 'rescued from a dead worker (' || coalesce(j.worker_id::text, 'none')
                 || ') whose lease expired',
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', j.attempts, 'at', now(), 'class', 'rescued',
-        'message', 'rescued from a dead worker (' || coalesce(j.worker_id::text, 'none')
-                   || ') whose lease expired')),
+    errors = CASE WHEN pg_column_size(j.errors) <= 1048576  -- the history stops at 1 MB
+                  THEN j.errors || jsonb_build_array(jsonb_build_object(
+                      'attempt', j.attempts, 'at', now(), 'class', 'rescued',
+                      'message', 'rescued from a dead worker ('
+                                 || coalesce(j.worker_id::text, 'none') || ') whose lease expired'))
+                  ELSE j.errors END,
     worker_id = NULL
 WHERE j.status = 'running'
   AND (j.worker_id IN (SELECT id FROM dead)
@@ -832,9 +841,11 @@ SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'error' ELSE 'retry' EN
     scheduled_for = now(),
     completed_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
     error_msg = 'abandoned by worker ' || $1::text || ': ' || $2::text,
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', j.attempts, 'at', now(), 'class', 'rescued',
-        'message', 'abandoned by worker ' || $1::text || ': ' || $2::text)),
+    errors = CASE WHEN pg_column_size(j.errors) <= 1048576  -- the history stops at 1 MB
+                  THEN j.errors || jsonb_build_array(jsonb_build_object(
+                      'attempt', j.attempts, 'at', now(), 'class', 'rescued',
+                      'message', 'abandoned by worker ' || $1::text || ': ' || $2::text))
+                  ELSE j.errors END,
     worker_id = NULL
 WHERE j.worker_id = $1
   AND j.status = 'running'
