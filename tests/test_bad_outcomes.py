@@ -349,3 +349,34 @@ async def test_the_error_history_stops_growing_at_a_megabyte(
     }
     assert (rows[huge]["st"], rows[huge]["error_msg"], rows[huge]["n"]) == ("error", "no", 20_000)
     assert (rows[plain]["st"], rows[plain]["n"]) == ("error", 1)
+
+
+async def test_json_nested_past_the_decoder_s_depth_fails_its_job_at_once(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """PostgreSQL stores JSON nested far deeper than orjson's 1,024 levels. Such a value is
+    decoded as a string saying so instead of raising: its payload fails its job permanently at
+    once (it was retried as a transient fault), and a page or query reading it never fails."""
+    deep = "[" * 1100 + "]" * 1100
+    deep_id, plain_id = [
+        await pool.fetchval(
+            "INSERT INTO job_queue (workspace_id, job_type, payload)"
+            " VALUES ($1, 'noop', $2::text::jsonb) RETURNING id",
+            workspace,
+            payload,
+        )
+        for payload in (f'{{"x": {deep}}}', "{}")
+    ]
+    await run_burst(pool, db_url)
+    rows = {
+        r["id"]: r
+        for r in await pool.fetch(
+            "SELECT id, status::text AS st, attempts, error_msg FROM job_queue"
+        )
+    }
+    assert (rows[deep_id]["st"], rows[deep_id]["attempts"]) == ("error", 1)
+    assert "invalid payload: JSON this worker cannot read" in rows[deep_id]["error_msg"]
+    assert rows[plain_id]["st"] == "completed"
+    async with pool.acquire() as conn:
+        shown = await admin_store.get_job(conn, deep_id)
+    assert shown is not None and "cannot read" in shown["payload"]

@@ -119,8 +119,18 @@ def _encode_jsonb(value: Any) -> bytes:
     return b"\x01" + orjson.dumps(value)
 
 
+class UndecodableJson(str):
+    """A jsonb value orjson refuses: PostgreSQL stores arrays and objects nested far deeper than
+    orjson's 1,024 levels, and any plain-SQL writer can store one. Decoded as this string (the
+    reason) instead of raising, so that one row never fails the result of a whole statement (a
+    claim of 2,000 jobs, say); a payload that is one fails its own job (registry)."""
+
+
 def _decode_jsonb(data: bytes) -> Any:
-    return orjson.loads(data[1:])
+    try:
+        return orjson.loads(data[1:])
+    except orjson.JSONDecodeError as exc:
+        return UndecodableJson(f"JSON this worker cannot read: {exc}")
 
 
 async def connect(url: str, **kwargs: Any) -> asyncpg.Connection:

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.db import UndecodableJson
 from sidelinja_worker.queue.errors import PermanentError
 
 Handler = Callable[[JobContext, Any], Awaitable[Any]]
@@ -30,6 +31,8 @@ class JobType:
     def parse_payload(self, raw: Any) -> BaseModel:
         """The payload as the handler's model; a bad one is a PermanentError naming the field."""
         if not isinstance(raw, dict):
+            if isinstance(raw, UndecodableJson):
+                raise PermanentError(f"invalid payload: {raw}")
             raise PermanentError(
                 f"invalid payload: expected a JSON object, got {type(raw).__name__}"
             )
