@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from uuid import UUID, uuid4
 
 import asyncpg
 
-from sidelinja_worker.queue import store
+from sidelinja_worker.queue import queries, store
 from sidelinja_worker.queue.jobs import ClaimedJob
 from sidelinja_worker.queue.queries import QUERIES
 
@@ -91,8 +90,7 @@ def old_variants(rev: str) -> tuple[Variant, ...]:
         check=True,
         cwd=Path(__file__).resolve().parent.parent,
     ).stdout
-    pieces = re.split(r"^-- name: (\w+)\s*$", text, flags=re.MULTILINE)
-    old = dict(zip(pieces[1::2], (b.strip() for b in pieces[2::2]), strict=True))
+    old = queries.parse(text)
     if "claim_fair_capped" in old:  # a statement per algorithm, as now
         return tuple(Variant(f"{v.name} (old)", v.query, old[v.query], v.args) for v in VARIANTS)
     return (

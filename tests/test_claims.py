@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from sidelinja_worker.queue import store
-from sidelinja_worker.queue.queries import QUERIES
+from sidelinja_worker.queue.queries import QUERIES, parse
 from tests.helpers import insert_jobs, make_workspace
 
 CLAIMS = ("claim", "claim_capped", "claim_fair", "claim_fair_capped")
@@ -170,3 +170,16 @@ async def test_equal_age_heads_are_not_won_by_the_same_workspace(
     # than 11 workspaces served) never happened in 200,000 simulated runs of the draw.
     assert served.count(busy) < 10, served.count(busy)
     assert len(set(served)) >= 11
+
+
+def test_fragments_are_included_and_never_statements() -> None:
+    """The claims share their SET and RETURNING lists as fragments (`-- name: _x`), so a fix
+    to what a claim computes from a row is made once for every algorithm."""
+    blocks = parse(
+        "-- name: _tail\nRETURNING id;\n\n-- name: one\nUPDATE t SET a = 1\n-- include: _tail\n"
+    )
+    assert blocks == {"one": "UPDATE t SET a = 1\nRETURNING id;"}
+    for name in CLAIMS:
+        assert "least(attempts, 32766) + 1" in QUERIES[name]
+        assert "isfinite(scheduled_for)" in QUERIES[name]
+        assert "-- include:" not in QUERIES[name]

@@ -14,16 +14,35 @@
 -- claim, so a job whose worker dies has used an attempt. `id = ANY(ARRAY(...))` keeps each
 -- UPDATE on the primary key; the obvious `UPDATE ... FROM picked` is often planned as a hash
 -- join over the whole table.
+-- Every claim ends in the same UPDATE of the rows it chose: `_claim_set` and
+-- `_claim_returning` below, included (queries.parse).
+
+-- name: _claim_set
 -- Every value a claim computes from a row holds for any value plain SQL can write: the attempt
 -- count stops at smallint's top (32767, a job long past any max_attempts) instead of failing
--- the statement, and a scheduled_for of -infinity (due since ever) has waited 0 s, as
--- subtracting it fails too. Either failure would fail every claim of every worker while that
--- row was due: one row of one workspace would stop the whole queue.
+-- the statement, and (in _claim_returning) a scheduled_for of -infinity (due since ever) has
+-- waited 0 s, as subtracting it fails too. Either failure would fail every claim of every
+-- worker while that row was due: one row of one workspace would stop the whole queue.
+SET status = 'running',
+    started_at = coalesce($4::timestamptz, statement_timestamp()),
+    attempts = least(attempts, 32766) + 1,
+    worker_id = $1,
+    cancel_requested_at = NULL
+
+-- name: _claim_returning
 -- A claim carries a payload only when it is stored uncompressed in at most 8 kB, so at most
 -- that many bytes of JSON per job: a claim of 2,000 jobs must not bring a worker 2,000 giant
 -- (or compressed, far bigger) payloads that any plain-SQL insert can write. Others come back
 -- NULL (the column is NOT NULL, so NULL means "left behind"), and the executor reads each one
 -- alone when its job runs (job_payload), within MAX_PAYLOAD_BYTES.
+RETURNING id, workspace_id, job_type,
+          CASE WHEN pg_column_size(payload) <= 8192 AND pg_column_compression(payload) IS NULL
+               THEN payload END AS payload,
+          priority, attempts, max_attempts, timeout_s,
+          CASE WHEN isfinite(scheduled_for)
+               THEN extract(epoch FROM coalesce($4::timestamptz, statement_timestamp())
+                                       - scheduled_for)::float8
+               ELSE 0 END AS waited_s, traceparent;
 
 -- name: claim
 -- Up to $2 due jobs, highest priority first, then oldest scheduled_for (the seed's order).
@@ -42,20 +61,9 @@ WITH picked AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE job_queue
-SET status = 'running',
-    started_at = coalesce($4::timestamptz, statement_timestamp()),
-    attempts = least(attempts, 32766) + 1,
-    worker_id = $1,
-    cancel_requested_at = NULL
+-- include: _claim_set
 WHERE id = ANY(ARRAY(SELECT id FROM picked))
-RETURNING id, workspace_id, job_type,
-          CASE WHEN pg_column_size(payload) <= 8192 AND pg_column_compression(payload) IS NULL
-               THEN payload END AS payload,  -- NULL: left behind (see above)
-          priority, attempts, max_attempts, timeout_s,
-          CASE WHEN isfinite(scheduled_for)
-               THEN extract(epoch FROM coalesce($4::timestamptz, statement_timestamp())
-                                       - scheduled_for)::float8
-               ELSE 0 END AS waited_s, traceparent;
+-- include: _claim_returning
 
 -- name: claim_capped
 -- `claim` with job type caps: a type with a cap has room for `cap - running` more, counted
@@ -94,20 +102,9 @@ WITH type_room AS (
     LIMIT $2
 )
 UPDATE job_queue
-SET status = 'running',
-    started_at = coalesce($4::timestamptz, statement_timestamp()),
-    attempts = least(attempts, 32766) + 1,
-    worker_id = $1,
-    cancel_requested_at = NULL
+-- include: _claim_set
 WHERE id = ANY(ARRAY(SELECT id FROM chosen))
-RETURNING id, workspace_id, job_type,
-          CASE WHEN pg_column_size(payload) <= 8192 AND pg_column_compression(payload) IS NULL
-               THEN payload END AS payload,  -- NULL: left behind (see above)
-          priority, attempts, max_attempts, timeout_s,
-          CASE WHEN isfinite(scheduled_for)
-               THEN extract(epoch FROM coalesce($4::timestamptz, statement_timestamp())
-                                       - scheduled_for)::float8
-               ELSE 0 END AS waited_s, traceparent;
+-- include: _claim_returning
 
 -- name: claim_fair
 -- Within a priority level, jobs are taken round-robin across workspaces, so 50,000 jobs of one
@@ -220,20 +217,9 @@ WITH RECURSIVE open_types AS MATERIALIZED (
     LIMIT $2
 )
 UPDATE job_queue
-SET status = 'running',
-    started_at = coalesce($4::timestamptz, statement_timestamp()),
-    attempts = least(attempts, 32766) + 1,
-    worker_id = $1,
-    cancel_requested_at = NULL
+-- include: _claim_set
 WHERE id = ANY(ARRAY(SELECT id FROM chosen UNION ALL SELECT id FROM locked_one))
-RETURNING id, workspace_id, job_type,
-          CASE WHEN pg_column_size(payload) <= 8192 AND pg_column_compression(payload) IS NULL
-               THEN payload END AS payload,  -- NULL: left behind (see above)
-          priority, attempts, max_attempts, timeout_s,
-          CASE WHEN isfinite(scheduled_for)
-               THEN extract(epoch FROM coalesce($4::timestamptz, statement_timestamp())
-                                       - scheduled_for)::float8
-               ELSE 0 END AS waited_s, traceparent;
+-- include: _claim_returning
 
 -- name: claim_fair_capped
 -- `claim_fair` with job type caps (type_room, as in `claim_capped`). Every busy workspace with
@@ -327,20 +313,9 @@ WITH RECURSIVE type_room AS (
     LIMIT $2
 )
 UPDATE job_queue
-SET status = 'running',
-    started_at = coalesce($4::timestamptz, statement_timestamp()),
-    attempts = least(attempts, 32766) + 1,
-    worker_id = $1,
-    cancel_requested_at = NULL
+-- include: _claim_set
 WHERE id = ANY(ARRAY(SELECT id FROM chosen))
-RETURNING id, workspace_id, job_type,
-          CASE WHEN pg_column_size(payload) <= 8192 AND pg_column_compression(payload) IS NULL
-               THEN payload END AS payload,  -- NULL: left behind (see above)
-          priority, attempts, max_attempts, timeout_s,
-          CASE WHEN isfinite(scheduled_for)
-               THEN extract(epoch FROM coalesce($4::timestamptz, statement_timestamp())
-                                       - scheduled_for)::float8
-               ELSE 0 END AS waited_s, traceparent;
+-- include: _claim_returning
 
 -- name: lock_limited_claims
 -- Serialises the claims that count running jobs against a cap, cluster-wide, for one
