@@ -3,6 +3,7 @@ and the one clock ("now") every claim reads, injectable here."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from uuid import UUID, uuid4
 
@@ -77,6 +78,7 @@ async def test_each_claims_generic_plan_uses_its_index(
     assert claimed == 50, plan
     assert "Seq Scan on job_queue" not in plan, plan
     assert "on workspaces" not in plan, plan
+    assert "Tid Scan on job_queue" in plan, plan  # the UPDATE reads the locked versions by ctid
     for index in PLAN_INDEXES[name]:
         assert index in plan, plan
 
@@ -183,3 +185,59 @@ def test_fragments_are_included_and_never_statements() -> None:
         assert "least(attempts, 32766) + 1" in QUERIES[name]
         assert "isfinite(scheduled_for)" in QUERIES[name]
         assert "-- include:" not in QUERIES[name]
+
+
+async def test_rows_updated_by_others_while_claims_run_are_claimed_once_and_never_lost(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """The claims update the row versions they locked, by ctid. Meanwhile another writer keeps
+    updating due rows (the web app changing priorities), so a row's version can move between a
+    claim's snapshot and its lock: such a row must be left due for a later claim. Four
+    claimers, one per statement, race the writer: every job is claimed exactly once, by the
+    worker its claim returned it to, with one attempt, and none is left behind."""
+    spaces = [workspace, await make_workspace(pool, "w1"), await make_workspace(pool, "w2")]
+    for ws in spaces:
+        await insert_jobs(pool, ws, 1000)
+    total = 3000
+    claimed: dict[UUID, UUID] = {}
+    duplicates: list[UUID] = []
+    writes = 0
+    done = False
+
+    async def claimer(fair: bool, capped: bool) -> None:
+        worker_id = await _worker(pool, ["noop"])
+        async with pool.acquire() as conn:
+            for _ in range(2000):
+                jobs = await store.claim_with_limits(conn, worker_id, 37, ["noop"], fair, capped)
+                for job in jobs:
+                    if job.id in claimed:
+                        duplicates.append(job.id)
+                    claimed[job.id] = worker_id
+                if not jobs and len(claimed) >= total:
+                    return
+
+    async def writer() -> None:
+        nonlocal writes
+        async with pool.acquire() as conn:
+            while not done:
+                await conn.execute(
+                    "UPDATE job_queue SET priority = (random() * 2)::int"
+                    " WHERE id IN (SELECT id FROM job_queue WHERE status = 'pending'"
+                    "              ORDER BY random() LIMIT 25)"
+                )
+                writes += 1
+
+    churn = asyncio.create_task(writer())
+    try:
+        await asyncio.gather(
+            *(claimer(fair, capped) for fair in (False, True) for capped in (False, True))
+        )
+    finally:
+        done = True
+        await churn
+    assert writes > 0
+    assert duplicates == []
+    assert len(claimed) == total
+    rows = await pool.fetch("SELECT id, status::text, attempts, worker_id FROM job_queue")
+    assert {(r["status"], r["attempts"]) for r in rows} == {("running", 1)}
+    assert {r["id"]: r["worker_id"] for r in rows} == claimed
