@@ -17,7 +17,8 @@ from sidelinja_worker.queue import store
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.db import create_pool
-from sidelinja_worker.queue.errors import RetryJob
+from sidelinja_worker.queue.errors import Defer, RetryJob
+from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
 from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.worker import Worker
@@ -153,3 +154,27 @@ async def test_a_429_pauses_every_worker(pool: asyncpg.Pool, db_url: str, worksp
     inside = [round(t - paused, 3) for t in log["granted"] if 0.3 < t - paused < 1.75]
     assert not inside, inside
     assert any(t - paused >= 1.75 for t in log["granted"])  # and the calls resume after it
+
+
+async def test_a_pause_until_infinity_defers_its_calls_and_leaves_every_limit_readable(
+    pool: asyncpg.Pool,
+) -> None:
+    """An operator may pause a service until further notice by plain SQL (`paused_until =
+    'infinity'`). Subtracting the clock from it failed every worker's `limits` query, so no
+    worker could read the caps it must count, and every call to that service failed its job.
+    It now reads as a pause of a year: the caps load, and a call defers its job."""
+    await pool.execute(
+        "INSERT INTO rate_limits (key, paused_until)"
+        " VALUES ('forever', 'infinity'), ('never', '-infinity')"
+    )
+    await pool.execute("INSERT INTO job_type_limits (job_type, max_running) VALUES ('noop', 3)")
+    year_s = 365 * 86400
+    limits = await store.limits(pool)
+    assert limits.type_caps == {"noop": 3}
+    assert year_s - 60 <= limits.rates["forever"]["paused_for_s"] <= year_s + 86400
+    assert limits.rates["never"]["paused_for_s"] == 0
+    granted, wait_s = await store.rate_acquire(pool, "forever", 0.5)
+    assert not granted and year_s - 60 <= wait_s <= year_s + 86400
+    assert (await store.rate_acquire(pool, "never", 0.5))[0]
+    with pytest.raises(Defer):
+        await RateLimiter(pool, LimitsCache(pool)).acquire("forever")

@@ -329,14 +329,18 @@ WHERE ctid = ANY(ARRAY(SELECT ctid FROM chosen))
 SELECT pg_advisory_xact_lock(7226133950251622721);
 
 -- name: limits
--- Everything a worker caches about limits; re-read on `sidelinja_limits_changed`.
+-- Everything a worker caches about limits; re-read on `sidelinja_limits_changed`. A pause is
+-- counted up to a year ahead: an operator's `paused_until = 'infinity'` (paused until further
+-- notice) cannot be subtracted from, and failing here would leave every worker without the
+-- caps it must count.
 SELECT
     (SELECT coalesce(jsonb_object_agg(job_type, max_running), '{}') FROM job_type_limits) AS type_caps,
     (SELECT count(*) FROM workspace_limits) AS workspace_caps,
     (SELECT coalesce((SELECT value = 'true' FROM queue_settings WHERE name = 'fair_workspaces'), true)) AS fair,
     (SELECT coalesce(jsonb_object_agg(key, jsonb_build_object(
          'max_requests', max_requests, 'per_s', per_s,
-         'paused_for_s', extract(epoch FROM greatest(paused_until, now()) - now()))), '{}')
+         'paused_for_s', extract(epoch FROM least(greatest(paused_until, now()),
+                                                   now() + interval '1 year') - now()))), '{}')
      FROM rate_limits) AS rates;
 
 -- name: rate_acquire
@@ -349,7 +353,8 @@ SELECT
 -- statement began; with now() a call that waited 0.3 s for the lock was recorded 0.3 s early,
 -- and the window it opened closed 0.3 s too soon. $2: a safety margin added to the window, so
 -- that differences in the time from grant to the request reaching the service never let a 21st
--- call into a window.
+-- call into a window. A pause until 'infinity' waits a year (as in `limits`): the job is
+-- deferred, never failed by the subtraction.
 WITH granted AS (
     UPDATE rate_limits
     SET recent = CASE WHEN max_requests IS NULL THEN '{}'::timestamptz[]
@@ -367,7 +372,9 @@ SELECT EXISTS (SELECT 1 FROM granted)
            OR NOT EXISTS (SELECT 1 FROM rate_limits WHERE key = $1) AS granted,
        coalesce((
            SELECT greatest(
-               extract(epoch FROM greatest(paused_until, clock_timestamp()) - clock_timestamp()),
+               extract(epoch FROM least(greatest(paused_until, clock_timestamp()),
+                                        clock_timestamp() + interval '1 year')
+                                  - clock_timestamp()),
                coalesce(extract(epoch FROM (
                    SELECT t FROM unnest(recent) t
                    WHERE t > clock_timestamp() - make_interval(secs => per_s + $2)
