@@ -385,3 +385,28 @@ async def test_a_job_page_names_a_giant_payload_result_or_history_instead_of_sho
     async with pool.acquire() as conn:
         (event,) = await admin_store.jobs_for_events(conn, [giant])
     assert event["progress"] is None
+
+
+async def test_keyset_pages_cover_jobs_created_at_infinity_once(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """created_at is the list's order and its cursor; a plain-SQL writer can set it to
+    'infinity' or '-infinity', which no Python datetime holds. Both rows are listed once, and
+    the pages before and after them still link on."""
+    a, _b, _ = await seed(pool)
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, created_at)"
+        " SELECT $1::uuid, 'noop', '{}'::jsonb, 'error'::job_status, t"
+        " FROM unnest(ARRAY['infinity', '-infinity']::timestamptz[]) AS t"
+        " UNION ALL"
+        " SELECT $1, 'noop', '{}', 'error', now() - g * interval '1 s'"
+        " FROM generate_series(1, 120) g",
+        a,
+    )
+    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        seen = await pages(http, "/admin/jobs?status=error")
+        everything = await pages(http, "/admin/jobs")
+    assert len(seen) == len(set(seen)) == 127
+    assert len(everything) == len(set(everything))
+    assert set(seen) <= set(everything)
