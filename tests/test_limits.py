@@ -188,6 +188,15 @@ def test_limits_command_shows_and_sets(db_url: str) -> None:
     assert "20 per 60 s" in out.stdout
     bad = cli("limits", "rate", "ai_gateway", "lots", url=db_url)
     assert bad.returncode != 0 and "20/1m" in bad.stderr
+    # Numbers the table cannot hold, or windows no service means: refused, no traceback.
+    for args, says in [
+        (("type", "whisper_transcribe", "99999999999"), "at most 1,000,000"),
+        (("rate", "ai_gateway", "99999999999/1m"), "at most 1,000,000 calls"),
+        (("rate", "ai_gateway", "20/99999999999d"), "at most 366d"),
+    ]:
+        bad = cli("limits", *args, url=db_url)
+        assert bad.returncode == 2 and says in bad.stderr, bad.stderr
+        assert "Traceback" not in bad.stderr
 
 
 def _fair_order(jobs: list[asyncpg.Record]) -> list[UUID]:

@@ -178,3 +178,19 @@ async def test_a_pause_until_infinity_defers_its_calls_and_leaves_every_limit_re
     assert (await store.rate_acquire(pool, "never", 0.5))[0]
     with pytest.raises(Defer):
         await RateLimiter(pool, LimitsCache(pool)).acquire("forever")
+
+
+async def test_a_window_no_interval_holds_counts_as_366_days(pool: asyncpg.Pool) -> None:
+    """`per_s` is a float a plain-SQL writer can set to 'Infinity', 'NaN' or 1e300 (the table's
+    check lets them through): no interval holds them, and every call to the service failed its
+    job. Such a window counts as 366 days: the first call is granted, the next deferred."""
+    await pool.execute(
+        "INSERT INTO rate_limits (key, max_requests, per_s)"
+        " VALUES ('inf', 1, 'Infinity'), ('nan', 1, 'NaN'), ('huge', 1, 1e300)"
+    )
+    for key in ("inf", "nan", "huge"):
+        assert (await store.rate_acquire(pool, key, 0.5))[0], key
+        granted, wait_s = await store.rate_acquire(pool, key, 0.5)
+        assert not granted and 365 * 86400 < wait_s <= 366 * 86400 + 1, (key, wait_s)
+        with pytest.raises(Defer):
+            await RateLimiter(pool, LimitsCache(pool)).acquire(key)

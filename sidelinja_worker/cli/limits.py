@@ -20,6 +20,11 @@ USAGE = """examples:
   sidelinja-worker limits rate ai_gateway 20/1m            at most 20 calls in any minute
   sidelinja-worker limits fair off                         oldest first, ignoring workspaces
   (use `none` as the value to remove a limit)"""
+# Bounds on what an operator types: more is a typo, and the table's integer columns hold at
+# most 2,147,483,647 (a bigger number failed with a traceback). A window longer than a year
+# is one no service means; the workers read longer ones written by SQL as a year.
+MAX_COUNT = 1_000_000
+MAX_WINDOW_S = 366 * 86400.0
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -71,6 +76,8 @@ def _count(text: str) -> int | None:
         return None
     if not text.isdigit():
         raise UserError(f"limit {text!r} must be a whole number or none")
+    if int(text) > MAX_COUNT:
+        raise UserError(f"limit {text!r}: at most {MAX_COUNT:,} (or none: no limit)")
     return int(text)
 
 
@@ -80,7 +87,11 @@ def _rate(text: str) -> tuple[int, float] | None:
     count, _, window = text.partition("/")
     if not count.isdigit() or int(count) < 1 or not window:
         raise UserError(f"rate {text!r} must look like 20/1m (calls per duration) or none")
+    if int(count) > MAX_COUNT:
+        raise UserError(f"rate {text!r}: at most {MAX_COUNT:,} calls per window")
     per_s = parse_duration_s(window)
     if per_s <= 0:
         raise UserError(f"rate {text!r}: the duration must be positive")
+    if per_s > MAX_WINDOW_S:
+        raise UserError(f"rate {text!r}: the window is at most 366d")
     return int(count), per_s

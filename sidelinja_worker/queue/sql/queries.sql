@@ -353,19 +353,24 @@ SELECT
 -- statement began; with now() a call that waited 0.3 s for the lock was recorded 0.3 s early,
 -- and the window it opened closed 0.3 s too soon. $2: a safety margin added to the window, so
 -- that differences in the time from grant to the request reaching the service never let a 21st
--- call into a window. A pause until 'infinity' waits a year (as in `limits`): the job is
--- deferred, never failed by the subtraction.
+-- call into a window. A pause until 'infinity' waits a year (as in `limits`), and a window
+-- written by SQL longer than 366 days (31,622,400 s; per_s is a float, so 'Infinity' or 1e300,
+-- which no interval holds) counts as that long: the job is deferred, never failed by the
+-- arithmetic.
 WITH granted AS (
     UPDATE rate_limits
     SET recent = CASE WHEN max_requests IS NULL THEN '{}'::timestamptz[]
                       ELSE array(SELECT t FROM unnest(recent) t
-                                 WHERE t > clock_timestamp() - make_interval(secs => per_s + $2)) || clock_timestamp()
+                                 WHERE t > clock_timestamp()
+                                           - make_interval(secs => least(per_s, 31622400) + $2))
+                           || clock_timestamp()
                  END
     WHERE key = $1
       AND paused_until <= clock_timestamp()
       AND (max_requests IS NULL
            OR (SELECT count(*) FROM unnest(recent) t
-               WHERE t > clock_timestamp() - make_interval(secs => per_s + $2)) < max_requests)
+               WHERE t > clock_timestamp()
+                         - make_interval(secs => least(per_s, 31622400) + $2)) < max_requests)
     RETURNING key
 )
 SELECT EXISTS (SELECT 1 FROM granted)
@@ -377,11 +382,13 @@ SELECT EXISTS (SELECT 1 FROM granted)
                                   - clock_timestamp()),
                coalesce(extract(epoch FROM (
                    SELECT t FROM unnest(recent) t
-                   WHERE t > clock_timestamp() - make_interval(secs => per_s + $2)
+                   WHERE t > clock_timestamp() - w.span
                    ORDER BY t DESC OFFSET max_requests - 1 LIMIT 1)
-                   + make_interval(secs => per_s + $2) - clock_timestamp()), 0),
+                   + w.span - clock_timestamp()), 0),
                0.01)
-           FROM rate_limits WHERE key = $1), 0.01) AS wait_s;
+           FROM rate_limits
+           CROSS JOIN LATERAL (SELECT make_interval(secs => least(per_s, 31622400) + $2)) AS w(span)
+           WHERE key = $1), 0.01) AS wait_s;
 
 -- name: rate_pause
 -- A 429 with Retry-After: no worker calls the service `$1` for `$2` seconds.
