@@ -289,3 +289,13 @@ async def test_limits_fair_takes_the_same_booleans(db_url: str, pool: asyncpg.Po
     assert "limits fair takes on or off" in one_line_error(
         cli("limits", "fair", "maybe", url=db_url)
     )
+
+
+def test_top_redraws_within_its_bounds_whatever_the_interval() -> None:
+    """argparse's float takes "nan" and "inf": a NaN made every redraw sleep NaN seconds."""
+    from sidelinja_worker.cli.top import REDRAW_MAX_S, REDRAW_MIN_S, redraw_interval_s
+
+    assert redraw_interval_s(2.5) == 2.5
+    assert redraw_interval_s(0.0) == redraw_interval_s(-5.0) == REDRAW_MIN_S
+    assert redraw_interval_s(float("inf")) == redraw_interval_s(1e308) == REDRAW_MAX_S
+    assert redraw_interval_s(float("nan")) == 2.0

@@ -15,8 +15,17 @@ from rich.text import Text
 
 from sidelinja_worker.cli.session import opened
 from sidelinja_worker.queue import store
+from sidelinja_worker.queue.backoff import clamp_s
 
 WINDOW_MIN = 5  # throughput over this many minutes (per-minute aggregates)
+REDRAW_MIN_S = 0.2
+REDRAW_MAX_S = 3600.0
+
+
+def redraw_interval_s(given: float) -> float:
+    """--interval within [REDRAW_MIN_S, REDRAW_MAX_S]; NaN (argparse's float takes "nan")
+    means the default, 2 s."""
+    return max(clamp_s(given, REDRAW_MAX_S, 2.0) or 0.0, REDRAW_MIN_S)
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -34,7 +43,7 @@ async def run(args: argparse.Namespace) -> int:
         with Live(await view(pool), console=console, screen=True, auto_refresh=False) as live:
             try:
                 while True:
-                    await asyncio.sleep(max(args.interval, 0.2))
+                    await asyncio.sleep(redraw_interval_s(args.interval))
                     live.update(await view(pool), refresh=True)
             except (KeyboardInterrupt, asyncio.CancelledError):
                 pass
