@@ -183,7 +183,8 @@ async def test_a_pause_until_infinity_defers_its_calls_and_leaves_every_limit_re
 async def test_a_window_no_interval_holds_counts_as_366_days(pool: asyncpg.Pool) -> None:
     """`per_s` is a float a plain-SQL writer can set to 'Infinity', 'NaN' or 1e300 (the table's
     check lets them through): no interval holds them, and every call to the service failed its
-    job. Such a window counts as 366 days: the first call is granted, the next deferred."""
+    job. Such a window counts as 366 days: the first call is granted, the next deferred. So
+    does a grant time of 'infinity' in `recent`, which failed the wait's arithmetic."""
     await pool.execute(
         "INSERT INTO rate_limits (key, max_requests, per_s)"
         " VALUES ('inf', 1, 'Infinity'), ('nan', 1, 'NaN'), ('huge', 1, 1e300)"
@@ -194,3 +195,11 @@ async def test_a_window_no_interval_holds_counts_as_366_days(pool: asyncpg.Pool)
         assert not granted and 365 * 86400 < wait_s <= 366 * 86400 + 1, (key, wait_s)
         with pytest.raises(Defer):
             await RateLimiter(pool, LimitsCache(pool)).acquire(key)
+    # A grant time that is not finite is no grant: it neither fills the window nor breaks it.
+    await pool.execute(
+        "INSERT INTO rate_limits (key, max_requests, per_s, recent)"
+        " VALUES ('odd', 1, 60, ARRAY['infinity', '-infinity']::timestamptz[])"
+    )
+    assert (await store.rate_acquire(pool, "odd", 0.5))[0]
+    granted, wait_s = await store.rate_acquire(pool, "odd", 0.5)
+    assert not granted and 59 < wait_s <= 61
