@@ -56,7 +56,7 @@ BUSY_LOAD = len(os.sched_getaffinity(0)) / 2
 # jobs lasts about a second, and on this shared 2-core VM one second can be 25 % slower than the
 # next, so each row is a median. They run in rounds (drain_rounds), so a slow minute falls on
 # every one of them alike.
-DRAIN_RUNS = 3
+DRAIN_RUNS = 5  # odd: each median is one run; five, as three let one slow minute decide a ratio
 # Runs on an empty queue whose CPU (start-up, shutdown) is taken off each drain's.
 EMPTY_RUNS = 3
 
@@ -466,15 +466,26 @@ def _peer_rows(
         )
         stopped = f", stopped after {p.jobs:,} jobs at the time limit" if p.stopped else ""
         times = ours_50 / p.jobs_per_s
+        how = ""
+        # A peer drained once per round is compared round by round, as the log cost is: the
+        # machine's speed drifts between rounds, and a ratio within a round shares its minute.
+        ours_rounds = ours.at(50, "info")
+        if len(runs) > 1 and len(runs) == len(ours_rounds):
+            ratios = [o.jobs_per_s / r.jobs_per_s for o, r in zip(ours_rounds, runs, strict=True)]
+            times = statistics.median(ratios)
+            how = (
+                f" (median of the rounds' ratios, {', '.join(f'{x:.1f}' for x in ratios)};"
+                f" of the medians {ours_50 / p.jobs_per_s:.1f}×)"
+            )
         pgqueuer = p.name.startswith("PGQueuer")
         out.append(
             Row(
                 f"Drain, {p.name} ({p.settings}){several} [a]",
                 f"{_rate(p.jobs_per_s)} ({spread}wall {p.wall_s:.1f} s{stopped}; its bulk "
                 f"enqueue {p.enqueue_per_s:,.0f}/s; peak RSS {_mb(p.peak_kb):.0f} MB); "
-                f"sidelinja-worker at concurrency 50, defaults = {times:.1f}× it (log "
+                f"sidelinja-worker at concurrency 50, defaults = {times:.1f}× it{how}; log "
                 f"warning: {tuned_50 / p.jobs_per_s:.1f}×; the bare loop at B = {top:,}: "
-                f"{bare_top / p.jobs_per_s:.1f}×)",
+                f"{bare_top / p.jobs_per_s:.1f}×",
                 f"≥ {TARGET_TIMES_PGQUEUER:g}×" if pgqueuer else "",
                 times >= TARGET_TIMES_PGQUEUER if pgqueuer else None,
             )
