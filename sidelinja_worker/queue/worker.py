@@ -282,16 +282,24 @@ class Worker:
         given back by then is rescued when the lease expires. A handler that ignores its
         cancellation is not waited for."""
         writer = next((t for t in others if t.get_name() == "outcomes"), None)
+        claim = next((t for t in others if t.get_name() == "claim"), None)
         for task in others:
             if task is not writer:
                 task.cancel()
         for job_id, task in list(self._running.items()):
             self._cancel_reasons.setdefault(job_id, executor.SHUTDOWN)
             task.cancel()
-        ready = [Release(job.id, None) for job in self._ready]
-        self._ready.clear()
         try:
             async with asyncio.timeout(DIE_WITHIN_S):
+                # A claim cancelled in flight ends once its statement has (the pool waits for
+                # the connection to be idle before taking it back). Jobs it took are by then
+                # this worker's `running` rows, which abandon_worker below hands back; its
+                # answer, lost with the cancel, never reached _ready. Without this wait, a
+                # claim that committed after abandon_worker left its jobs to the lease rescue.
+                if claim is not None and not claim.done():
+                    await asyncio.wait([claim], timeout=DIE_WITHIN_S / 4)
+                ready = [Release(job.id, None) for job in self._ready]
+                self._ready.clear()
                 if slots:
                     await asyncio.wait(slots, timeout=DIE_WITHIN_S / 4)
                 if writer is not None and not writer.done():
