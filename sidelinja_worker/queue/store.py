@@ -440,6 +440,23 @@ async def notify_queue_state(conn: Conn) -> asyncpg.Record:
     return row
 
 
+async def statistics_state(conn: Conn, min_rows: int) -> tuple[bool, bool]:
+    """(stale, may_analyze) for job_queue's planner statistics: see queries.sql."""
+    row = await conn.fetchrow(Q["statistics_state"], min_rows, timeout=STATEMENT_TIMEOUT_S)
+    assert row is not None  # job_queue exists once migrated
+    return row["stale"], row["may_analyze"]
+
+
+async def analyze_queue(conn: asyncpg.Connection, timeout_s: float) -> bool:
+    """ANALYZE job_queue, unless another session is doing it (False). ANALYZE reads a sample
+    of the table (30,000 rows at the default statistics target), so it gets its own bound."""
+    async with conn.transaction():
+        if not await conn.fetchval(Q["try_statistics_lock"], timeout=STATEMENT_TIMEOUT_S):
+            return False
+        await conn.execute(Q["analyze_queue"], timeout=timeout_s)
+    return True
+
+
 async def pause_type(conn: Conn, job_type: str, by: str, reason: str) -> bool:
     """Pauses `job_type` cluster-wide; False if it was paused already."""
     return (

@@ -17,6 +17,7 @@ from uuid import UUID, uuid4
 import asyncpg
 
 from sidelinja_worker.queue import executor, metrics, store, tracing
+from sidelinja_worker.queue.analyze import analyze_loop
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.context import Services, clean_text
 from sidelinja_worker.queue.db import DB_ERRORS, create_pool
@@ -219,6 +220,7 @@ class Worker:
             self._supervise(self._timeout_watchdog(), "timeouts"),
             self._supervise(rescue_loop(self._pool, self.settings), "rescue"),
             self._supervise(prune_loop(self._pool, self.settings), "prune"),
+            self._supervise(analyze_loop(self._pool), "analyze"),
             self._supervise(metrics.lag_loop(LAG_TICK_S), "loop-lag"),
             self._supervise(metrics.minute_loop(self._pool), "minute-stats"),
         ]

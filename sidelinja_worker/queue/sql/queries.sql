@@ -826,6 +826,28 @@ WHERE status IN ('pending', 'retry') AND scheduled_for <= now();
 -- paused because of it (the metrics task's refresh; never per job).
 SELECT usage, events_paused, wakeups_paused FROM sidelinja_notify_queue_state();
 
+-- name: statistics_state
+-- Whether the planner's picture of job_queue is stale enough to plan claims badly, and whether
+-- this role may refresh it (ANALYZE needs the table's or the database's owner). Stale: more
+-- rows changed since the last ANALYZE than the table held then, and at least $1. That is the
+-- table grown from (nearly) empty, where a claim's cached generic plan scans and sorts the
+-- whole table once per workspace; autovacuum's threshold (a tenth) comes first otherwise.
+-- n_mod_since_analyze is 0 in a table nothing has counted yet (a new cluster's stats).
+SELECT coalesce(s.n_mod_since_analyze, 0) > greatest($1::float8, c.reltuples) AS stale,
+       pg_has_role(c.relowner, 'USAGE') OR pg_has_role(d.datdba, 'USAGE') AS may_analyze
+FROM pg_class c
+LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+CROSS JOIN pg_database d
+WHERE c.oid = 'job_queue'::regclass
+  AND d.datname = current_database();
+
+-- name: try_statistics_lock
+-- One worker at a time refreshes the statistics; the others see them fresh afterwards.
+SELECT pg_try_advisory_xact_lock(7226133950251622723);
+
+-- name: analyze_queue
+ANALYZE job_queue;
+
 -- name: abandon_worker
 -- A worker whose internal task died (crash-only): it leaves the workers table and its running
 -- jobs go back to the queue at once, each counted as an attempt (so a job that kills every
