@@ -196,3 +196,22 @@ async def test_a_models_endless_task_lists_are_merged_in_linear_time_beside_a_re
     result = await pool.fetchval("SELECT result FROM job_queue WHERE id = $1", job_id)
     assert result["parts"] == 2
     assert [t["what"] for t in result["note"]["tasks"]] == [f"oppgave {i}" for i in range(5_000)]
+
+
+async def test_a_glob_of_repeated_double_stars_is_refused_beside_a_responsive_worker(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, tmp_path: Path
+) -> None:
+    # Each '**' walks every folder under the one the previous matched: in 30 nested folders,
+    # five of them are 30^5/5! paths, seconds on the event loop (eight: hours).
+    deep = tmp_path / str(workspace) / "logs"
+    (deep / "/".join(["d"] * 30)).mkdir(parents=True)
+    logs = "logs/" + "**/" * 5 + "*.log"
+    job_id = await client.enqueue(pool, workspace, "stats_parse", {"logs": logs})
+    await beside_noops(
+        pool, db_url, workspace, job_id, ServiceConfig({"MEDIA_ROOT": str(tmp_path)})
+    )
+    assert await _error(pool, job_id) == (
+        "error",
+        1,
+        f"logs {logs!r}: a glob takes '**' at most once, as a whole path segment",
+    )

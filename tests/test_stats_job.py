@@ -227,19 +227,18 @@ async def test_bad_paths_fail_permanently(
     root = media
     _write(media.parent / "outside" / "access.log", ln())  # another workspace's folder
     _write(root / "empty" / "readme.txt", b"x")
-    outside, missing, empty = [
-        await client.enqueue(pool, workspace, "stats_parse", {"logs": p})
-        for p in ("../outside", "nope", "empty")
-    ]
+    _write(root / "logs" / "access.log", ln())
+    paths = ("../outside", "nope", "empty", "*/../../../../**/*.log", "logs/a**.log")
+    ids = [await client.enqueue(pool, workspace, "stats_parse", {"logs": p}) for p in paths]
     await run_burst(pool, db_url, config=ServiceConfig({"MEDIA_ROOT": str(root.parent)}))
-    errors = [
-        (j["status"], j["error_msg"])
-        for j in [await store.get_job(pool, i) for i in (outside, missing, empty)]
-    ]
+    errors = [(j["status"], j["error_msg"]) for j in [await store.get_job(pool, i) for i in ids]]
     assert errors == [
         ("error", "logs '../outside' is outside this workspace's media folder"),
         ("error", "logs 'nope' not found in this workspace's media folder"),
         ("error", "logs 'empty': no log files found"),
+        # A glob never walks out of the folder (from '/' it walked the whole file system).
+        ("error", "logs '*/../../../../**/*.log': a glob may not go up with '..'"),
+        ("error", "logs 'logs/a**.log': a glob takes '**' at most once, as a whole path segment"),
     ]
 
 
