@@ -246,3 +246,39 @@ async def test_big_json_is_parsed_off_the_event_loop(monkeypatch: pytest.MonkeyP
     await bounded.json_body(small)
     await bounded.json_body(big)
     assert threads[0] == "MainThread" and threads[1] != "MainThread"
+
+
+@pytest.mark.parametrize(
+    "embedding",
+    [
+        b"[0.5, NaN]",
+        b"[0.5, Infinity]",
+        b"[0.5, -1e999]",
+        b'[0.5, "nan"]',
+        b"[0.5, true]",
+        b'"0.5"',
+    ],
+)
+async def test_an_embedding_that_is_not_finite_numbers_retries(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, embedding: bytes
+) -> None:
+    # Stored, such a vector is never asked for again (its text is unchanged): NaN made every
+    # later similarity with it NaN, and a quiz's duplicate check missed the real duplicate.
+    server.answer = json_answer(
+        b'{"data": [{"index": 0, "embedding": [0.5, 0.5]}, {"index": 1, "embedding": '
+        + embedding
+        + b"}]}"
+    )
+    with pytest.raises(RetryJob) as caught:
+        await gateway(http, server.url, pool).embeddings("m", ["a", "b"])
+    assert str(caught.value) == "AI gateway returned an embedding that is not a list of numbers"
+
+
+@pytest.mark.parametrize("data", [b"[null, null]", b'[{"index": "0"}, {"index": 1}]', b'"ab"'])
+async def test_an_embeddings_list_of_the_wrong_shape_retries(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, data: bytes
+) -> None:
+    server.answer = json_answer(b'{"data": ' + data + b"}")
+    with pytest.raises(RetryJob) as caught:
+        await gateway(http, server.url, pool).embeddings("m", ["a", "b"])
+    assert str(caught.value) == "AI gateway answered with an embeddings list that cannot be read"

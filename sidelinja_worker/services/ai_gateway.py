@@ -205,14 +205,17 @@ class AiGateway:
         data = await self._post("/embeddings", body, EMBED_TIMEOUT_S, MAX_EMBED_BYTES)
         if isinstance(data.get("error"), Mapping):
             raise self._classify(200, data["error"], None)
-        items = sorted(data.get("data") or [], key=lambda item: item.get("index", 0))
+        items = data.get("data") or []
+        if not isinstance(items, list) or not all(
+            isinstance(item, Mapping) and type(item.get("index", 0)) is int for item in items
+        ):
+            raise RetryJob("AI gateway answered with an embeddings list that cannot be read")
+        items = sorted(items, key=lambda item: item.get("index", 0))
         if len(items) != len(inputs):
             raise RetryJob(f"AI gateway returned {len(items)} embeddings for {len(inputs)} inputs")
-        return Embeddings(
-            [list(map(float, item["embedding"])) for item in items],
-            str(data.get("model") or model),
-            Usage.of(data),
-        )
+        # Millions of numbers in a big batch: checked in a thread, off the event loop.
+        vectors = await asyncio.to_thread(_vectors, items)
+        return Embeddings(vectors, str(data.get("model") or model), Usage.of(data))
 
     async def _post(
         self, path: str, body: Mapping[str, Any], timeout_s: float, max_bytes: int
@@ -267,6 +270,29 @@ class AiGateway:
         """A gateway or provider may echo the request; the key must never reach error_msg."""
         key = self._key.reveal()
         return text.replace(key, "***") if key else text
+
+
+def _vectors(items: list[Mapping[str, Any]]) -> list[list[float]]:
+    """Each item's embedding as floats. Anything but a list of finite numbers is refused:
+    json reads NaN and Infinity (and 1e999 as infinity), float() reads "nan", and a vector
+    stored with one is never embedded again while its text is unchanged, every similarity
+    with it NaN."""
+    vectors = []
+    for item in items:
+        raw = item.get("embedding")
+        if not isinstance(raw, list) or not all(type(x) in (int, float) for x in raw):
+            raise RetryJob(_NOT_NUMBERS)
+        try:
+            vector = [float(x) for x in raw]
+        except OverflowError:  # an integer of hundreds of digits
+            raise RetryJob(_NOT_NUMBERS) from None
+        if not all(map(math.isfinite, vector)):
+            raise RetryJob(_NOT_NUMBERS)
+        vectors.append(vector)
+    return vectors
+
+
+_NOT_NUMBERS = "AI gateway returned an embedding that is not a list of numbers"
 
 
 def chat_body(
