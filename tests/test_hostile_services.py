@@ -128,6 +128,7 @@ async def test_a_dripped_answer_overruns_the_deadline_and_retries(
         b'{"choices": [',  # malformed
         b'{"choices": [{"message": {"content": "\xff\xfe"}}]}',  # invalid UTF-8
         b"<html>\x00\x00</html>",  # a proxy's page, with NUL bytes
+        b"[" * 100_000,  # nested past the parser's recursion limit
     ],
 )
 async def test_a_body_that_is_not_json_retries(
@@ -219,7 +220,8 @@ async def test_a_whisper_srt_that_is_not_utf8_is_refused(
 
 
 @pytest.mark.parametrize(
-    "body", [b"{", b'{"rooms": [{"num_participants": "many"}]}', b'{"rooms": 5}', b"[]"]
+    "body",
+    [b"{", b'{"rooms": [{"num_participants": "many"}]}', b'{"rooms": 5}', b"[]", b"[" * 100_000],
 )
 async def test_a_livekit_room_list_that_cannot_be_read_retries(
     http: httpx.AsyncClient, server: HostileServer, body: bytes
@@ -282,3 +284,20 @@ async def test_an_embeddings_list_of_the_wrong_shape_retries(
     with pytest.raises(RetryJob) as caught:
         await gateway(http, server.url, pool).embeddings("m", ["a", "b"])
     assert str(caught.value) == "AI gateway answered with an embeddings list that cannot be read"
+
+
+async def test_an_error_body_nested_past_the_parsers_limit_keeps_the_statuss_outcome(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, tmp_path: Path
+) -> None:
+    deep = b'{"error": ' * 100_000
+    server.answer = json_answer(deep, status=401)
+    audio = tmp_path / "a.wav"
+    audio.write_bytes(b"RIFF" + b"\x00" * 100)
+    with pytest.raises(PermanentError, match="^whisper refused the API key"):
+        await whisper.transcribe_srt(
+            http, whisper.WhisperServer(server.url), whisper.TranscribeRequest(audio, "m", "no")
+        )
+    with pytest.raises(PermanentError, match="^Forgejo refused the token"):
+        await Forgejo(http, server.url, Secret("t")).read(RepoFile("o", "r", "a.srt"))
+    with pytest.raises(PermanentError, match="^AI gateway 401: "):
+        await gateway(http, server.url, pool).chat(CHAT)

@@ -378,7 +378,9 @@ def error_object(resp: httpx.Response) -> dict[str, Any]:
     """`{"code", "message", "metadata"}` from the OpenRouter error shape, or a stand-in built
     from a body that is not (a proxy's HTML page, say)."""
     try:  # an error body is small; a huge one is not parsed on the event loop
-        data = resp.json() if len(resp.content) < bounded.OFF_LOOP_JSON_BYTES else None
+        data = (
+            bounded.loads(resp.content) if len(resp.content) < bounded.OFF_LOOP_JSON_BYTES else None
+        )
     except ValueError:
         data = None
     if isinstance(data, dict) and isinstance(data.get("error"), dict):
