@@ -301,3 +301,27 @@ async def test_an_error_body_nested_past_the_parsers_limit_keeps_the_statuss_out
         await Forgejo(http, server.url, Secret("t")).read(RepoFile("o", "r", "a.srt"))
     with pytest.raises(PermanentError, match="^AI gateway 401: "):
         await gateway(http, server.url, pool).chat(CHAT)
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        b"[1]",
+        b'{"prompt_tokens": 1e999, "completion_tokens": 20}',
+        b'{"prompt_tokens": "many", "completion_tokens": 20}',
+        b'{"prompt_tokens": 3000000000, "completion_tokens": 20}',  # past an INTEGER column
+        b'{"prompt_tokens": -5, "completion_tokens": 20.0}',
+        b'{"prompt_tokens": true, "completion_tokens": 20}',
+    ],
+)
+async def test_token_counts_that_cannot_be_true_read_as_unknown(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, usage: bytes
+) -> None:
+    # The call is made and paid for: a count it reports never fails the job that made it.
+    server.answer = json_answer(
+        b'{"choices": [{"message": {"content": "Oslo"}}], "usage": ' + usage + b"}"
+    )
+    content, got = await gateway(http, server.url, pool).chat(CHAT)
+    assert content == "Oslo"
+    assert (got.prompt_tokens, got.calls) == (0, 1)
+    assert got.completion_tokens == (0 if usage == b"[1]" else 20)

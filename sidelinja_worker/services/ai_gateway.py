@@ -38,6 +38,8 @@ MAX_EMBED_BYTES = 160 * 1024 * 1024
 # A Retry-After beyond this is not believed: the pause is cut to it.
 MAX_RETRY_AFTER_S = 3600.0
 MAX_MESSAGE_CHARS = 400
+# Tokens one call can report: far past any model's context; sums of a few still fit INTEGER.
+MAX_TOKENS_PER_CALL = 100_000_000
 # Statuses that will not change on a retry: bad request, bad key, no
 # credits, moderation. 404/413/422 are bad requests too (unknown model, input too large).
 PERMANENT_STATUSES = frozenset({400, 401, 402, 403, 404, 413, 422})
@@ -63,10 +65,20 @@ class Usage:
 
     @classmethod
     def of(cls, data: Mapping[str, Any]) -> Usage:
-        usage = data.get("usage") or {}
-        return cls(
-            int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), 1
-        )
+        """The call's counts; one that cannot be true (not a whole number, negative, or past
+        MAX_TOKENS_PER_CALL) reads as 0, unknown. The call is made and paid for by now: its
+        report must not fail the job, as an infinity or a string did, nor a job that stores
+        it later, as a count past an INTEGER column did."""
+        usage = data.get("usage")
+        if not isinstance(usage, Mapping):
+            return cls(0, 0, 1)
+        return cls(_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")), 1)
+
+
+def _count(value: Any) -> int:
+    if type(value) is float and value.is_integer():
+        value = int(value)
+    return value if type(value) is int and 0 <= value <= MAX_TOKENS_PER_CALL else 0
 
 
 @dataclass(frozen=True)
