@@ -221,7 +221,14 @@ async def test_a_whisper_srt_that_is_not_utf8_is_refused(
 
 @pytest.mark.parametrize(
     "body",
-    [b"{", b'{"rooms": [{"num_participants": "many"}]}', b'{"rooms": 5}', b"[]", b"[" * 100_000],
+    [
+        b"{",
+        b'{"rooms": [{"num_participants": "many"}]}',
+        b'{"rooms": [{"num_participants": 1e999}]}',
+        b'{"rooms": 5}',
+        b"[]",
+        b"[" * 100_000,
+    ],
 )
 async def test_a_livekit_room_list_that_cannot_be_read_retries(
     http: httpx.AsyncClient, server: HostileServer, body: bytes
