@@ -168,3 +168,50 @@ async def test_an_enormous_model_answer_is_parsed_off_the_loop_beside_a_responsi
     status, attempts, error = await _error(pool, job_id)
     assert (status, attempts) == ("error", 1)
     assert error.startswith("the model's answer did not match the Minutes schema twice: ")
+
+
+async def test_a_models_endless_task_lists_are_merged_in_linear_time_beside_a_responsive_worker(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
+    # A split dictation's notes are merged on the event loop; a model that loops answers each
+    # part with thousands of tasks (60 kB), the later parts repeating the earlier ones.
+    await pool.execute(
+        "UPDATE workspaces SET settings = $2 WHERE id = $1",
+        workspace,
+        {"ai": {"dictation_cleanup": {"context_tokens": 50}}},
+    )
+    parts = iter(range(1, 100))
+
+    def note(_: Any) -> dict[str, Any]:
+        part = next(parts)
+        tasks = [{"what": f"oppgave {i}", "due": None} for i in range(2_500 * part)]
+        return {"title": "Notat", "body": f"Del {part}.", "tasks": tasks}
+
+    ai_gateway.answers["Note"] = note
+    text = "diktert setning her\n" * 14  # 280 characters: two parts of at most 150
+    job_id = await client.enqueue(pool, workspace, "dictation_cleanup", {"text": text})
+    config = ServiceConfig({"AI_GATEWAY_URL": ai_gateway.url, "AI_GATEWAY_KEY": ai_gateway.key})
+    job = await beside_noops(pool, db_url, workspace, job_id, config)
+    assert job["status"] == "completed"
+    result = await pool.fetchval("SELECT result FROM job_queue WHERE id = $1", job_id)
+    assert result["parts"] == 2
+    assert [t["what"] for t in result["note"]["tasks"]] == [f"oppgave {i}" for i in range(5_000)]
+
+
+async def test_a_glob_of_repeated_double_stars_is_refused_beside_a_responsive_worker(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, tmp_path: Path
+) -> None:
+    # Each '**' walks every folder under the one the previous matched: in 30 nested folders,
+    # five of them are 30^5/5! paths, seconds on the event loop (eight: hours).
+    deep = tmp_path / str(workspace) / "logs"
+    (deep / "/".join(["d"] * 30)).mkdir(parents=True)
+    logs = "logs/" + "**/" * 5 + "*.log"
+    job_id = await client.enqueue(pool, workspace, "stats_parse", {"logs": logs})
+    await beside_noops(
+        pool, db_url, workspace, job_id, ServiceConfig({"MEDIA_ROOT": str(tmp_path)})
+    )
+    assert await _error(pool, job_id) == (
+        "error",
+        1,
+        f"logs {logs!r}: a glob takes '**' at most once, as a whole path segment",
+    )

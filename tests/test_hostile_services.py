@@ -128,6 +128,7 @@ async def test_a_dripped_answer_overruns_the_deadline_and_retries(
         b'{"choices": [',  # malformed
         b'{"choices": [{"message": {"content": "\xff\xfe"}}]}',  # invalid UTF-8
         b"<html>\x00\x00</html>",  # a proxy's page, with NUL bytes
+        b"[" * 100_000,  # nested past the parser's recursion limit
     ],
 )
 async def test_a_body_that_is_not_json_retries(
@@ -219,7 +220,15 @@ async def test_a_whisper_srt_that_is_not_utf8_is_refused(
 
 
 @pytest.mark.parametrize(
-    "body", [b"{", b'{"rooms": [{"num_participants": "many"}]}', b'{"rooms": 5}', b"[]"]
+    "body",
+    [
+        b"{",
+        b'{"rooms": [{"num_participants": "many"}]}',
+        b'{"rooms": [{"num_participants": 1e999}]}',
+        b'{"rooms": 5}',
+        b"[]",
+        b"[" * 100_000,
+    ],
 )
 async def test_a_livekit_room_list_that_cannot_be_read_retries(
     http: httpx.AsyncClient, server: HostileServer, body: bytes
@@ -246,3 +255,80 @@ async def test_big_json_is_parsed_off_the_event_loop(monkeypatch: pytest.MonkeyP
     await bounded.json_body(small)
     await bounded.json_body(big)
     assert threads[0] == "MainThread" and threads[1] != "MainThread"
+
+
+@pytest.mark.parametrize(
+    "embedding",
+    [
+        b"[0.5, NaN]",
+        b"[0.5, Infinity]",
+        b"[0.5, -1e999]",
+        b'[0.5, "nan"]',
+        b"[0.5, true]",
+        b'"0.5"',
+    ],
+)
+async def test_an_embedding_that_is_not_finite_numbers_retries(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, embedding: bytes
+) -> None:
+    # Stored, such a vector is never asked for again (its text is unchanged): NaN made every
+    # later similarity with it NaN, and a quiz's duplicate check missed the real duplicate.
+    server.answer = json_answer(
+        b'{"data": [{"index": 0, "embedding": [0.5, 0.5]}, {"index": 1, "embedding": '
+        + embedding
+        + b"}]}"
+    )
+    with pytest.raises(RetryJob) as caught:
+        await gateway(http, server.url, pool).embeddings("m", ["a", "b"])
+    assert str(caught.value) == "AI gateway returned an embedding that is not a list of numbers"
+
+
+@pytest.mark.parametrize("data", [b"[null, null]", b'[{"index": "0"}, {"index": 1}]', b'"ab"'])
+async def test_an_embeddings_list_of_the_wrong_shape_retries(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, data: bytes
+) -> None:
+    server.answer = json_answer(b'{"data": ' + data + b"}")
+    with pytest.raises(RetryJob) as caught:
+        await gateway(http, server.url, pool).embeddings("m", ["a", "b"])
+    assert str(caught.value) == "AI gateway answered with an embeddings list that cannot be read"
+
+
+async def test_an_error_body_nested_past_the_parsers_limit_keeps_the_statuss_outcome(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, tmp_path: Path
+) -> None:
+    deep = b'{"error": ' * 100_000
+    server.answer = json_answer(deep, status=401)
+    audio = tmp_path / "a.wav"
+    audio.write_bytes(b"RIFF" + b"\x00" * 100)
+    with pytest.raises(PermanentError, match="^whisper refused the API key"):
+        await whisper.transcribe_srt(
+            http, whisper.WhisperServer(server.url), whisper.TranscribeRequest(audio, "m", "no")
+        )
+    with pytest.raises(PermanentError, match="^Forgejo refused the token"):
+        await Forgejo(http, server.url, Secret("t")).read(RepoFile("o", "r", "a.srt"))
+    with pytest.raises(PermanentError, match="^AI gateway 401: "):
+        await gateway(http, server.url, pool).chat(CHAT)
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        b"[1]",
+        b'{"prompt_tokens": 1e999, "completion_tokens": 20}',
+        b'{"prompt_tokens": "many", "completion_tokens": 20}',
+        b'{"prompt_tokens": 3000000000, "completion_tokens": 20}',  # past an INTEGER column
+        b'{"prompt_tokens": -5, "completion_tokens": 20.0}',
+        b'{"prompt_tokens": true, "completion_tokens": 20}',
+    ],
+)
+async def test_token_counts_that_cannot_be_true_read_as_unknown(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, usage: bytes
+) -> None:
+    # The call is made and paid for: a count it reports never fails the job that made it.
+    server.answer = json_answer(
+        b'{"choices": [{"message": {"content": "Oslo"}}], "usage": ' + usage + b"}"
+    )
+    content, got = await gateway(http, server.url, pool).chat(CHAT)
+    assert content == "Oslo"
+    assert (got.prompt_tokens, got.calls) == (0, 1)
+    assert got.completion_tokens == (0 if usage == b"[1]" else 20)

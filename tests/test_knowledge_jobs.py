@@ -548,3 +548,26 @@ def test_schema_subset() -> None:
         "$: unexpected 'c'",
     ]
     assert re.match(r"\$: expected object", schema_errors(schema, [])[0])
+
+
+async def test_an_answer_nested_past_the_parsers_limit_fails_its_json_check(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
+    await allow_models(pool, workspace, "m/one")
+    ai_gateway.plain_answer = lambda r: "[" * 100_000
+    expect = [{"kind": "json_schema", "schema": {"type": "array"}}]
+    await client.enqueue(
+        pool,
+        workspace,
+        "prompt_eval",
+        {"prompt": "p", "cases": [{"id": "c", "expect": expect}], "models": ["m/one"]},
+    )
+    await run_burst(pool, db_url, config=config(ai_gateway))
+    cases = await pool.fetch(
+        "SELECT status, error_msg FROM job_queue WHERE job_type LIKE 'prompt%'"
+    )
+    assert {(c["status"], c["error_msg"]) for c in cases} == {("completed", None)}
+    scores = await pool.fetchval("SELECT scores FROM prompt_eval_results WHERE case_id = 'c'")
+    assert [(s["passed"], s["detail"]) for s in scores] == [
+        (False, "not JSON: nested deeper than the parser's recursion limit")
+    ]

@@ -173,6 +173,12 @@ CUE1 = "1\n00:00:01,000 --> 00:00:02,000\nHei\n\n"
             3,
             "the line is 20001 characters long (at most 20000)",
         ),
+        (  # int() refuses 4,300 digits with a plain ValueError
+            CUE1 + "2\n00:00:03,000 --> " + "9" * 5000 + ":00:04,000\nx\n",
+            6,
+            "a number of 5000 digits in the timestamp '99999999999999999999",
+        ),
+        (CUE1 + "2\n00:00:03,0000000000 --> 00:00:04,000\nx\n", 6, "10 digits"),
     ],
 )
 def test_malformed_srt_names_the_line(text: str, line: int, words: str) -> None:
@@ -329,3 +335,17 @@ def test_the_demo_ships_the_sample_episode() -> None:
     demo_file = resources.files("sidelinja_worker.cli").joinpath("demo_data/episode_no.srt")
     demo = demo_file.read_text("utf-8")
     assert len(parse_srt(demo).segments) == 10
+
+
+async def test_a_timestamp_past_any_transcript_fails_the_job_at_once_naming_the_line(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path
+) -> None:
+    # 16 digits of hours are 3.6e22 ms: past the BIGINT columns (and a 64-bit JSON integer).
+    far = "1\n00:00:01,000 --> 00:00:02,000\nHei\n\n2\n9999999999999999:00:00,000 --> "
+    (media_root / "srt" / "far.srt").write_text(far + "9999999999999999:00:01,000\nHallo\n")
+    row = await parse_job(pool, db_url, workspace, {"srt_path": "srt/far.srt"}, media_root)
+    assert (row["status"], row["attempts"]) == ("error", 1)
+    assert row["error_msg"] == (
+        "malformed SRT at line 6: a number of 16 digits in the timestamp "
+        "'9999999999999999:00:00,000' (at most 9)"
+    )

@@ -4,6 +4,7 @@ logs (gz, zst, both naming schemes), and a partial last line."""
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
 from itertools import accumulate
 from pathlib import Path
@@ -24,6 +25,8 @@ from sidelinja_worker.jobs.stats.logfiles import (
 )
 from sidelinja_worker.jobs.stats.media import threshold_bytes
 from sidelinja_worker.jobs.stats.parse import FileTask, ParseResult, parse_files
+from sidelinja_worker.jobs.stats.stats_parse import resolve_logs
+from sidelinja_worker.queue.errors import PermanentError
 
 APPLE = "AppleCoreMedia/1.0.0.21E236 (iPhone; U; CPU OS 17_4 like Mac OS X; nb_no)"
 SPOTIFY = "Spotify/8.9.30 iOS/17.4 (iPhone15,2)"
@@ -424,3 +427,15 @@ def test_gzip_reads_with_isal_and_like_the_stdlib_up_to_damage(
     monkeypatch.setattr(logfiles, "open_stream", lambda p: gzip.open(p, "rb"))
     assert fast == blocks_and_error(log)
     assert (fast[1] == "") == (damage == "none") and len(fast[0]) > 5
+
+
+def test_a_named_pipe_is_never_a_log_file(tmp_path: Path) -> None:
+    # Opening a FIFO blocks until something writes to it: a fingerprint thread would wait
+    # forever (a job's timeout cannot stop a thread), and a few such jobs use up the worker's
+    # threads. Only regular files are logs, however they are named.
+    os.mkfifo(tmp_path / "pipe.log")
+    os.mkfifo(tmp_path / "access-2026-03-01T00-00-00.000-size.log")
+    (tmp_path / "access.log").write_bytes(line())
+    assert [f.path.name for f in discover(tmp_path / "access.log", None)] == ["access.log"]
+    with pytest.raises(PermanentError, match="^logs 'pipe.log': no log files found$"):
+        resolve_logs(tmp_path, "pipe.log")

@@ -116,6 +116,23 @@ async def test_counts_by_the_rules_and_a_rerun_adds_nothing(
     assert "198.51.100" not in dump and "AppleCoreMedia" not in dump
 
 
+async def test_a_request_path_with_a_nul_character_is_no_episode(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
+) -> None:
+    # JSON escapes NUL as \u0000 and the log decoder reads it back. Such a path (no file has
+    # one, and PostgreSQL stores no NUL in text) failed every run of the log while the line
+    # was in it, and a failed run schedules no next one.
+    nul = ln(ip="198.51.100.8", status=200, range_=None, size=SIZE).replace(
+        EP.encode(), EP.encode()[:-4] + b"\\u0000.mp3"
+    )
+    assert b"\\u0000" in nul
+    _write(media / "logs" / "access.log", nul, ln(status=200, range_=None, size=SIZE))
+    [job] = await _run(pool, db_url, workspace, media)
+    assert job["status"] == "completed", job["error_msg"]
+    assert (job["result"]["requests_counted"], job["result"]["new_downloads"]) == (1, 1)
+    assert await _daily(pool, workspace) == [(DAY, EP, "Apple Podcasts", 1)]
+
+
 async def test_threshold_from_the_media_file_bitrate(
     pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
 ) -> None:
@@ -227,19 +244,18 @@ async def test_bad_paths_fail_permanently(
     root = media
     _write(media.parent / "outside" / "access.log", ln())  # another workspace's folder
     _write(root / "empty" / "readme.txt", b"x")
-    outside, missing, empty = [
-        await client.enqueue(pool, workspace, "stats_parse", {"logs": p})
-        for p in ("../outside", "nope", "empty")
-    ]
+    _write(root / "logs" / "access.log", ln())
+    paths = ("../outside", "nope", "empty", "*/../../../../**/*.log", "logs/a**.log")
+    ids = [await client.enqueue(pool, workspace, "stats_parse", {"logs": p}) for p in paths]
     await run_burst(pool, db_url, config=ServiceConfig({"MEDIA_ROOT": str(root.parent)}))
-    errors = [
-        (j["status"], j["error_msg"])
-        for j in [await store.get_job(pool, i) for i in (outside, missing, empty)]
-    ]
+    errors = [(j["status"], j["error_msg"]) for j in [await store.get_job(pool, i) for i in ids]]
     assert errors == [
         ("error", "logs '../outside' is outside this workspace's media folder"),
         ("error", "logs 'nope' not found in this workspace's media folder"),
         ("error", "logs 'empty': no log files found"),
+        # A glob never walks out of the folder (from '/' it walked the whole file system).
+        ("error", "logs '*/../../../../**/*.log': a glob may not go up with '..'"),
+        ("error", "logs 'logs/a**.log': a glob takes '**' at most once, as a whole path segment"),
     ]
 
 

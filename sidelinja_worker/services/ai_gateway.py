@@ -38,6 +38,8 @@ MAX_EMBED_BYTES = 160 * 1024 * 1024
 # A Retry-After beyond this is not believed: the pause is cut to it.
 MAX_RETRY_AFTER_S = 3600.0
 MAX_MESSAGE_CHARS = 400
+# Tokens one call can report: far past any model's context; sums of a few still fit INTEGER.
+MAX_TOKENS_PER_CALL = 100_000_000
 # Statuses that will not change on a retry: bad request, bad key, no
 # credits, moderation. 404/413/422 are bad requests too (unknown model, input too large).
 PERMANENT_STATUSES = frozenset({400, 401, 402, 403, 404, 413, 422})
@@ -63,10 +65,20 @@ class Usage:
 
     @classmethod
     def of(cls, data: Mapping[str, Any]) -> Usage:
-        usage = data.get("usage") or {}
-        return cls(
-            int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), 1
-        )
+        """The call's counts; one that cannot be true (not a whole number, negative, or past
+        MAX_TOKENS_PER_CALL) reads as 0, unknown. The call is made and paid for by now: its
+        report must not fail the job, as an infinity or a string did, nor a job that stores
+        it later, as a count past an INTEGER column did."""
+        usage = data.get("usage")
+        if not isinstance(usage, Mapping):
+            return cls(0, 0, 1)
+        return cls(_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")), 1)
+
+
+def _count(value: Any) -> int:
+    if type(value) is float and value.is_integer():
+        value = int(value)
+    return value if type(value) is int and 0 <= value <= MAX_TOKENS_PER_CALL else 0
 
 
 @dataclass(frozen=True)
@@ -205,14 +217,17 @@ class AiGateway:
         data = await self._post("/embeddings", body, EMBED_TIMEOUT_S, MAX_EMBED_BYTES)
         if isinstance(data.get("error"), Mapping):
             raise self._classify(200, data["error"], None)
-        items = sorted(data.get("data") or [], key=lambda item: item.get("index", 0))
+        items = data.get("data") or []
+        if not isinstance(items, list) or not all(
+            isinstance(item, Mapping) and type(item.get("index", 0)) is int for item in items
+        ):
+            raise RetryJob("AI gateway answered with an embeddings list that cannot be read")
+        items = sorted(items, key=lambda item: item.get("index", 0))
         if len(items) != len(inputs):
             raise RetryJob(f"AI gateway returned {len(items)} embeddings for {len(inputs)} inputs")
-        return Embeddings(
-            [list(map(float, item["embedding"])) for item in items],
-            str(data.get("model") or model),
-            Usage.of(data),
-        )
+        # Millions of numbers in a big batch: checked in a thread, off the event loop.
+        vectors = await asyncio.to_thread(_vectors, items)
+        return Embeddings(vectors, str(data.get("model") or model), Usage.of(data))
 
     async def _post(
         self, path: str, body: Mapping[str, Any], timeout_s: float, max_bytes: int
@@ -267,6 +282,29 @@ class AiGateway:
         """A gateway or provider may echo the request; the key must never reach error_msg."""
         key = self._key.reveal()
         return text.replace(key, "***") if key else text
+
+
+def _vectors(items: list[Mapping[str, Any]]) -> list[list[float]]:
+    """Each item's embedding as floats. Anything but a list of finite numbers is refused:
+    json reads NaN and Infinity (and 1e999 as infinity), float() reads "nan", and a vector
+    stored with one is never embedded again while its text is unchanged, every similarity
+    with it NaN."""
+    vectors = []
+    for item in items:
+        raw = item.get("embedding")
+        if not isinstance(raw, list) or not all(type(x) in (int, float) for x in raw):
+            raise RetryJob(_NOT_NUMBERS)
+        try:
+            vector = [float(x) for x in raw]
+        except OverflowError:  # an integer of hundreds of digits
+            raise RetryJob(_NOT_NUMBERS) from None
+        if not all(map(math.isfinite, vector)):
+            raise RetryJob(_NOT_NUMBERS)
+        vectors.append(vector)
+    return vectors
+
+
+_NOT_NUMBERS = "AI gateway returned an embedding that is not a list of numbers"
 
 
 def chat_body(
@@ -352,7 +390,9 @@ def error_object(resp: httpx.Response) -> dict[str, Any]:
     """`{"code", "message", "metadata"}` from the OpenRouter error shape, or a stand-in built
     from a body that is not (a proxy's HTML page, say)."""
     try:  # an error body is small; a huge one is not parsed on the event loop
-        data = resp.json() if len(resp.content) < bounded.OFF_LOOP_JSON_BYTES else None
+        data = (
+            bounded.loads(resp.content) if len(resp.content) < bounded.OFF_LOOP_JSON_BYTES else None
+        )
     except ValueError:
         data = None
     if isinstance(data, dict) and isinstance(data.get("error"), dict):

@@ -11,6 +11,7 @@ import httpx
 
 from sidelinja_worker.queue.backoff import RETRY_MAX_S, clamp_s
 from sidelinja_worker.queue.errors import PermanentError, RetryJob
+from sidelinja_worker.services import bounded
 
 MAX_DETAIL_CHARS = 300
 
@@ -49,7 +50,7 @@ def detail(response: httpx.Response, keys: Iterable[str], secrets: Iterable[str]
     with any secret value blanked in case a service echoes what it was sent."""
     text = response.text
     try:
-        body = response.json()
+        body = bounded.loads(response.content)
     except ValueError:
         body = None
     if isinstance(body, dict):

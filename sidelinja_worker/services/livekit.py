@@ -105,7 +105,7 @@ async def _fetch(http: httpx.AsyncClient, server: LiveKitServer) -> tuple[Room, 
         body = await bounded.json_body(response)
         rooms = body.get("rooms") or ()
         return tuple(_room(r) for r in rooms)
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError, OverflowError):  # 1e999 participants: inf
         raise RetryJob(f"{SERVICE} answered 200 with a room list that cannot be read") from None
 
 

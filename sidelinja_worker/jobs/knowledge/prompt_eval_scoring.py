@@ -160,6 +160,10 @@ def _json_score(schema: dict[str, Any], text: str) -> Score:
         value = json.loads(text)
     except ValueError as exc:
         return Score("json_schema", False, f"not JSON: {exc}")
+    except RecursionError:  # the parser recurses per level: 100 kB of '[' is enough
+        return Score(
+            "json_schema", False, "not JSON: nested deeper than the parser's recursion limit"
+        )
     errors = schema_errors(schema, value)
     return Score("json_schema", not errors, "; ".join(errors[:3]) or None)
 

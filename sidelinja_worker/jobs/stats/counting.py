@@ -56,6 +56,8 @@ class EpisodeRules:
     hosts: tuple[str, ...] = ()
 
     def episode(self, path: str) -> str | None:
+        if "\x00" in path:  # no file's path holds one, and PostgreSQL stores none in text
+            return None
         if self.episodes is not None:
             return self.episodes.get(path)
         if path.startswith(self.url_prefix) and path.lower().endswith(self.extensions):

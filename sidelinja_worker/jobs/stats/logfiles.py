@@ -65,8 +65,8 @@ def discover(target: Path, pattern: str | None) -> list[LogFile]:
             for p in target.iterdir()
             if p.is_file() and (p.suffix == ".log" or ROTATED.match(p.name))
         ]
-    else:
-        paths = [target, *_rotated_siblings(target)]
+    else:  # only regular files: opening a named pipe would wait for a writer, forever
+        paths = [p for p in (target, *_rotated_siblings(target)) if p.is_file()]
     files = [LogFile(p, ROTATED.match(p.name) is not None) for p in paths]
     return sorted(files, key=lambda f: (not f.rotated, _rotation_time(f.path), f.path.name))
 

@@ -120,10 +120,25 @@ def resolve_logs(media_root: Path, logs: str) -> list[LogFile]:
     if not base.exists():
         raise PermanentError(f"logs {logs!r} not found in this workspace's media folder")
     pattern = str(Path(*parts[cut:])) if cut < len(parts) else None
+    _check_glob(logs, parts[cut:])
     files = [f for f in discover(base, pattern) if f.path.resolve().is_relative_to(media_root)]
     if not files:
         raise PermanentError(f"logs {logs!r}: no log files found")
     return files
+
+
+def _check_glob(logs: str, parts: tuple[str, ...]) -> None:
+    """A glob stays in the folder it starts from and walks it once: '..' would walk out of the
+    workspace's media folder (to the whole file system), and each further '**' walks again
+    every folder under each one the previous matched (five in 30 nested folders: seconds, on
+    the event loop; eight: hours). Refusals are permanent: the payload will not change."""
+    if ".." in parts:
+        raise PermanentError(f"logs {logs!r}: a glob may not go up with '..'")
+    stars = [p for p in parts if "**" in p]
+    if len(stars) > 1 or any(p != "**" for p in stars):
+        raise PermanentError(
+            f"logs {logs!r}: a glob takes '**' at most once, as a whole path segment"
+        )
 
 
 async def _parse_and_commit(

@@ -26,6 +26,8 @@ _LOOKS_TIMED = re.compile(r"\s*\d{1,3}[:.,]\d")
 # A cue's line is a sentence or two; a longer one is not a subtitle (and is refused before any
 # pattern looks at it).
 MAX_LINE_CHARS = 20_000
+# Digits in one number of a timestamp: 9 keep any time under 2^53 ms (BIGINT, JSON).
+MAX_TIMESTAMP_DIGITS = 9
 # A pause this long between cues starts a new paragraph in the plain text.
 PARAGRAPH_GAP_MS = 2000
 # Parsing runs in a thread with this limit: linear, so it is far inside it for any file that
@@ -130,7 +132,7 @@ def _cues(lines: list[str]) -> list[tuple[int, int, int, list[str]]]:
             i += 1
         if timing is not None:
             text = []
-            cues.append((number, _ms(timing, 1), _ms(timing, 6), text))
+            cues.append((number, _ms(timing, 1, number), _ms(timing, 6, number), text))
             block_start = False
             continue
         if _LOOKS_TIMED.match(line) and ">" in line[:100]:
@@ -201,10 +203,20 @@ def vtt_time(ms: int) -> str:
     return f"{hours:02d}:{minutes:02d}:{seconds:02d}.{millis:03d}"
 
 
-def _ms(timing: re.Match[str], group: int) -> int:
+def _ms(timing: re.Match[str], group: int, line: int) -> int:
     """Milliseconds of the timestamp whose hours are `group` (minutes, seconds and the
-    fraction follow); the fraction's digits are read as milliseconds, as players do."""
-    hours, minutes, seconds, millis = timing.group(group + 1, group + 2, group + 3, group + 4)
+    fraction follow); the fraction's digits are read as milliseconds, as players do. A number
+    of more than MAX_TIMESTAMP_DIGITS is refused: past 4,300 digits int() raises a plain
+    ValueError, and 16 digits of hours are past the BIGINT columns the times are stored in."""
+    numbers = timing.group(group + 1, group + 2, group + 3, group + 4)
+    longest = max(len(n or "") for n in numbers)
+    if longest > MAX_TIMESTAMP_DIGITS:
+        raise SrtError(
+            line,
+            f"a number of {longest} digits in the timestamp {_quote(timing.group(group))} "
+            f"(at most {MAX_TIMESTAMP_DIGITS})",
+        )
+    hours, minutes, seconds, millis = numbers
     return ((int(hours) * 60 + int(minutes)) * 60 + int(seconds)) * 1000 + int(millis or 0)
 
 
