@@ -410,3 +410,26 @@ async def test_keyset_pages_cover_jobs_created_at_infinity_once(
     assert len(seen) == len(set(seen)) == 127
     assert len(everything) == len(set(everything))
     assert set(seen) <= set(everything)
+
+
+async def test_dates_no_datetime_holds_in_utc_are_ignored_like_unreadable_ones(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A From, To or page cursor time that reads as a date but leaves Python's years once moved
+    to UTC (year 1 east of UTC, year 9999 west of it), and a To within a day of year 1 beside a
+    payload search (whose window starts a day before it): each is ignored, as an unreadable
+    time is, and the list answers."""
+    a, _b, _ = await seed(pool)
+    job = await pool.fetchval("SELECT id FROM job_queue WHERE workspace_id = $1 LIMIT 1", a)
+    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        for query in (
+            "status=all&from=0001-01-01T00:00:00%2B00:01",
+            "status=all&to=9999-12-31T23:59:59-00:01",
+            f"status=all&after_status=error&after_id={job}&after_at=0001-01-01T00:00%2B01:00",
+        ):
+            page = await http.get(f"/admin/jobs?{query}")
+            assert page.status_code == 200, query
+            assert len(re.findall(r'<tr data-job="', page.text)) == 6, query
+        window = await http.get("/admin/jobs?status=all&to=0001-01-01T12:00&payload=episode%3D7")
+        assert window.status_code == 200 and "No jobs match." in window.text

@@ -17,6 +17,7 @@ DEFAULT_STATUS = "error"  # the seed's use: failed jobs first
 # A payload search with no start time looks this far back: there is no index on payloads, so
 # it reads the rows of the window (see list_jobs in admin.sql).
 PAYLOAD_WINDOW = timedelta(days=1)
+EARLIEST = datetime.min.replace(tzinfo=UTC)
 
 
 def parse_job_id(text: str) -> UUID | None:
@@ -31,10 +32,11 @@ def _time(text: Any) -> datetime | None:
         return None
     try:
         value = datetime.fromisoformat(str(text))
-    except ValueError:
+        # In UTC: the form shows a time without its zone, and reads such a time back as UTC.
+        # Year 1 east of UTC or year 9999 west of it has no UTC datetime: as unreadable.
+        return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+    except (ValueError, OverflowError):
         return None
-    # In UTC: the form shows a time without its zone, and reads such a time back as UTC.
-    return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def job_filter(params: Mapping[str, Any], scope: Scope) -> JobFilter:
@@ -45,7 +47,8 @@ def job_filter(params: Mapping[str, Any], scope: Scope) -> JobFilter:
     payload = payload_filter(str(params.get("payload") or ""))
     time_from = _time(params.get("from"))
     if payload and time_from is None:
-        time_from = (_time(params.get("to")) or datetime.now(UTC)) - PAYLOAD_WINDOW
+        end = _time(params.get("to")) or datetime.now(UTC)
+        time_from = max(end, EARLIEST + PAYLOAD_WINDOW) - PAYLOAD_WINDOW  # from year 1 at most
     return JobFilter(
         status=status if status in STATUSES else None,
         job_type=str(params.get("type") or "") or None,
