@@ -3,6 +3,7 @@ and draining a worker; a workspace token sees them but cannot use them."""
 
 from __future__ import annotations
 
+import re
 from uuid import uuid4
 
 import asyncpg
@@ -116,3 +117,28 @@ async def test_search_by_id_prefix_and_payload_field(
     confined = token_for(db_url, "--workspace", str(b))
     mine = await ids(confined, "status=all&payload=episode_id%3D42")
     assert len(mine) == 1 and mine <= found
+
+
+async def test_a_payload_search_for_a_number_past_64_bits_finds_it(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """jsonb holds numbers of any size, and the search box takes any digits: a number past
+    64 bits (which the jsonb codec cannot encode) is searched for as the database holds it."""
+    a, _b, _ = await seed(pool)
+    big = "123456789012345678901234567890"
+    wanted = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status)"
+        " VALUES ($1, 'noop', jsonb_build_object('n', $2::numeric), 'error') RETURNING id",
+        a,
+        big,
+    )
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status)"
+        " VALUES ($1, 'noop', '{\"n\": 1}', 'error')",
+        a,
+    )
+    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        page = await http.get(f"/admin/jobs?status=all&payload=n%3D{big}")
+    assert page.status_code == 200
+    assert re.findall(r'<tr data-job="([0-9a-f-]{36})"', page.text) == [str(wanted)]

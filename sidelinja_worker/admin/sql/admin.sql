@@ -67,7 +67,7 @@ WHERE status = $1::job_status
   AND ($5::timestamptz IS NULL OR created_at < $5)
   AND ($6::timestamptz IS NULL OR (created_at, id) < ($6, $7::uuid))
   AND ($9::uuid IS NULL OR id BETWEEN $9 AND $10::uuid)
-  AND ($11::jsonb IS NULL OR payload @> $11::jsonb)
+  AND ($11::text IS NULL OR payload @> $11::text::jsonb)
 ORDER BY created_at DESC, id DESC
 LIMIT $8;
 
@@ -93,7 +93,7 @@ WHERE status = 'completed' AND $1::job_status = 'completed'
   AND ($5::timestamptz IS NULL OR completed_at < $5)
   AND ($6::timestamptz IS NULL OR (completed_at, id) < ($6, $7::uuid))
   AND ($9::uuid IS NULL OR id BETWEEN $9 AND $10::uuid)
-  AND ($11::jsonb IS NULL OR payload @> $11::jsonb)
+  AND ($11::text IS NULL OR payload @> $11::text::jsonb)
 ORDER BY completed_at DESC, id DESC
 LIMIT $8;
 
@@ -198,7 +198,7 @@ WHERE id = ANY(ARRAY(
       AND ($4::timestamptz IS NULL OR created_at >= $4)
       AND ($5::timestamptz IS NULL OR created_at < $5)
       AND ($7::uuid IS NULL OR id BETWEEN $7 AND $8::uuid)
-      AND ($9::jsonb IS NULL OR payload @> $9::jsonb)
+      AND ($9::text IS NULL OR payload @> $9::text::jsonb)
     LIMIT $6
     FOR UPDATE SKIP LOCKED))
   AND status IN ('error', 'retry')
