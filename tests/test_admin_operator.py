@@ -3,6 +3,7 @@ and draining a worker; a workspace token sees them but cannot use them."""
 
 from __future__ import annotations
 
+import html
 import re
 from uuid import uuid4
 
@@ -142,3 +143,30 @@ async def test_a_payload_search_for_a_number_past_64_bits_finds_it(
         page = await http.get(f"/admin/jobs?status=all&payload=n%3D{big}")
     assert page.status_code == 200
     assert re.findall(r'<tr data-job="([0-9a-f-]{36})"', page.text) == [str(wanted)]
+
+
+async def test_a_bulk_retry_retries_only_the_jobs_the_search_shows(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """ "Retry all matching" under a search by payload field or id prefix sends the search with
+    the rest of the filter: it retries the jobs listed, not every failed job of the window."""
+    a, _b, _ = await seed(pool)
+    one = await pool.fetchval(
+        "SELECT id::text FROM job_queue WHERE job_type = 'srt_parse' ORDER BY id LIMIT 1"
+    )
+    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        for query, listed in (("payload=episode%3D7", 3), (f"id={one[:13]}", 1)):
+            page = (await http.get(f"/admin/jobs?status=all&{query}")).text
+            assert page.count('<tr data-job="') == listed, query
+            form = re.search(
+                r'<form method="post" action="/admin/jobs/bulk-retry".*?</form>', page, re.S
+            )
+            assert form, query
+            fields = dict(re.findall(r'name="(\w+)" value="([^"]*)"', form[0]))
+            sent = await http.post(
+                "/admin/jobs/bulk-retry", data={k: html.unescape(v) for k, v in fields.items()}
+            )
+            assert sent.status_code == 303, sent.text
+            assert f"retried={listed}" in sent.headers["location"], (query, sent.headers)
+            await pool.execute("UPDATE job_queue SET status = 'error' WHERE status = 'pending'")
