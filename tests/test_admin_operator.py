@@ -170,3 +170,34 @@ async def test_a_bulk_retry_retries_only_the_jobs_the_search_shows(
             assert sent.status_code == 303, sent.text
             assert f"retried={listed}" in sent.headers["location"], (query, sent.headers)
             await pool.execute("UPDATE job_queue SET status = 'error' WHERE status = 'pending'")
+
+
+async def test_a_nul_character_in_a_filter_or_form_field_is_a_400(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """PostgreSQL text and jsonb hold no NUL character, so a job type, payload field, pause
+    reason or type naming one is refused with a 400 naming the field (it was a 500), and
+    nothing is retried or paused."""
+    await seed(pool)
+    platform = {"authorization": f"Bearer {token_for(db_url, '--all')}", **SAME_SITE}
+    async with httpx.AsyncClient(base_url=admin, headers=platform) as http:
+        csrf = await _csrf(http)
+        for query, field in (
+            ("type=no%00op", "type"),
+            ("payload=episode%3D7%00", "payload"),
+            ("payload=epi%00sode%3D7", "payload"),
+        ):
+            listed = await http.get(f"/admin/jobs?status=all&{query}")
+            assert listed.status_code == 400 and field in listed.text, (query, listed.text)
+        retried = await http.post(
+            "/admin/jobs/bulk-retry", data={"csrf": csrf, "status": "all", "type": "no\x00op"}
+        )
+        assert retried.status_code == 400, retried.text
+        for form in (
+            {"job_type": "noop\x00", "reason": "x"},
+            {"job_type": "noop", "reason": "\x00"},
+        ):
+            paused = await http.post("/admin/pauses/pause", data={"csrf": csrf, **form})
+            assert paused.status_code == 400, paused.text
+    assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE status = 'pending'") == 0
+    assert await pool.fetchval("SELECT count(*) FROM job_type_pauses") == 0

@@ -27,10 +27,12 @@ from starlette.templating import Jinja2Templates
 from sidelinja_worker.admin import auth, dashboard, metrics_view, store, workflow
 from sidelinja_worker.admin.events import EventHub
 from sidelinja_worker.admin.forms import (
+    BadField,
     job_filter,
     page_cursor,
     parse_job_id,
     query_string,
+    text_field,
 )
 from sidelinja_worker.admin.spacetime import SpacetimeForwarder, SpacetimeTarget
 from sidelinja_worker.admin.store import Scope
@@ -189,7 +191,7 @@ async def operator_form(request: Request) -> tuple[Scope, dict[str, str]]:
         raise Forbidden("bad CSRF token or origin")
     if scope.workspace_id is not None:
         raise Forbidden("only a platform admin token may pause, resume or drain")
-    return scope, {k: str(v) for k, v in form.items()}
+    return scope, {k: text_field(form, k) for k in form}
 
 
 async def pause_action(request: Request) -> Response:
@@ -381,6 +383,10 @@ async def forbidden(_request: Request, exc: Exception) -> Response:
     return PlainTextResponse(str(exc), status_code=403)
 
 
+async def bad_field(_request: Request, exc: Exception) -> Response:
+    return PlainTextResponse(str(exc), status_code=400)
+
+
 @contextlib.asynccontextmanager
 async def forwarding(hub: EventHub, target: SpacetimeTarget | None) -> AsyncIterator[None]:
     """Forwards the hub's payloads to SpacetimeDB while the app runs, if a target is set."""
@@ -444,7 +450,9 @@ def create_app(database_url: str, spacetime: SpacetimeTarget | None = None) -> S
             await app.state.pool.close()
 
     app = Starlette(
-        routes=ROUTES, lifespan=lifespan, exception_handlers={Denied: denied, Forbidden: forbidden}
+        routes=ROUTES,
+        lifespan=lifespan,
+        exception_handlers={Denied: denied, Forbidden: forbidden, BadField: bad_field},
     )
     app.add_middleware(auth.SecurityHeaders)
     return app

@@ -20,6 +20,19 @@ PAYLOAD_WINDOW = timedelta(days=1)
 EARLIEST = datetime.min.replace(tzinfo=UTC)
 
 
+class BadField(ValueError):
+    """A field no query can take (the app answers 400 with the message)."""
+
+
+def text_field(params: Mapping[str, Any], name: str) -> str:
+    """A text field as given; BadField if it holds a NUL character, which PostgreSQL's text
+    and jsonb cannot (so no job, type or payload has one, and the query would fail)."""
+    value = str(params.get(name) or "")
+    if "\x00" in value:
+        raise BadField(f"{name}: a NUL character is not allowed")
+    return value
+
+
 def parse_job_id(text: str) -> UUID | None:
     try:
         return UUID(text)
@@ -44,14 +57,14 @@ def job_filter(params: Mapping[str, Any], scope: Scope) -> JobFilter:
     database enforces it too); an unknown status means all."""
     status = str(params.get("status") or DEFAULT_STATUS)
     workspace = parse_job_id(str(params.get("workspace") or ""))
-    payload = payload_filter(str(params.get("payload") or ""))
+    payload = payload_filter(text_field(params, "payload"))
     time_from = _time(params.get("from"))
     if payload and time_from is None:
         end = _time(params.get("to")) or datetime.now(UTC)
         time_from = max(end, EARLIEST + PAYLOAD_WINDOW) - PAYLOAD_WINDOW  # from year 1 at most
     return JobFilter(
         status=status if status in STATUSES else None,
-        job_type=str(params.get("type") or "") or None,
+        job_type=text_field(params, "type") or None,
         workspace_id=scope.workspace_id or workspace,
         time_from=time_from,
         time_to=_time(params.get("to")),
