@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import html
 import re
 import time
 from datetime import timedelta
@@ -433,3 +434,27 @@ async def test_dates_no_datetime_holds_in_utc_are_ignored_like_unreadable_ones(
             assert len(re.findall(r'<tr data-job="', page.text)) == 6, query
         window = await http.get("/admin/jobs?status=all&to=0001-01-01T12:00&payload=episode%3D7")
         assert window.status_code == 200 and "No jobs match." in window.text
+
+
+async def test_a_job_page_shows_an_error_history_that_is_not_a_list(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """errors is jsonb, and a plain-SQL writer may store any JSON value in it: a number or a
+    boolean made the job page a 500 (its length was taken); such a history is shown as JSON."""
+    a, _b, _ = await seed(pool)
+    rows = await pool.fetch(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, errors)"
+        " SELECT $1, 'noop', '{}', 'error', e"
+        " FROM unnest(ARRAY['5', 'true', '\"seven\"', '{\"attempt\": 1}']::jsonb[]) AS e"
+        " RETURNING id, errors::text",
+        a,
+    )
+    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        for job_id, errors in rows:
+            page = await http.get(f"/admin/jobs/{job_id}")
+            assert page.status_code == 200, errors
+            shown = re.search(r'<pre id="errors">(.*?)</pre>', page.text, re.S)
+            assert shown and html.unescape(shown[1]).replace("\n", "").replace(" ", "") == (
+                errors.replace(" ", "")
+            ), (errors, page.text)
