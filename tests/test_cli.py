@@ -9,7 +9,7 @@ from uuid import UUID, uuid4
 import asyncpg
 import pytest
 
-from tests.helpers import cli, one_line_error
+from tests.helpers import cli, insert_jobs, one_line_error
 
 
 def test_help_lists_subcommands_and_each_has_help() -> None:
@@ -299,3 +299,17 @@ def test_top_redraws_within_its_bounds_whatever_the_interval() -> None:
     assert redraw_interval_s(0.0) == redraw_interval_s(-5.0) == REDRAW_MIN_S
     assert redraw_interval_s(float("inf")) == redraw_interval_s(1e308) == REDRAW_MAX_S
     assert redraw_interval_s(float("nan")) == 2.0
+
+
+async def test_top_prints_any_job_type_as_text(
+    db_url: str, pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """A job type is any text the web app writes: one that reads as rich markup ("[/]") made
+    `top` fail with a MarkupError, and terminal escapes went to the terminal as they were."""
+    for job_type in ("[/]", "[bold]x", "\x1b]0;owned\x07\x1b[2Jt"):
+        await insert_jobs(pool, workspace, 1, job_type_name=job_type)
+    out = cli("top", "--once", url=db_url, env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert "[/]" in out.stdout and "[bold]x" in out.stdout
+    assert "\x1b" not in out.stdout and "\x07" not in out.stdout
+    assert "\\x1b]0;owned\\x07\\x1b[2Jt" in out.stdout
