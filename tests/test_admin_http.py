@@ -7,7 +7,7 @@ import html
 import re
 import time
 from datetime import timedelta
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import asyncpg
 import httpx
@@ -458,3 +458,40 @@ async def test_a_job_page_shows_an_error_history_that_is_not_a_list(
             assert shown and html.unescape(shown[1]).replace("\n", "").replace(" ", "") == (
                 errors.replace(" ", "")
             ), (errors, page.text)
+
+
+async def test_overview_counts_of_paused_and_capped_types_are_the_token_s_own(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """The pauses and limits are queue-wide, but the jobs they hold are a workspace's: a
+    workspace token's overview counts only its own waiting and running jobs beside them (it
+    counted every workspace's, so A read how many srt_parse jobs B had)."""
+    a, b, _ = await seed(pool)
+    for ws, waiting, running in ((a, 1, 1), (b, 4, 2)):
+        await pool.execute(
+            "INSERT INTO job_queue (workspace_id, job_type, payload, status)"
+            " SELECT $1, 'srt_parse', '{}', s::job_status FROM unnest($2::text[]) AS s",
+            ws,
+            ["pending"] * waiting + ["running"] * running,
+        )
+    await store.pause_type(pool, "srt_parse", "ops", "parser bug")
+    await store.set_type_limit(pool, "srt_parse", 5)
+
+    async def figures(workspace: UUID | None) -> tuple[str, str]:
+        token = auth.new_token()  # as `admin-token create` makes it, without its process
+        await admin_store.create_token(pool, auth.digest(token), workspace, None)
+        headers = {"authorization": f"Bearer {token}"}
+        async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+            page = (await http.get("/admin")).text
+        paused = re.search(
+            r"<tr><td>srt_parse</td><td>[^<]*</td><td>ops</td><td>parser bug</td>"
+            r"<td>(\d+)</td>",
+            page,
+        )
+        capped = re.search(r"<tr><td>job type</td><td>srt_parse</td><td>5</td><td>(\d+)</td>", page)
+        assert paused and capped, page
+        return paused[1], capped[1]
+
+    assert await figures(a) == ("1", "1")
+    assert await figures(b) == ("4", "2")
+    assert await figures(None) == ("5", "3")

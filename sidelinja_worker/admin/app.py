@@ -149,19 +149,30 @@ async def workflow_page(request: Request) -> Response:
 
 async def overview_page(request: Request) -> Response:
     scope, token = await session(request)
-    async with store.scoped(request.app.state.pool, scope) as conn:
-        counts = await worker_store.counts(conn)
-        oldest = await worker_store.oldest_due_s(conn)
-        per_minute = await store.throughput(conn)
-    # Limits are queue-wide configuration, read with the privileged pool; a workspace token
-    # sees every type and rate limit but no other workspace's cap.
+    pool = request.app.state.pool
+    # Limits and pauses are queue-wide configuration, read with the privileged pool; a workspace
+    # token sees every type and rate limit but no other workspace's cap. The jobs counted beside
+    # them are read under the scope below: their own queries count every workspace's.
     limits = [
-        r
-        for r in await worker_store.list_limits(request.app.state.pool)
+        dict(r)
+        for r in await worker_store.list_limits(pool)
         if r["kind"] != "workspace"
         or scope.workspace_id is None
         or r["name"] == str(scope.workspace_id)
     ]
+    pauses = [dict(p) for p in await worker_store.list_pauses(pool)]
+    types = [r["name"] for r in limits if r["kind"] == "job type"] + [p["job_type"] for p in pauses]
+    async with store.scoped(pool, scope) as conn:
+        counts = await worker_store.counts(conn)
+        oldest = await worker_store.oldest_due_s(conn)
+        per_minute = await store.throughput(conn)
+        of_type = {r["job_type"]: r for r in await store.type_counts(conn, types)}
+    none = {"waiting": 0, "running": 0}
+    for r in limits:
+        if r["kind"] == "job type":
+            r["running"] = of_type.get(r["name"], none)["running"]
+    for p in pauses:
+        p["waiting"] = of_type.get(p["job_type"], none)["waiting"]
     return render(
         request,
         "overview.html",
@@ -172,7 +183,7 @@ async def overview_page(request: Request) -> Response:
         per_minute=per_minute,
         finished=sum(r["n"] for r in per_minute),
         limits=limits,
-        pauses=await worker_store.list_pauses(request.app.state.pool),
+        pauses=pauses,
         done=request.query_params.get("done"),
     )
 

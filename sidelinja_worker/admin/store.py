@@ -215,6 +215,10 @@ async def throughput(conn: asyncpg.Connection) -> list[asyncpg.Record]:
     return await conn.fetch(Q["throughput"])
 
 
+async def type_counts(conn: asyncpg.Connection, job_types: list[str]) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["type_counts"], job_types)
+
+
 async def workspaces(conn: asyncpg.Pool) -> list[asyncpg.Record]:
     return await conn.fetch(Q["workspaces"])
 

@@ -217,6 +217,17 @@ WHERE status IN ('completed', 'error', 'cancelled')
 GROUP BY 1, 2
 ORDER BY 1;
 
+-- name: type_counts
+-- Waiting and running jobs of the job types $1 (those paused or capped), as the scope sees
+-- them: the overview shows them beside the queue-wide pauses and caps, whose own queries run
+-- privileged and count every workspace's jobs.
+SELECT job_type,
+       count(*) FILTER (WHERE status IN ('pending', 'retry')) AS waiting,
+       count(*) FILTER (WHERE status = 'running') AS running
+FROM job_queue
+WHERE job_type = ANY($1::text[]) AND status IN ('pending', 'retry', 'running')
+GROUP BY job_type;
+
 -- name: workspaces
 SELECT id, name FROM workspaces ORDER BY name, id;
 
