@@ -495,3 +495,25 @@ async def test_overview_counts_of_paused_and_capped_types_are_the_token_s_own(
     assert await figures(a) == ("1", "1")
     assert await figures(b) == ("4", "2")
     assert await figures(None) == ("5", "3")
+
+
+async def test_an_overview_link_lists_its_job_type_whatever_the_type_holds(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """The overview links each status and type to its list: a type holding &, #, + or % went
+    into the link as it was, so the list filtered by another type (or none) and came up empty."""
+    a, _b, _ = await seed(pool)
+    job_type = "ai/a&b #c+d%20e"
+    job = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status)"
+        " VALUES ($1, $2, '{}', 'error') RETURNING id",
+        a,
+        job_type,
+    )
+    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        page = (await http.get("/admin")).text
+        link = re.search(r'<a href="([^"]*)">error</a></td><td>ai/a&amp;b', page)
+        assert link, page
+        listed = (await http.get(html.unescape(link[1]))).text
+    assert re.findall(r'<tr data-job="([0-9a-f-]{36})"', listed) == [str(job)]
