@@ -517,3 +517,29 @@ async def test_an_overview_link_lists_its_job_type_whatever_the_type_holds(
         assert link, page
         listed = (await http.get(html.unescape(link[1]))).text
     assert re.findall(r'<tr data-job="([0-9a-f-]{36})"', listed) == [str(job)]
+
+
+async def test_giant_job_types_and_unique_keys_keep_pages_and_events_small(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """job_type and unique_key are text of any length to a plain-SQL writer: 20 jobs with
+    types of a megabyte made the list page 20 MB, and each live event carried its type whole.
+    The admin reads the first admin_store.TEXT_SHOWN characters of each."""
+    a, _b, _ = await seed(pool)
+    ids = await pool.fetch(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, unique_key)"
+        " SELECT $1, repeat('t', 1000000) || g, '{}', 'error', repeat('u', 1000000) || g"
+        " FROM generate_series(1, 20) g RETURNING id",
+        a,
+    )
+    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        listed = await http.get("/admin/jobs?status=error")
+        shown = await http.get(f"/admin/jobs/{ids[0][0]}")
+    assert listed.status_code == shown.status_code == 200
+    assert listed.text.count('<tr data-job="') == 25 and len(listed.content) < 300_000
+    assert "t" * admin_store.TEXT_SHOWN in shown.text and "u" * admin_store.TEXT_SHOWN in shown.text
+    assert len(shown.content) < 100_000, len(shown.content)
+    async with pool.acquire() as conn:
+        events = await admin_store.jobs_for_events(conn, [r[0] for r in ids])
+    assert {len(e["job_type"]) for e in events} == {admin_store.TEXT_SHOWN}

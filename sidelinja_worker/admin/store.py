@@ -148,6 +148,8 @@ async def list_jobs(
 # The most bytes (as stored, perhaps compressed) of a payload, result or error history the job
 # page shows; a bigger one is named with its size (`sidelinja-worker jobs show` prints it).
 SHOW_MAX_BYTES = 128 * 1024
+# The characters of a job type or unique key the admin reads (admin.sql cuts them to this).
+TEXT_SHOWN = 512
 
 
 async def get_job(conn: asyncpg.Connection, job_id: UUID) -> asyncpg.Record | None:
