@@ -543,3 +543,20 @@ async def test_giant_job_types_and_unique_keys_keep_pages_and_events_small(
     async with pool.acquire() as conn:
         events = await admin_store.jobs_for_events(conn, [r[0] for r in ids])
     assert {len(e["job_type"]) for e in events} == {admin_store.TEXT_SHOWN}
+
+
+async def test_the_login_form_is_read_only_up_to_a_token_s_size(admin: str) -> None:
+    """Login is open to anyone and reads its form before any check: Starlette's own bounds (1,000
+    fields of up to 1 MB) let one request make the server hold a gigabyte. A login form is a
+    token: a field over auth.LOGIN_FIELD_MAX bytes, more than a few fields, or a file is a 400."""
+    async with httpx.AsyncClient(base_url=admin) as http:
+        for form in (
+            {"token": "slj_" + "x" * (auth.LOGIN_FIELD_MAX + 1)},
+            {f"f{i}": "x" for i in range(50)},
+        ):
+            refused = await http.post("/admin/login", data=form)
+            assert refused.status_code == 400, refused.status_code
+        # Nor a file (Starlette spools each to disk, of any size).
+        upload = await http.post("/admin/login", files={"token": ("t", b"slj_" + b"x" * 100)})
+        assert upload.status_code == 400, upload.status_code
+        assert (await http.post("/admin/login", data={"token": "slj_x"})).status_code == 401
