@@ -214,3 +214,69 @@ async def test_forged_notifications_are_not_forwarded_to_spacetimedb(
         await hub.stop()
     sent = [orjson.loads(c[2][0]) for c in calls]
     assert [(p["ids"], p["attempts"]) for p in sent] == [([str(a_job)], [0]), ([str(a_new)], [0])]
+
+
+async def test_a_confirmed_notification_is_forwarded_with_the_row_s_values_alone(
+    pool: asyncpg.Pool, db_url: str, make_role: RoleMaker
+) -> None:
+    """Any role hears every workspace's events, and may send one back with fields of its own:
+    the claims the database checks hold, so it is confirmed, but what reaches SpacetimeDB (and
+    the pages it feeds) is built from the rows, never the forger's extra fields."""
+    from sidelinja_worker.admin.app import forwarding
+    from sidelinja_worker.admin.spacetime import SpacetimeTarget
+    from sidelinja_worker.queue.config import Secret
+    from tests.fakes.serve import serve
+    from tests.test_admin_spacetime import fake_spacetime
+
+    b = await make_workspace(pool, "B")
+    progress = {"message": "Transkriberer", "percent": 10}
+    b_job, b_running = await pool.fetchval(
+        "WITH j AS (INSERT INTO job_queue (workspace_id, job_type, payload, status, attempts,"
+        "                                  progress)"
+        " VALUES ($1, 'noop', '{}', 'pending', 0, NULL), ($1, 'noop', '{}', 'running', 1, $2)"
+        " RETURNING id, status) SELECT array_agg(id ORDER BY status) FROM j",
+        b,
+        progress,
+    )
+    extra = {"message": "Betal her: https://evil.example", "html": "<img src=x onerror=alert(1)>"}
+    forged = [
+        {
+            "workspace_id": str(b),
+            "job_type": "noop",
+            "status": "pending",
+            "max_attempts": 3,
+            "ids": [str(b_job)],
+            "attempts": [0],
+            **extra,
+        },
+        {
+            "id": str(b_running),
+            "workspace_id": str(b),
+            "job_type": "noop",
+            "status": "running",
+            "progress": progress,
+            **extra,
+        },
+    ]
+    attacker = await make_role()
+    calls: list[Any] = []
+    hub = EventHub(db_url, pool)
+    await hub.start()
+    try:
+        async with serve(fake_spacetime(calls, fail_first=False)) as url:
+            target = SpacetimeTarget(url, "sidelinja", "job_event", Secret("stdb-token"))
+            async with forwarding(hub, target), connected(db_url, attacker) as conn:
+                for payload in forged:
+                    await conn.execute(
+                        "SELECT pg_notify($1, $2)", CHANNEL, orjson.dumps(payload).decode()
+                    )
+                last = await one_job(pool, b)  # forwarded after them, in order
+                async with asyncio.timeout(10):
+                    while str(last) not in str(calls):
+                        await asyncio.sleep(0.05)
+    finally:
+        await hub.stop()
+    sent = [orjson.loads(c[2][0]) for c in calls]
+    assert [p.get("ids", p.get("id")) for p in sent] == [[str(b_job)], str(b_running), [str(last)]]
+    assert not [p for p in sent if p.keys() & extra.keys()], sent
+    assert sent[1]["progress"] == progress

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import html
 import re
 import time
 from datetime import timedelta
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import asyncpg
 import httpx
@@ -410,3 +411,152 @@ async def test_keyset_pages_cover_jobs_created_at_infinity_once(
     assert len(seen) == len(set(seen)) == 127
     assert len(everything) == len(set(everything))
     assert set(seen) <= set(everything)
+
+
+async def test_dates_no_datetime_holds_in_utc_are_ignored_like_unreadable_ones(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A From, To or page cursor time that reads as a date but leaves Python's years once moved
+    to UTC (year 1 east of UTC, year 9999 west of it), and a To within a day of year 1 beside a
+    payload search (whose window starts a day before it): each is ignored, as an unreadable
+    time is, and the list answers."""
+    a, _b, _ = await seed(pool)
+    job = await pool.fetchval("SELECT id FROM job_queue WHERE workspace_id = $1 LIMIT 1", a)
+    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        for query in (
+            "status=all&from=0001-01-01T00:00:00%2B00:01",
+            "status=all&to=9999-12-31T23:59:59-00:01",
+            f"status=all&after_status=error&after_id={job}&after_at=0001-01-01T00:00%2B01:00",
+        ):
+            page = await http.get(f"/admin/jobs?{query}")
+            assert page.status_code == 200, query
+            assert len(re.findall(r'<tr data-job="', page.text)) == 6, query
+        window = await http.get("/admin/jobs?status=all&to=0001-01-01T12:00&payload=episode%3D7")
+        assert window.status_code == 200 and "No jobs match." in window.text
+
+
+async def test_a_job_page_shows_an_error_history_that_is_not_a_list(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """errors is jsonb, and a plain-SQL writer may store any JSON value in it: a number or a
+    boolean made the job page a 500 (its length was taken); such a history is shown as JSON."""
+    a, _b, _ = await seed(pool)
+    rows = await pool.fetch(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, errors)"
+        " SELECT $1, 'noop', '{}', 'error', e"
+        " FROM unnest(ARRAY['5', 'true', '\"seven\"', '{\"attempt\": 1}']::jsonb[]) AS e"
+        " RETURNING id, errors::text",
+        a,
+    )
+    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        for job_id, errors in rows:
+            page = await http.get(f"/admin/jobs/{job_id}")
+            assert page.status_code == 200, errors
+            shown = re.search(r'<pre id="errors">(.*?)</pre>', page.text, re.S)
+            assert shown and html.unescape(shown[1]).replace("\n", "").replace(" ", "") == (
+                errors.replace(" ", "")
+            ), (errors, page.text)
+
+
+async def test_overview_counts_of_paused_and_capped_types_are_the_token_s_own(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """The pauses and limits are queue-wide, but the jobs they hold are a workspace's: a
+    workspace token's overview counts only its own waiting and running jobs beside them (it
+    counted every workspace's, so A read how many srt_parse jobs B had)."""
+    a, b, _ = await seed(pool)
+    for ws, waiting, running in ((a, 1, 1), (b, 4, 2)):
+        await pool.execute(
+            "INSERT INTO job_queue (workspace_id, job_type, payload, status)"
+            " SELECT $1, 'srt_parse', '{}', s::job_status FROM unnest($2::text[]) AS s",
+            ws,
+            ["pending"] * waiting + ["running"] * running,
+        )
+    await store.pause_type(pool, "srt_parse", "ops", "parser bug")
+    await store.set_type_limit(pool, "srt_parse", 5)
+
+    async def figures(workspace: UUID | None) -> tuple[str, str]:
+        token = auth.new_token()  # as `admin-token create` makes it, without its process
+        await admin_store.create_token(pool, auth.digest(token), workspace, None)
+        headers = {"authorization": f"Bearer {token}"}
+        async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+            page = (await http.get("/admin")).text
+        paused = re.search(
+            r"<tr><td>srt_parse</td><td>[^<]*</td><td>ops</td><td>parser bug</td>"
+            r"<td>(\d+)</td>",
+            page,
+        )
+        capped = re.search(r"<tr><td>job type</td><td>srt_parse</td><td>5</td><td>(\d+)</td>", page)
+        assert paused and capped, page
+        return paused[1], capped[1]
+
+    assert await figures(a) == ("1", "1")
+    assert await figures(b) == ("4", "2")
+    assert await figures(None) == ("5", "3")
+
+
+async def test_an_overview_link_lists_its_job_type_whatever_the_type_holds(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """The overview links each status and type to its list: a type holding &, #, + or % went
+    into the link as it was, so the list filtered by another type (or none) and came up empty."""
+    a, _b, _ = await seed(pool)
+    job_type = "ai/a&b #c+d%20e"
+    job = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status)"
+        " VALUES ($1, $2, '{}', 'error') RETURNING id",
+        a,
+        job_type,
+    )
+    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        page = (await http.get("/admin")).text
+        link = re.search(r'<a href="([^"]*)">error</a></td><td>ai/a&amp;b', page)
+        assert link, page
+        listed = (await http.get(html.unescape(link[1]))).text
+    assert re.findall(r'<tr data-job="([0-9a-f-]{36})"', listed) == [str(job)]
+
+
+async def test_giant_job_types_and_unique_keys_keep_pages_and_events_small(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """job_type and unique_key are text of any length to a plain-SQL writer: 20 jobs with
+    types of a megabyte made the list page 20 MB, and each live event carried its type whole.
+    The admin reads the first admin_store.TEXT_SHOWN characters of each."""
+    a, _b, _ = await seed(pool)
+    ids = await pool.fetch(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, unique_key)"
+        " SELECT $1, repeat('t', 1000000) || g, '{}', 'error', repeat('u', 1000000) || g"
+        " FROM generate_series(1, 20) g RETURNING id",
+        a,
+    )
+    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        listed = await http.get("/admin/jobs?status=error")
+        shown = await http.get(f"/admin/jobs/{ids[0][0]}")
+    assert listed.status_code == shown.status_code == 200
+    assert listed.text.count('<tr data-job="') == 25 and len(listed.content) < 300_000
+    assert "t" * admin_store.TEXT_SHOWN in shown.text and "u" * admin_store.TEXT_SHOWN in shown.text
+    assert len(shown.content) < 100_000, len(shown.content)
+    async with pool.acquire() as conn:
+        events = await admin_store.jobs_for_events(conn, [r[0] for r in ids])
+    assert {len(e["job_type"]) for e in events} == {admin_store.TEXT_SHOWN}
+
+
+async def test_the_login_form_is_read_only_up_to_a_token_s_size(admin: str) -> None:
+    """Login is open to anyone and reads its form before any check: Starlette's own bounds (1,000
+    fields of up to 1 MB) let one request make the server hold a gigabyte. A login form is a
+    token: a field over auth.LOGIN_FIELD_MAX bytes, more than a few fields, or a file is a 400."""
+    async with httpx.AsyncClient(base_url=admin) as http:
+        for form in (
+            {"token": "slj_" + "x" * (auth.LOGIN_FIELD_MAX + 1)},
+            {f"f{i}": "x" for i in range(50)},
+        ):
+            refused = await http.post("/admin/login", data=form)
+            assert refused.status_code == 400, refused.status_code
+        # Nor a file (Starlette spools each to disk, of any size).
+        upload = await http.post("/admin/login", files={"token": ("t", b"slj_" + b"x" * 100)})
+        assert upload.status_code == 400, upload.status_code
+        assert (await http.post("/admin/login", data={"token": "slj_x"})).status_code == 401

@@ -3,6 +3,8 @@ and draining a worker; a workspace token sees them but cannot use them."""
 
 from __future__ import annotations
 
+import html
+import re
 from uuid import uuid4
 
 import asyncpg
@@ -116,3 +118,86 @@ async def test_search_by_id_prefix_and_payload_field(
     confined = token_for(db_url, "--workspace", str(b))
     mine = await ids(confined, "status=all&payload=episode_id%3D42")
     assert len(mine) == 1 and mine <= found
+
+
+async def test_a_payload_search_for_a_number_past_64_bits_finds_it(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """jsonb holds numbers of any size, and the search box takes any digits: a number past
+    64 bits (which the jsonb codec cannot encode) is searched for as the database holds it."""
+    a, _b, _ = await seed(pool)
+    big = "123456789012345678901234567890"
+    wanted = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status)"
+        " VALUES ($1, 'noop', jsonb_build_object('n', $2::numeric), 'error') RETURNING id",
+        a,
+        big,
+    )
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status)"
+        " VALUES ($1, 'noop', '{\"n\": 1}', 'error')",
+        a,
+    )
+    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        page = await http.get(f"/admin/jobs?status=all&payload=n%3D{big}")
+    assert page.status_code == 200
+    assert re.findall(r'<tr data-job="([0-9a-f-]{36})"', page.text) == [str(wanted)]
+
+
+async def test_a_bulk_retry_retries_only_the_jobs_the_search_shows(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """ "Retry all matching" under a search by payload field or id prefix sends the search with
+    the rest of the filter: it retries the jobs listed, not every failed job of the window."""
+    a, _b, _ = await seed(pool)
+    one = await pool.fetchval(
+        "SELECT id::text FROM job_queue WHERE job_type = 'srt_parse' ORDER BY id LIMIT 1"
+    )
+    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        for query, listed in (("payload=episode%3D7", 3), (f"id={one[:13]}", 1)):
+            page = (await http.get(f"/admin/jobs?status=all&{query}")).text
+            assert page.count('<tr data-job="') == listed, query
+            form = re.search(
+                r'<form method="post" action="/admin/jobs/bulk-retry".*?</form>', page, re.S
+            )
+            assert form, query
+            fields = dict(re.findall(r'name="(\w+)" value="([^"]*)"', form[0]))
+            sent = await http.post(
+                "/admin/jobs/bulk-retry", data={k: html.unescape(v) for k, v in fields.items()}
+            )
+            assert sent.status_code == 303, sent.text
+            assert f"retried={listed}" in sent.headers["location"], (query, sent.headers)
+            await pool.execute("UPDATE job_queue SET status = 'error' WHERE status = 'pending'")
+
+
+async def test_a_nul_character_in_a_filter_or_form_field_is_a_400(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """PostgreSQL text and jsonb hold no NUL character, so a job type, payload field, pause
+    reason or type naming one is refused with a 400 naming the field (it was a 500), and
+    nothing is retried or paused."""
+    await seed(pool)
+    platform = {"authorization": f"Bearer {token_for(db_url, '--all')}", **SAME_SITE}
+    async with httpx.AsyncClient(base_url=admin, headers=platform) as http:
+        csrf = await _csrf(http)
+        for query, field in (
+            ("type=no%00op", "type"),
+            ("payload=episode%3D7%00", "payload"),
+            ("payload=epi%00sode%3D7", "payload"),
+        ):
+            listed = await http.get(f"/admin/jobs?status=all&{query}")
+            assert listed.status_code == 400 and field in listed.text, (query, listed.text)
+        retried = await http.post(
+            "/admin/jobs/bulk-retry", data={"csrf": csrf, "status": "all", "type": "no\x00op"}
+        )
+        assert retried.status_code == 400, retried.text
+        for form in (
+            {"job_type": "noop\x00", "reason": "x"},
+            {"job_type": "noop", "reason": "\x00"},
+        ):
+            paused = await http.post("/admin/pauses/pause", data={"csrf": csrf, **form})
+            assert paused.status_code == 400, paused.text
+    assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE status = 'pending'") == 0
+    assert await pool.fetchval("SELECT count(*) FROM job_type_pauses") == 0

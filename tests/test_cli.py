@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from uuid import UUID, uuid4
@@ -9,7 +10,7 @@ from uuid import UUID, uuid4
 import asyncpg
 import pytest
 
-from tests.helpers import cli, one_line_error
+from tests.helpers import cli, insert_jobs, one_line_error
 
 
 def test_help_lists_subcommands_and_each_has_help() -> None:
@@ -299,3 +300,57 @@ def test_top_redraws_within_its_bounds_whatever_the_interval() -> None:
     assert redraw_interval_s(0.0) == redraw_interval_s(-5.0) == REDRAW_MIN_S
     assert redraw_interval_s(float("inf")) == redraw_interval_s(1e308) == REDRAW_MAX_S
     assert redraw_interval_s(float("nan")) == 2.0
+
+
+async def test_top_prints_any_job_type_as_text(
+    db_url: str, pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """A job type is any text the web app writes: one that reads as rich markup ("[/]") made
+    `top` fail with a MarkupError, and terminal escapes went to the terminal as they were."""
+    for job_type in ("[/]", "[bold]x", "\x1b]0;owned\x07\x1b[2Jt"):
+        await insert_jobs(pool, workspace, 1, job_type_name=job_type)
+    out = cli("top", "--once", url=db_url, env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert "[/]" in out.stdout and "[bold]x" in out.stdout
+    assert "\x1b" not in out.stdout and "\x07" not in out.stdout
+    assert "\\x1b]0;owned\\x07\\x1b[2Jt" in out.stdout
+
+
+async def test_jobs_list_show_and_why_print_no_terminal_controls(
+    db_url: str, pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """A job type or error message may hold any text (the web app's SQL, or a payload quoted in
+    an error): escape sequences, C1 controls and bidi overrides are printed as escapes, and
+    the JSON of `jobs show` and `jobs list --json` still reads back to the stored values."""
+    job_type, error = "\x1b[2Jt\x9b", "\x1b]0;owned\x07 boom \u202egnp.exe"
+    job_id = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, error_msg)"
+        " VALUES ($1, $2, jsonb_build_object('path', $3::text), 'error', $3) RETURNING id",
+        workspace,
+        job_type,
+        error,
+    )
+    commands = {
+        "list": ("jobs", "list"),
+        "list --json": ("jobs", "list", "--json"),
+        "show": ("jobs", "show", str(job_id)),
+        "why": ("jobs", "why", str(job_id)),
+    }
+    outs = await asyncio.gather(
+        *(asyncio.to_thread(cli, *args, url=db_url) for args in commands.values())
+    )
+    runs = dict(zip(commands, outs, strict=True))
+    for name, out in runs.items():
+        assert out.returncode == 0, (name, out.stderr)
+        unsafe = [c for c in out.stdout if c in "\x1b\x07\x9b\u202e"]
+        assert not unsafe, (name, out.stdout)
+    assert "\\x1b]0;owned\\x07 boom \\u202egnp.exe" in runs["list"].stdout
+    assert "\\x1b]0;owned\\x07 boom \\u202egnp.exe" in runs["why"].stdout
+    shown = json.loads(runs["show"].stdout)
+    assert (shown["job_type"], shown["error_msg"], shown["payload"]["path"]) == (
+        job_type,
+        error,
+        error,
+    )
+    (listed,) = json.loads(runs["list --json"].stdout)
+    assert (listed["job_type"], listed["error_msg"]) == (job_type, error)

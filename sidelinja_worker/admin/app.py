@@ -27,10 +27,12 @@ from starlette.templating import Jinja2Templates
 from sidelinja_worker.admin import auth, dashboard, metrics_view, store, workflow
 from sidelinja_worker.admin.events import EventHub
 from sidelinja_worker.admin.forms import (
+    BadField,
     job_filter,
     page_cursor,
     parse_job_id,
     query_string,
+    text_field,
 )
 from sidelinja_worker.admin.spacetime import SpacetimeForwarder, SpacetimeTarget
 from sidelinja_worker.admin.store import Scope
@@ -147,19 +149,30 @@ async def workflow_page(request: Request) -> Response:
 
 async def overview_page(request: Request) -> Response:
     scope, token = await session(request)
-    async with store.scoped(request.app.state.pool, scope) as conn:
-        counts = await worker_store.counts(conn)
-        oldest = await worker_store.oldest_due_s(conn)
-        per_minute = await store.throughput(conn)
-    # Limits are queue-wide configuration, read with the privileged pool; a workspace token
-    # sees every type and rate limit but no other workspace's cap.
+    pool = request.app.state.pool
+    # Limits and pauses are queue-wide configuration, read with the privileged pool; a workspace
+    # token sees every type and rate limit but no other workspace's cap. The jobs counted beside
+    # them are read under the scope below: their own queries count every workspace's.
     limits = [
-        r
-        for r in await worker_store.list_limits(request.app.state.pool)
+        dict(r)
+        for r in await worker_store.list_limits(pool)
         if r["kind"] != "workspace"
         or scope.workspace_id is None
         or r["name"] == str(scope.workspace_id)
     ]
+    pauses = [dict(p) for p in await worker_store.list_pauses(pool)]
+    types = [r["name"] for r in limits if r["kind"] == "job type"] + [p["job_type"] for p in pauses]
+    async with store.scoped(pool, scope) as conn:
+        counts = await worker_store.counts(conn)
+        oldest = await worker_store.oldest_due_s(conn)
+        per_minute = await store.throughput(conn)
+        of_type = {r["job_type"]: r for r in await store.type_counts(conn, types)}
+    none = {"waiting": 0, "running": 0}
+    for r in limits:
+        if r["kind"] == "job type":
+            r["running"] = of_type.get(r["name"], none)["running"]
+    for p in pauses:
+        p["waiting"] = of_type.get(p["job_type"], none)["waiting"]
     return render(
         request,
         "overview.html",
@@ -170,7 +183,7 @@ async def overview_page(request: Request) -> Response:
         per_minute=per_minute,
         finished=sum(r["n"] for r in per_minute),
         limits=limits,
-        pauses=await worker_store.list_pauses(request.app.state.pool),
+        pauses=pauses,
         done=request.query_params.get("done"),
     )
 
@@ -189,7 +202,7 @@ async def operator_form(request: Request) -> tuple[Scope, dict[str, str]]:
         raise Forbidden("bad CSRF token or origin")
     if scope.workspace_id is not None:
         raise Forbidden("only a platform admin token may pause, resume or drain")
-    return scope, {k: str(v) for k, v in form.items()}
+    return scope, {k: text_field(form, k) for k in form}
 
 
 async def pause_action(request: Request) -> Response:
@@ -316,7 +329,10 @@ async def login(request: Request) -> Response:
     if not auth.same_origin(request):
         return PlainTextResponse(CROSS_SITE, status_code=403)
     pool = request.app.state.pool
-    form = await request.form()
+    # Too big a form is a 400 (Starlette raises it as an HTTPException).
+    form = await request.form(
+        max_files=0, max_fields=auth.LOGIN_FIELDS_MAX, max_part_size=auth.LOGIN_FIELD_MAX
+    )
     scope = await auth.scope_of(pool, str(form.get("token") or "").strip())
     if scope is None:
         return templates.TemplateResponse(
@@ -379,6 +395,10 @@ async def denied(request: Request, _exc: Exception) -> Response:
 
 async def forbidden(_request: Request, exc: Exception) -> Response:
     return PlainTextResponse(str(exc), status_code=403)
+
+
+async def bad_field(_request: Request, exc: Exception) -> Response:
+    return PlainTextResponse(str(exc), status_code=400)
 
 
 @contextlib.asynccontextmanager
@@ -444,7 +464,9 @@ def create_app(database_url: str, spacetime: SpacetimeTarget | None = None) -> S
             await app.state.pool.close()
 
     app = Starlette(
-        routes=ROUTES, lifespan=lifespan, exception_handlers={Denied: denied, Forbidden: forbidden}
+        routes=ROUTES,
+        lifespan=lifespan,
+        exception_handlers={Denied: denied, Forbidden: forbidden, BadField: bad_field},
     )
     app.add_middleware(auth.SecurityHeaders)
     return app

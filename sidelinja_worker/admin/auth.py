@@ -24,6 +24,11 @@ from sidelinja_worker.admin.store import Scope
 COOKIE = "sidelinja_admin"
 TOKEN_PREFIX = "slj_"
 SESSION_LIFETIME_S = 8 * 3600  # a working day; fixed from login, not extended by use
+# The login form is read before anything is checked, by anyone: a token (47 characters) and
+# room to spare, no file; Starlette's own bounds (1,000 fields of 1 MB, 1,000 files of any size)
+# let one request hold a gigabyte.
+LOGIN_FIELD_MAX = 4096
+LOGIN_FIELDS_MAX = 8
 
 # Pages may not be framed (clickjacking), run only our own script, and leak no URLs.
 HEADERS = [

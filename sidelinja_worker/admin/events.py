@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from uuid import UUID
@@ -100,6 +101,28 @@ def confirmed(claim: dict[str, Any], row: asyncpg.Record | None) -> dict[str, An
     return event
 
 
+PROGRESS_KEYS = ("id", "workspace_id", "job_type", "status", "progress")
+BATCH_KEYS = ("workspace_id", "job_type", "status", "max_attempts")
+
+
+def as_payloads(events: list[dict[str, Any]]) -> list[str]:
+    """Confirmed events as the notifications PostgreSQL publishes, built from the rows' values
+    alone (a forger may add fields of its own to a notification the rows confirm): a progress
+    report each, and status events batched by workspace, type, status and max attempts."""
+    out: list[str] = []
+    batches: defaultdict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for e in events:
+        if "progress" in e:
+            out.append(orjson.dumps({k: e[k] for k in PROGRESS_KEYS}).decode())
+        else:
+            batches[tuple(e[k] for k in BATCH_KEYS)].append(e)
+    for common, batch in batches.items():
+        payload = dict(zip(BATCH_KEYS, common, strict=True))
+        payload.update(ids=[e["id"] for e in batch], attempts=[e["attempts"] for e in batch])
+        out.append(orjson.dumps(payload).decode())
+    return out
+
+
 class EventHub:
     def __init__(self, url: str, pool: asyncpg.Pool) -> None:
         self._url = url
@@ -107,7 +130,7 @@ class EventHub:
         self._conn: asyncpg.Connection | None = None
         self._subscribers: dict[asyncio.Queue[dict[str, Any]], Scope] = {}
         # Called with each payload the database confirms (the SpacetimeDB forwarder); must not
-        # block. A payload only partly confirmed is passed on with the confirmed jobs alone.
+        # block. What they get is rebuilt from the confirmed rows (as_payloads).
         self.payload_listeners: list[Callable[[str], None]] = []
         self._to_forward: asyncio.Queue[str] = asyncio.Queue(FORWARD_MAX)
         self._forwarder: asyncio.Task[None] | None = None
@@ -165,19 +188,9 @@ class EventHub:
             except (OSError, asyncpg.PostgresError) as exc:
                 log.warning("cannot confirm an event for forwarding (%s); dropped", exc)
                 continue
-            if not events:
-                continue
-            if len(events) < len(claims):  # the confirmed part of a status batch
-                common = {k: v for k, v in orjson.loads(payload).items() if k != "id"}
-                payload = orjson.dumps(
-                    {
-                        **common,
-                        "ids": [e["id"] for e in events],
-                        "attempts": [e["attempts"] for e in events],
-                    }
-                ).decode()
-            for listener in self.payload_listeners:
-                listener(payload)
+            for confirmed_payload in as_payloads(events):
+                for listener in self.payload_listeners:
+                    listener(confirmed_payload)
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         if self.payload_listeners and not self._to_forward.full():

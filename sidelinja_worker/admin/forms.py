@@ -17,6 +17,20 @@ DEFAULT_STATUS = "error"  # the seed's use: failed jobs first
 # A payload search with no start time looks this far back: there is no index on payloads, so
 # it reads the rows of the window (see list_jobs in admin.sql).
 PAYLOAD_WINDOW = timedelta(days=1)
+EARLIEST = datetime.min.replace(tzinfo=UTC)
+
+
+class BadField(ValueError):
+    """A field no query can take (the app answers 400 with the message)."""
+
+
+def text_field(params: Mapping[str, Any], name: str) -> str:
+    """A text field as given; BadField if it holds a NUL character, which PostgreSQL's text
+    and jsonb cannot (so no job, type or payload has one, and the query would fail)."""
+    value = str(params.get(name) or "")
+    if "\x00" in value:
+        raise BadField(f"{name}: a NUL character is not allowed")
+    return value
 
 
 def parse_job_id(text: str) -> UUID | None:
@@ -31,10 +45,11 @@ def _time(text: Any) -> datetime | None:
         return None
     try:
         value = datetime.fromisoformat(str(text))
-    except ValueError:
+        # In UTC: the form shows a time without its zone, and reads such a time back as UTC.
+        # Year 1 east of UTC or year 9999 west of it has no UTC datetime: as unreadable.
+        return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+    except (ValueError, OverflowError):
         return None
-    # In UTC: the form shows a time without its zone, and reads such a time back as UTC.
-    return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def job_filter(params: Mapping[str, Any], scope: Scope) -> JobFilter:
@@ -42,13 +57,14 @@ def job_filter(params: Mapping[str, Any], scope: Scope) -> JobFilter:
     database enforces it too); an unknown status means all."""
     status = str(params.get("status") or DEFAULT_STATUS)
     workspace = parse_job_id(str(params.get("workspace") or ""))
-    payload = payload_filter(str(params.get("payload") or ""))
+    payload = payload_filter(text_field(params, "payload"))
     time_from = _time(params.get("from"))
     if payload and time_from is None:
-        time_from = (_time(params.get("to")) or datetime.now(UTC)) - PAYLOAD_WINDOW
+        end = _time(params.get("to")) or datetime.now(UTC)
+        time_from = max(end, EARLIEST + PAYLOAD_WINDOW) - PAYLOAD_WINDOW  # from year 1 at most
     return JobFilter(
         status=status if status in STATUSES else None,
-        job_type=str(params.get("type") or "") or None,
+        job_type=text_field(params, "type") or None,
         workspace_id=scope.workspace_id or workspace,
         time_from=time_from,
         time_to=_time(params.get("to")),

@@ -3,7 +3,6 @@ from `scoped()`, which runs as sidelinja_app under row-level security."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -51,13 +50,13 @@ class JobFilter:
         return (self.status, self.job_type, self.workspace_id, self.time_from, self.time_to)
 
     def search_args(self) -> tuple[Any, ...]:
-        """The id prefix as the range of ids it covers, and the payload (decoded: the jsonb
-        codec encodes Python values)."""
-        payload = json.loads(self.payload) if self.payload else None
+        """The id prefix as the range of ids it covers, and the payload as JSON text, which the
+        query casts to jsonb: the jsonb codec (orjson) cannot encode a number past 64 bits,
+        and jsonb holds numbers of any size."""
         if not self.id_prefix:
-            return (None, None, payload)
+            return (None, None, self.payload)
         low, high = (UUID(self.id_prefix.ljust(32, c)) for c in "0f")
-        return (low, high, payload)
+        return (low, high, self.payload)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +148,8 @@ async def list_jobs(
 # The most bytes (as stored, perhaps compressed) of a payload, result or error history the job
 # page shows; a bigger one is named with its size (`sidelinja-worker jobs show` prints it).
 SHOW_MAX_BYTES = 128 * 1024
+# The characters of a job type or unique key the admin reads (admin.sql cuts them to this).
+TEXT_SHOWN = 512
 
 
 async def get_job(conn: asyncpg.Connection, job_id: UUID) -> asyncpg.Record | None:
@@ -214,6 +215,10 @@ async def audit_queue(
 
 async def throughput(conn: asyncpg.Connection) -> list[asyncpg.Record]:
     return await conn.fetch(Q["throughput"])
+
+
+async def type_counts(conn: asyncpg.Connection, job_types: list[str]) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["type_counts"], job_types)
 
 
 async def workspaces(conn: asyncpg.Pool) -> list[asyncpg.Record]:

@@ -16,6 +16,7 @@ from sidelinja_worker.admin import auth, store
 from sidelinja_worker.admin.spacetime import SpacetimeTarget
 from sidelinja_worker.admin.store import JobFilter, Scope
 from sidelinja_worker.cli.session import opened
+from sidelinja_worker.cli.terminal import printable, printable_json
 from sidelinja_worker.queue.config import Secret
 from sidelinja_worker.queue.errors import UserError
 from sidelinja_worker.settings import Settings
@@ -120,7 +121,7 @@ async def jobs_list(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
     async with store.scoped(pool, ALL) as conn:
         rows = [dict(r) for r in await store.list_jobs(conn, f, None, max(args.limit, 1))]
     if args.json:
-        print(json.dumps(rows, default=str, ensure_ascii=False, indent=1))
+        print(printable_json(json.dumps(rows, default=str, ensure_ascii=False, indent=1)))
         return 0
     print_table(rows)
     return 0
@@ -132,9 +133,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         return
     print(f"{'ID':<36}  {'TYPE':<22} {'STATUS':<9} {'TRIES':>5}  {'CREATED':<19}  LAST ERROR")
     for r in rows:
-        error = (r["error_msg"] or "").replace("\n", " ")[:60]
+        error = printable((r["error_msg"] or "").replace("\n", " "))[:60]
         print(
-            f"{r['id']!s:<36}  {r['job_type']:<22.22} {r['status']:<9} "
+            f"{r['id']!s:<36}  {printable(r['job_type']):<22.22} {r['status']:<9} "
             f"{r['attempts']:>2}/{r['max_attempts']:<2}  {r['created_at']:%Y-%m-%d %H:%M:%S}  {error}"
         )
 

@@ -17,6 +17,7 @@ from sidelinja_worker.cli import bulk, newjob, progress, retention
 from sidelinja_worker.cli import limits as limits_cli
 from sidelinja_worker.cli import operator as operator_cli
 from sidelinja_worker.cli.session import opened, parse_uuid
+from sidelinja_worker.cli.terminal import printable, printable_json
 from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.jobs.transcripts import pipeline
 from sidelinja_worker.queue import client, embedded, gctune, metrics, migrate, store
@@ -176,7 +177,7 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
             relatives = await store.job_relatives(pool, job_id)
             facts_ = {**facts, "parents": _relatives(relatives, "parent")}
             for reason in explain(facts_, missing):
-                print(f"- {reason}")
+                print(f"- {printable(reason)}")
             return 0
         if args.jobs_command == "show":
             row = await store.get_job(pool, job_id)
@@ -188,7 +189,8 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
                 "parents": _relatives(relatives, "parent"),
                 "children": _relatives(relatives, "child"),
             }
-            print(json.dumps(shown, indent=2, default=_json_default, ensure_ascii=False))
+            text = json.dumps(shown, indent=2, default=_json_default, ensure_ascii=False)
+            print(printable_json(text))
             return 0
         after, before = await store.request_cancel(pool, job_id)
     if before is None:

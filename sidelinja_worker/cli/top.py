@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sidelinja_worker.cli.session import opened
+from sidelinja_worker.cli.terminal import plain
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.backoff import clamp_s
 
@@ -63,7 +64,7 @@ async def view(pool: asyncpg.Pool) -> Group:
     for job_type in sorted(depth.keys() | done.keys() | paused):
         d, t = depth.get(job_type), done.get(job_type)
         jobs.add_row(
-            job_type,
+            plain(job_type),
             str(d["waiting"] if d else 0),
             str(d["due"] if d else 0),
             str(d["running"] if d else 0),
@@ -78,10 +79,10 @@ async def view(pool: asyncpg.Pool) -> Group:
         state = "dead" if not w["alive"] else "draining" if w["drain_requested_at"] else "live"
         fleet.add_row(
             Text(state, style={"live": "green", "draining": "yellow"}.get(state, "red")),
-            w["hostname"],
+            plain(w["hostname"]),
             str(w["pid"]),
-            w["version"] or "",
-            ",".join(w["job_types"] or ["all"]),
+            plain(w["version"] or ""),
+            plain(",".join(w["job_types"] or ["all"])),
             str(w["concurrency"] or ""),
             str(len(w["running"])),
             f"{w['last_heartbeat_at']:%H:%M:%S}" if w["last_heartbeat_at"] else "",

@@ -1,4 +1,6 @@
 -- The admin view's runtime SQL; admin/store.py has one typed function per block.
+-- A job's type and unique key are read as their first 512 characters (store.TEXT_SHOWN): to a
+-- plain-SQL writer they are text of any length, and a page or a live event must stay small.
 -- Job queries run inside `scoped()`: as the role sidelinja_app with the token's workspace in
 -- `sidelinja.workspace_id`, so row-level security confines them even if the code forgets to; a
 -- platform token's queries run as sidelinja_platform_admin, the one role that sees every
@@ -52,8 +54,8 @@ ORDER BY created_at;
 -- containment test ($11) on the rows of the status's index within the time window, which
 -- admin/forms.py never leaves open for it (a day back by default): there is no payload index,
 -- so the window is what keeps such a search to the rows of one day.
-SELECT id, workspace_id, job_type, status::text AS status, attempts, max_attempts,
-       created_at, scheduled_for, completed_at, left(error_msg, 200) AS error_msg,
+SELECT id, workspace_id, left(job_type, 512) AS job_type, status::text AS status, attempts,
+       max_attempts, created_at, scheduled_for, completed_at, left(error_msg, 200) AS error_msg,
        created_at AS sort_at,
        -- A probe of job_dependencies' primary key per row shown (LIMIT 1: never a hashed
        -- subplan, which read every edge for each page).
@@ -67,7 +69,7 @@ WHERE status = $1::job_status
   AND ($5::timestamptz IS NULL OR created_at < $5)
   AND ($6::timestamptz IS NULL OR (created_at, id) < ($6, $7::uuid))
   AND ($9::uuid IS NULL OR id BETWEEN $9 AND $10::uuid)
-  AND ($11::jsonb IS NULL OR payload @> $11::jsonb)
+  AND ($11::text IS NULL OR payload @> $11::text::jsonb)
 ORDER BY created_at DESC, id DESC
 LIMIT $8;
 
@@ -78,8 +80,8 @@ LIMIT $8;
 -- created_at it could not bound the index scan, and a window days back scanned every job
 -- finished since (130-220 ms on 1,000,000 jobs). Type and workspace are filters on the scan, so
 -- a page costs in proportion to how rare the match is (0.25 s for a workspace of 60 jobs).
-SELECT id, workspace_id, job_type, status::text AS status, attempts, max_attempts,
-       created_at, scheduled_for, completed_at, left(error_msg, 200) AS error_msg,
+SELECT id, workspace_id, left(job_type, 512) AS job_type, status::text AS status, attempts,
+       max_attempts, created_at, scheduled_for, completed_at, left(error_msg, 200) AS error_msg,
        completed_at AS sort_at,
        -- A probe of job_dependencies' primary key per row shown (LIMIT 1: never a hashed
        -- subplan, which read every edge for each page).
@@ -93,7 +95,7 @@ WHERE status = 'completed' AND $1::job_status = 'completed'
   AND ($5::timestamptz IS NULL OR completed_at < $5)
   AND ($6::timestamptz IS NULL OR (completed_at, id) < ($6, $7::uuid))
   AND ($9::uuid IS NULL OR id BETWEEN $9 AND $10::uuid)
-  AND ($11::jsonb IS NULL OR payload @> $11::jsonb)
+  AND ($11::text IS NULL OR payload @> $11::text::jsonb)
 ORDER BY completed_at DESC, id DESC
 LIMIT $8;
 
@@ -102,7 +104,7 @@ LIMIT $8;
 -- bytes (NULL otherwise, with its stored size beside it), and progress in at most 4 kB as in
 -- jobs_for_events: any plain-SQL writer of the row can make them hundreds of megabytes (or
 -- compressed from that), and a job page must stay a page.
-SELECT j.id, j.workspace_id, j.job_type,
+SELECT j.id, j.workspace_id, left(j.job_type, 512) AS job_type,
        CASE WHEN pg_column_size(j.payload) <= $2 THEN j.payload END AS payload,
        pg_column_size(j.payload) AS payload_bytes,
        j.status::text AS status, j.priority,
@@ -114,7 +116,7 @@ SELECT j.id, j.workspace_id, j.job_type,
        j.attempts, j.max_attempts, j.created_at, j.started_at,
        j.completed_at, j.scheduled_for, j.worker_id,
        CASE WHEN pg_column_size(j.progress) <= 4096 THEN j.progress END AS progress,
-       j.unique_key, j.timeout_s,
+       left(j.unique_key, 512) AS unique_key, j.timeout_s,
        j.cancel_requested_at, w.hostname AS worker_host, w.pid AS worker_pid,
        w.expires_at AS lease_expires_at, j.cancelled_by,
        j.has_children OR coalesce((SELECT true FROM job_dependencies d
@@ -171,7 +173,8 @@ WITH RECURSIVE reach(id) AS (
                   UNION ALL
                   SELECT d.parent_id FROM job_dependencies d WHERE d.child_id = r.id) n
 )
-SELECT j.id, j.job_type, j.status::text AS status, j.attempts, j.max_attempts, j.cancelled_by,
+SELECT j.id, left(j.job_type, 512) AS job_type, j.status::text AS status, j.attempts,
+       j.max_attempts, j.cancelled_by,
        j.created_at
 FROM (SELECT id, row_number() OVER () AS n FROM reach LIMIT $2) r
 JOIN job_queue j ON j.id = r.id
@@ -198,7 +201,7 @@ WHERE id = ANY(ARRAY(
       AND ($4::timestamptz IS NULL OR created_at >= $4)
       AND ($5::timestamptz IS NULL OR created_at < $5)
       AND ($7::uuid IS NULL OR id BETWEEN $7 AND $8::uuid)
-      AND ($9::jsonb IS NULL OR payload @> $9::jsonb)
+      AND ($9::text IS NULL OR payload @> $9::text::jsonb)
     LIMIT $6
     FOR UPDATE SKIP LOCKED))
   AND status IN ('error', 'retry')
@@ -217,6 +220,17 @@ WHERE status IN ('completed', 'error', 'cancelled')
 GROUP BY 1, 2
 ORDER BY 1;
 
+-- name: type_counts
+-- Waiting and running jobs of the job types $1 (those paused or capped), as the scope sees
+-- them: the overview shows them beside the queue-wide pauses and caps, whose own queries run
+-- privileged and count every workspace's jobs.
+SELECT job_type,
+       count(*) FILTER (WHERE status IN ('pending', 'retry')) AS waiting,
+       count(*) FILTER (WHERE status = 'running') AS running
+FROM job_queue
+WHERE job_type = ANY($1::text[]) AND status IN ('pending', 'retry', 'running')
+GROUP BY job_type;
+
 -- name: workspaces
 SELECT id, name FROM workspaces ORDER BY name, id;
 
@@ -224,8 +238,8 @@ SELECT id, name FROM workspaces ORDER BY name, id;
 -- What a live stream sends: the rows a notification names, read again under the token's scope.
 -- A progress report is a line for a page (the worker writes at most 500 characters); one a
 -- plain-SQL writer made bigger than 4 kB as stored is left out, not sent to every page.
-SELECT id, workspace_id, job_type, status::text AS status, attempts, max_attempts,
-       CASE WHEN pg_column_size(progress) <= 4096 THEN progress END AS progress
+SELECT id, workspace_id, left(job_type, 512) AS job_type, status::text AS status, attempts,
+       max_attempts, CASE WHEN pg_column_size(progress) <= 4096 THEN progress END AS progress
 FROM job_queue
 WHERE id = ANY($1::uuid[]);
 
