@@ -545,6 +545,25 @@ async def test_giant_job_types_and_unique_keys_keep_pages_and_events_small(
     assert {len(e["job_type"]) for e in events} == {admin_store.TEXT_SHOWN}
 
 
+async def test_the_dashboard_counts_giant_waiting_job_types_by_their_first_characters(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """The dashboard's queue depth is by job type: 20 waiting jobs of types of a megabyte made
+    the page 20 MB. It names each type by its first admin_store.TEXT_SHOWN characters."""
+    a, _b, _ = await seed(pool)
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload)"
+        " SELECT $1, repeat('t', 1000000) || g, '{}' FROM generate_series(1, 20) g",
+        a,
+    )
+    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        page = await http.get("/admin/dashboard")
+    assert page.status_code == 200
+    assert "t" * admin_store.TEXT_SHOWN in page.text
+    assert len(page.content) < 300_000, len(page.content)
+
+
 async def test_the_login_form_is_read_only_up_to_a_token_s_size(admin: str) -> None:
     """Login is open to anyone and reads its form before any check: Starlette's own bounds (1,000
     fields of up to 1 MB) let one request make the server hold a gigabyte. A login form is a
