@@ -11,7 +11,9 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
+import pytest
 
+from sidelinja_worker.jobs.knowledge.common import DEFAULT_EMBEDDING_MODEL
 from sidelinja_worker.jobs.knowledge.prompt_eval_scoring import schema_errors
 from sidelinja_worker.queue import client, store
 from sidelinja_worker.queue.config import ServiceConfig
@@ -258,6 +260,48 @@ async def test_moderation_finds_the_duplicate_in_the_same_quiz_only(
     assert result["duplicate_of"] is None and result["similarity"] < 0.999
     last = [r for r in ai_gateway.requests if r.path.endswith("/embeddings")][-1]
     assert last.body["input"] == [question]
+
+
+@pytest.mark.parametrize(
+    "poisoned",
+    ["{NaN,1,0,0,0.3}", "{1,0,0,0,Infinity}", "{-Infinity,1,0,0,0.3}", "{1,NULL,0,0,0.3}", "{}"],
+)
+async def test_a_stored_question_vector_that_is_not_finite_is_embedded_again(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway, poisoned: str
+) -> None:
+    # A vector stored by plain SQL (or by a worker that took the gateway's NaN) under the
+    # question's current hash and model: only its values say that it is stale.
+    ai_gateway.vector = topic_vector
+    ai_gateway.answers["Review"] = review
+    await add_questions(
+        pool,
+        workspace,
+        "q1",
+        {"q-vind": "Bør det bygges mer havvind?", "q-skatt": "Bør skatten ned?"},
+    )
+    await pool.execute(
+        "UPDATE valgomat_questions SET embedding = $2::text::real[], embedding_model = $3,"
+        " embedding_sha256 = sha256(convert_to(text, 'UTF8'))"
+        " WHERE workspace_id = $1 AND question_id = 'q-vind'",
+        workspace,
+        poisoned,
+        DEFAULT_EMBEDDING_MODEL,
+    )
+    question = "Er du ikke enig i at naturødeleggende havvind må stoppes?"
+    job_id = await client.enqueue(
+        pool, workspace, "valgomat_moderation", {"quiz_id": "q1", "question": question}
+    )
+    await run_burst(pool, db_url, config=config(ai_gateway))
+
+    row = await job(pool, job_id)
+    assert row["status"] == "completed", row["error_msg"]
+    assert row["result"]["duplicate_of"] == "q-vind"
+    [emb] = [r for r in ai_gateway.requests if r.path.endswith("/embeddings")]
+    assert "Bør det bygges mer havvind?" in emb.body["input"]
+    stored = await pool.fetchval(
+        "SELECT embedding FROM valgomat_questions WHERE question_id = 'q-vind'"
+    )
+    assert stored == pytest.approx(topic_vector("Bør det bygges mer havvind?", 5))
 
 
 async def test_a_decided_review_is_not_overwritten(
