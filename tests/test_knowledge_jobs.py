@@ -5,7 +5,9 @@ generate_embeddings failing clearly without pgvector."""
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -14,7 +16,12 @@ import asyncpg
 import pytest
 
 from sidelinja_worker.jobs.knowledge.common import DEFAULT_EMBEDDING_MODEL
-from sidelinja_worker.jobs.knowledge.prompt_eval_scoring import schema_errors
+from sidelinja_worker.jobs.knowledge.prompt_eval_scoring import (
+    MAX_SCHEMA_STEPS,
+    JsonSchemaCheck,
+    schema_errors,
+    score,
+)
 from sidelinja_worker.queue import client, store
 from sidelinja_worker.queue.config import ServiceConfig
 from tests.fakes.ai_gateway_server import (  # noqa: F401
@@ -592,6 +599,25 @@ def test_schema_subset() -> None:
         "$: unexpected 'c'",
     ]
     assert re.match(r"\$: expected object", schema_errors(schema, [])[0])
+
+
+def test_a_schema_check_stops_at_its_step_budget() -> None:
+    # Schema size × answer size: a 100,000-value enum against a 10,000-item answer is 10^9
+    # comparisons, in a thread the job's timeout cannot stop.
+    schema = {"type": "array", "items": {"enum": [f"v{i}" for i in range(100_000)]}}
+    answer = json.dumps(["nope"] * 10_000)
+    started = time.perf_counter()
+    got = score(JsonSchemaCheck(kind="json_schema", schema=schema), answer)
+    elapsed_s = time.perf_counter() - started
+    assert (got.passed, got.detail) == (
+        False,
+        f"$: the check took more than its budget of {MAX_SCHEMA_STEPS:,} steps "
+        "(schema size × answer size)",
+    )
+    assert elapsed_s < 0.3
+    # A distinct pattern is compiled once per check, however many strings it is matched with.
+    patterns = {"type": "array", "items": {"type": "string", "pattern": r"[\pL\pN]{100}"}}
+    assert schema_errors(patterns, ["x" * 100] * 1_000) == []
 
 
 async def test_an_answer_nested_past_the_parsers_limit_fails_its_json_check(
