@@ -8,6 +8,7 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
+import pytest
 
 from sidelinja_worker.jobs.ai.common import DEFAULT_MODEL
 from sidelinja_worker.queue import client, store
@@ -230,6 +231,55 @@ async def test_a_long_transcript_is_split_and_the_parts_combined(
     # The parts' answers reach the combine step, and its answer is the job's result.
     assert '"summary":"' in combines[0].message("user")
     assert row["result"]["usage"]["calls"] == len(requests)
+
+
+MINUTES = {"summary": "Del.", "decisions": [], "action_points": []}
+USAGE = {"prompt_tokens": 100, "completion_tokens": 20, "calls": 1}
+
+
+@pytest.mark.parametrize(
+    ("second", "says"),
+    [
+        ({"part": 2, "minutes": MINUTES, "usage": "mange"}, "usage: Input should be a valid"),
+        ({"part": 2, "minutes": MINUTES, "usage": {"calls": "1"}}, "usage.calls: Input should"),
+        ({"part": 2, "minutes": MINUTES, "usage": {"calls": -1}}, "usage.calls: Input should"),
+        ({"part": 2, "minutes": "Referat.", "usage": USAGE}, "minutes: Input should be a valid"),
+        ({"part": 2, "minutes": {"summary": 3}, "usage": USAGE}, "minutes.summary: Input should"),
+        ({"part": "to", "minutes": MINUTES, "usage": USAGE}, "part: Input should be a valid"),
+    ],
+)
+async def test_a_combine_job_fails_for_good_on_a_part_result_rewritten_by_sql(
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    ai_gateway: FakeAiGateway,
+    second: dict[str, Any],
+    says: str,
+) -> None:
+    # A map-reduce graph as plain SQL in the workspace can leave it: parts completed, one with
+    # a result that is not what a part job writes. A retry would read the same result again.
+    first = {"part": 1, "minutes": MINUTES, "usage": USAGE}
+    join = await pool.fetchval(
+        "WITH parts AS ("
+        "  INSERT INTO job_queue (workspace_id, job_type, payload, status, result)"
+        "  SELECT $1, 'meeting_summarize', '{}', 'completed', r FROM unnest($2::jsonb[]) AS r"
+        "  RETURNING id"
+        "), j AS ("
+        "  INSERT INTO job_queue (workspace_id, job_type, payload)"
+        '  VALUES ($1, \'meeting_summarize\', \'{"text": "Møtet.", "combine": true}\')'
+        "  RETURNING id"
+        "), edges AS ("
+        "  INSERT INTO job_dependencies (parent_id, child_id) SELECT parts.id, j.id FROM parts, j"
+        ") SELECT id FROM j",
+        workspace,
+        [first, second],
+    )
+    await run_jobs(pool, db_url, ai_gateway)
+    row = await job(pool, join)
+    assert (row["status"], row["attempts"]) == ("error", 1), row["error_msg"]
+    assert row["error_msg"].startswith("a part job's result is not what a part job writes")
+    assert says in row["error_msg"]
+    assert ai_gateway.requests == []  # nothing is paid for before the parts are read
 
 
 async def test_a_long_dictation_is_joined_without_a_combine_call(

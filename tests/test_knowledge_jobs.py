@@ -5,14 +5,23 @@ generate_embeddings failing clearly without pgvector."""
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import asyncpg
+import pytest
 
-from sidelinja_worker.jobs.knowledge.prompt_eval_scoring import schema_errors
+from sidelinja_worker.jobs.knowledge.common import DEFAULT_EMBEDDING_MODEL
+from sidelinja_worker.jobs.knowledge.prompt_eval_scoring import (
+    MAX_SCHEMA_STEPS,
+    JsonSchemaCheck,
+    schema_errors,
+    score,
+)
 from sidelinja_worker.queue import client, store
 from sidelinja_worker.queue.config import ServiceConfig
 from tests.fakes.ai_gateway_server import (  # noqa: F401
@@ -258,6 +267,48 @@ async def test_moderation_finds_the_duplicate_in_the_same_quiz_only(
     assert result["duplicate_of"] is None and result["similarity"] < 0.999
     last = [r for r in ai_gateway.requests if r.path.endswith("/embeddings")][-1]
     assert last.body["input"] == [question]
+
+
+@pytest.mark.parametrize(
+    "poisoned",
+    ["{NaN,1,0,0,0.3}", "{1,0,0,0,Infinity}", "{-Infinity,1,0,0,0.3}", "{1,NULL,0,0,0.3}", "{}"],
+)
+async def test_a_stored_question_vector_that_is_not_finite_is_embedded_again(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway, poisoned: str
+) -> None:
+    # A vector stored by plain SQL (or by a worker that took the gateway's NaN) under the
+    # question's current hash and model: only its values say that it is stale.
+    ai_gateway.vector = topic_vector
+    ai_gateway.answers["Review"] = review
+    await add_questions(
+        pool,
+        workspace,
+        "q1",
+        {"q-vind": "Bør det bygges mer havvind?", "q-skatt": "Bør skatten ned?"},
+    )
+    await pool.execute(
+        "UPDATE valgomat_questions SET embedding = $2::text::real[], embedding_model = $3,"
+        " embedding_sha256 = sha256(convert_to(text, 'UTF8'))"
+        " WHERE workspace_id = $1 AND question_id = 'q-vind'",
+        workspace,
+        poisoned,
+        DEFAULT_EMBEDDING_MODEL,
+    )
+    question = "Er du ikke enig i at naturødeleggende havvind må stoppes?"
+    job_id = await client.enqueue(
+        pool, workspace, "valgomat_moderation", {"quiz_id": "q1", "question": question}
+    )
+    await run_burst(pool, db_url, config=config(ai_gateway))
+
+    row = await job(pool, job_id)
+    assert row["status"] == "completed", row["error_msg"]
+    assert row["result"]["duplicate_of"] == "q-vind"
+    [emb] = [r for r in ai_gateway.requests if r.path.endswith("/embeddings")]
+    assert "Bør det bygges mer havvind?" in emb.body["input"]
+    stored = await pool.fetchval(
+        "SELECT embedding FROM valgomat_questions WHERE question_id = 'q-vind'"
+    )
+    assert stored == pytest.approx(topic_vector("Bør det bygges mer havvind?", 5))
 
 
 async def test_a_decided_review_is_not_overwritten(
@@ -548,6 +599,25 @@ def test_schema_subset() -> None:
         "$: unexpected 'c'",
     ]
     assert re.match(r"\$: expected object", schema_errors(schema, [])[0])
+
+
+def test_a_schema_check_stops_at_its_step_budget() -> None:
+    # Schema size × answer size: a 100,000-value enum against a 10,000-item answer is 10^9
+    # comparisons, in a thread the job's timeout cannot stop.
+    schema = {"type": "array", "items": {"enum": [f"v{i}" for i in range(100_000)]}}
+    answer = json.dumps(["nope"] * 10_000)
+    started = time.perf_counter()
+    got = score(JsonSchemaCheck(kind="json_schema", schema=schema), answer)
+    elapsed_s = time.perf_counter() - started
+    assert (got.passed, got.detail) == (
+        False,
+        f"$: the check took more than its budget of {MAX_SCHEMA_STEPS:,} steps "
+        "(schema size × answer size)",
+    )
+    assert elapsed_s < 0.3
+    # A distinct pattern is compiled once per check, however many strings it is matched with.
+    patterns = {"type": "array", "items": {"type": "string", "pattern": r"[\pL\pN]{100}"}}
+    assert schema_errors(patterns, ["x" * 100] * 1_000) == []
 
 
 async def test_an_answer_nested_past_the_parsers_limit_fails_its_json_check(

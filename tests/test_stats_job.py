@@ -16,6 +16,7 @@ import zstandard
 from sidelinja_worker.jobs.stats import store as stats_store
 from sidelinja_worker.queue import client, store
 from sidelinja_worker.queue.config import ServiceConfig
+from tests.fakes.stalls import longest_stall
 from tests.helpers import run_burst, statuses
 from tests.test_stats_counting import EP, SIZE, SPOTIFY, line
 
@@ -257,6 +258,22 @@ async def test_bad_paths_fail_permanently(
         ("error", "logs '*/../../../../**/*.log': a glob may not go up with '..'"),
         ("error", "logs 'logs/a**.log': a glob takes '**' at most once, as a whole path segment"),
     ]
+
+
+async def test_finding_the_logs_does_not_stall_the_event_loop(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
+) -> None:
+    # Finding the logs is blocking file-system calls, per folder and per file for each folder
+    # it is in (a '**' glob over a big or deep folder: thousands), which other jobs on the
+    # worker's event loop must not wait for.
+    folder = media / "logs" / Path(*["d"] * 200)
+    folder.mkdir(parents=True)
+    for f in range(150):
+        (folder / f"old-{f}.log").touch()
+    with longest_stall() as stall:
+        [job] = await _run(pool, db_url, workspace, media, logs="logs/**/*.log")
+    assert (job["status"], job["result"]["files"]) == ("completed", 0)
+    assert stall[0] < 0.1
 
 
 async def test_country_from_a_geoip_database(

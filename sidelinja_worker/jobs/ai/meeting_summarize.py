@@ -8,7 +8,7 @@ from dataclasses import asdict
 from datetime import date
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sidelinja_worker.jobs.ai.common import (
     DEFAULT_MODEL,
@@ -27,10 +27,10 @@ from sidelinja_worker.jobs.ai.common import (
 from sidelinja_worker.jobs.ai.text import budget_chars, split_text
 from sidelinja_worker.jobs.silos import call_guard, check_planned_calls
 from sidelinja_worker.queue.client import NewJob
-from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.context import JobContext, ParentResult
 from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.queue.priorities import default_priority
-from sidelinja_worker.queue.registry import JobType
+from sidelinja_worker.queue.registry import JobType, describe_validation_error
 from sidelinja_worker.services.ai_gateway import AiGateway, CallGuard, Usage
 
 
@@ -50,6 +50,14 @@ class MeetingPayload(TranscriptSource):
     fan_out: bool = False
     part: PartOf | None = None  # set on the graph's part jobs
     combine: bool = False  # set on the graph's join job
+
+
+class PartUsage(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    prompt_tokens: int = Field(default=0, ge=0)
+    completion_tokens: int = Field(default=0, ge=0)
+    calls: int = Field(default=0, ge=0)
 
 
 class ActionPoint(BaseModel):
@@ -80,6 +88,27 @@ COMBINE_PROMPT = (
 )
 
 TASK = AiTask("meeting_summarize", Minutes, PROMPT, COMBINE_PROMPT, "Skriver referat", "minutes")
+
+
+class PartResult(BaseModel):
+    """A part job's result as `_summarize_part` writes it."""
+
+    part: int = Field(ge=1, strict=True)
+    minutes: Minutes
+    usage: PartUsage
+
+
+def _part_result(parent: ParentResult) -> PartResult:
+    """A parent's result read back from the table, where plain SQL in the workspace may have
+    rewritten it: one that is not a part's fails the join for good, before any call is paid
+    for, as a retry would read the same."""
+    try:
+        return PartResult.model_validate(parent.result)
+    except ValidationError as exc:
+        raise PermanentError(
+            f"a part job's result is not what a part job writes (job {parent.job_id}): "
+            f"{describe_validation_error(exc)}"
+        ) from None
 
 
 def context_note(payload: MeetingPayload) -> str:
@@ -158,20 +187,24 @@ async def _summarize_part(ctx: JobContext, payload: MeetingPayload, part: PartOf
 
 
 async def _combine_parts(ctx: JobContext, payload: MeetingPayload) -> dict[str, Any]:
-    """The join: the parts' minutes, from its parents' results in part order, combined."""
+    """The join: the parts' minutes, from its parents' results in part order, combined. The
+    fan-out job is a parent too; its result holds no minutes."""
     parts = sorted(
-        (p.result for p in await ctx.parent_results() if isinstance(p.result, dict)),
-        key=lambda r: r.get("part", 0),
+        (
+            _part_result(p)
+            for p in await ctx.parent_results()
+            if isinstance(p.result, dict) and "minutes" in p.result
+        ),
+        key=lambda r: r.part,
     )
-    parts = [r for r in parts if "minutes" in r]
     if not parts:
         raise PermanentError("a combine job needs its part jobs as parents")
     settings, gateway, _guard = await _gateway_for(ctx)
-    answers = [Minutes.model_validate(r["minutes"]) for r in parts]
+    answers = [r.minutes for r in parts]
     value, more = await combine_answers(gateway, TASK, settings, answers, context_note(payload))
     usage = Usage()
     for r in parts:
-        usage += Usage(**r["usage"])
+        usage += Usage(r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.calls)
     run_ = AiRun(value, settings.model, len(parts), usage + more)
     return await store_result(ctx, TASK, run_, payload.ref or payload.transcript_ref)
 

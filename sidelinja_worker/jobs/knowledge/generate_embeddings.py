@@ -103,7 +103,7 @@ async def run(ctx: JobContext, payload: EmbeddingsPayload) -> dict[str, Any]:
     settings = job_settings(payload, await ctx.workspace_settings())
     texts = await texts_of(ctx, payload)
     empty = [ref for ref, text in texts.items() if not text.strip()]
-    digests = {ref: content_hash(text) for ref, text in texts.items() if ref not in empty}
+    digests = {ref: content_hash(text) for ref, text in texts.items() if text.strip()}
     state = await knowledge_store.embedding_state(
         pool, ctx.workspace_id, settings.model, list(digests)
     )

@@ -4,13 +4,15 @@ Schema validator.
 
 The validator covers the keywords test sets use (type, enum, const, properties, required,
 additionalProperties, items, min/maxItems, minimum/maximum, min/maxLength, pattern, anyOf);
-other keywords are ignored. It is here rather than the `jsonschema` package only because the
-project has no such dependency yet; swapping it in changes `schema_errors` alone."""
+other keywords are ignored, and a check stops past MAX_SCHEMA_STEPS. It is here rather than
+the `jsonschema` package only because the project has no such dependency yet; swapping it in
+changes `schema_errors` alone, which must keep a step budget."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sized
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -25,6 +27,17 @@ _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # an unsupported pattern is the case's result, not a log line
 _RE2_OPTIONS.max_mem = 8 << 20  # a compiled pattern's memory; a bigger one fails its case
 MAX_PATTERN_CHARS = 2000
+# A JSON-schema check's work is the case's schema times the model's answer, both outside input
+# (a 100,000-value enum against a 10,000-item answer is 10^9 comparisons), and it runs in a
+# thread the job's timeout cannot stop. So it has a budget of steps: an answer node visited, an
+# enum member or const compared (a node, or CHARS_PER_STEP characters of a string, per step), a
+# string searched, and a distinct pattern compiled (RE2 takes up to ~0.1 s on a short pattern of
+# big classes and counted repeats). A step is at most about a microsecond: the check ends within
+# about a second whatever it is given, far above what a real test case takes; past the budget
+# the check fails, saying so.
+MAX_SCHEMA_STEPS = 1_000_000
+COMPILE_STEPS = 100_000
+CHARS_PER_STEP = 64
 NUMBER = re.compile(r"-?\d+(?:[.,]\d+)?")
 _TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),
@@ -131,14 +144,17 @@ def score(check: Check, output: str) -> Score:
 def linear_search(pattern: str, text: str) -> bool:
     """Whether `pattern` matches somewhere in `text`, on RE2. Raises ValueError, with RE2's
     reason, for a pattern RE2 cannot run."""
+    return _compile(pattern).search(text) is not None
+
+
+def _compile(pattern: str) -> Any:  # re2 ships no types
     try:
-        compiled = re2.compile(pattern, _RE2_OPTIONS)
+        return re2.compile(pattern, _RE2_OPTIONS)
     except re2.error as exc:
         reason = exc.args[0] if exc.args else exc
         if isinstance(reason, bytes):
             reason = reason.decode("utf-8", "replace")
         raise ValueError(str(reason)) from None
-    return compiled.search(text) is not None
 
 
 def _regex_score(pattern: str, output: str) -> Score:
@@ -176,22 +192,93 @@ def _numeric_score(check: NumericCheck, text: str) -> Score:
     return Score("numeric", abs(got - check.value) <= check.tolerance, f"got {got:g}")
 
 
+class _OverBudget(Exception):
+    pass
+
+
+class _Walk:
+    """One schema check's spent steps, and the patterns it has compiled (each distinct pattern
+    once, however many strings it is matched with)."""
+
+    def __init__(self, steps: int) -> None:
+        self.left = steps
+        self.patterns: dict[str, Any] = {}  # compiled, or why RE2 refused it
+
+    def spend(self, steps: int) -> None:
+        self.left -= steps
+        if self.left < 0:
+            raise _OverBudget
+
+    def compare(self, value: Any, members: int) -> None:
+        """Pays for comparing `value` with `members` values (an enum's, or a const)."""
+        self.spend(members * _weight(value, self.left // max(members, 1) + 1))
+
+    def search(self, pattern: str, text: str) -> bool:
+        """Whether `pattern` matches in `text`; raises ValueError for a pattern RE2 refuses."""
+        compiled = self.patterns.get(pattern)
+        if compiled is None:
+            self.spend(COMPILE_STEPS)
+            try:
+                compiled = self.patterns[pattern] = _compile(pattern)
+            except ValueError as exc:
+                compiled = self.patterns[pattern] = str(exc)
+        if isinstance(compiled, str):
+            raise ValueError(compiled)
+        self.spend(1 + len(text) // CHARS_PER_STEP)
+        return compiled.search(text) is not None
+
+
+def _weight(value: Any, cap: int) -> int:
+    """What comparing `value` with one other value can cost, in steps: a step per node and per
+    CHARS_PER_STEP characters of a string (equal-length strings compare character by
+    character); the count stops past `cap`."""
+    steps, stack = 0, [value]
+    while stack and steps <= cap:
+        item = stack.pop()
+        steps += 1
+        if isinstance(item, str):
+            steps += len(item) // CHARS_PER_STEP
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return steps
+
+
 def schema_errors(schema: dict[str, Any], value: Any, where: str = "$") -> list[str]:
-    """What in `value` breaks `schema` (the subset named in the module docstring)."""
-    if "anyOf" in schema and all(schema_errors(sub, value, where) for sub in schema["anyOf"]):
+    """What in `value` breaks `schema` (the subset named in the module docstring); within
+    MAX_SCHEMA_STEPS, past which that is the one error."""
+    try:
+        return _errors(schema, value, where, _Walk(MAX_SCHEMA_STEPS))
+    except _OverBudget:
+        return [
+            f"{where}: the check took more than its budget of {MAX_SCHEMA_STEPS:,} steps "
+            "(schema size × answer size)"
+        ]
+
+
+def _errors(schema: dict[str, Any], value: Any, where: str, walk: _Walk) -> list[str]:
+    walk.spend(1)
+    if "anyOf" in schema and all(_errors(sub, value, where, walk) for sub in schema["anyOf"]):
         return [f"{where}: matches none of anyOf"]
-    if "enum" in schema and value not in schema["enum"]:
-        return [f"{where}: {value!r} not in enum"]
-    if "const" in schema and value != schema["const"]:
-        return [f"{where}: not {schema['const']!r}"]
+    if "enum" in schema:
+        enum = schema["enum"]
+        walk.compare(value, len(enum) if isinstance(enum, Sized) else 1)
+        if value not in enum:
+            return [f"{where}: {value!r} not in enum"]
+    if "const" in schema:
+        walk.compare(value, 1)
+        if value != schema["const"]:
+            return [f"{where}: not {schema['const']!r}"]
     kind = schema.get("type")
     if kind is not None and not _is_type(value, kind):
         return [f"{where}: expected {kind}"]
     if isinstance(value, dict):
-        return _object_errors(schema, value, where)
+        return _object_errors(schema, value, where, walk)
     if isinstance(value, list):
-        return _array_errors(schema, value, where)
-    return _scalar_errors(schema, value, where)
+        return _array_errors(schema, value, where, walk)
+    return _scalar_errors(schema, value, where, walk)
 
 
 def _is_type(value: Any, kind: str | list[str]) -> bool:
@@ -201,20 +288,22 @@ def _is_type(value: Any, kind: str | list[str]) -> bool:
     return any(isinstance(value, _TYPES.get(k, ())) for k in kinds)
 
 
-def _object_errors(schema: dict[str, Any], value: dict[str, Any], where: str) -> list[str]:
+def _object_errors(
+    schema: dict[str, Any], value: dict[str, Any], where: str, walk: _Walk
+) -> list[str]:
     errors = [
         f"{where}: missing {name!r}" for name in schema.get("required", []) if name not in value
     ]
     props = schema.get("properties", {})
     for name, sub in value.items():
         if name in props:
-            errors += schema_errors(props[name], sub, f"{where}.{name}")
+            errors += _errors(props[name], sub, f"{where}.{name}", walk)
         elif schema.get("additionalProperties") is False:
             errors.append(f"{where}: unexpected {name!r}")
     return errors
 
 
-def _array_errors(schema: dict[str, Any], value: list[Any], where: str) -> list[str]:
+def _array_errors(schema: dict[str, Any], value: list[Any], where: str, walk: _Walk) -> list[str]:
     errors = []
     if len(value) < schema.get("minItems", 0):
         errors.append(f"{where}: fewer than {schema['minItems']} items")
@@ -222,11 +311,11 @@ def _array_errors(schema: dict[str, Any], value: list[Any], where: str) -> list[
         errors.append(f"{where}: more than {schema['maxItems']} items")
     if isinstance(schema.get("items"), dict):
         for i, item in enumerate(value):
-            errors += schema_errors(schema["items"], item, f"{where}[{i}]")
+            errors += _errors(schema["items"], item, f"{where}[{i}]", walk)
     return errors
 
 
-def _scalar_errors(schema: dict[str, Any], value: Any, where: str) -> list[str]:
+def _scalar_errors(schema: dict[str, Any], value: Any, where: str, walk: _Walk) -> list[str]:
     errors = []
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if "minimum" in schema and value < schema["minimum"]:
@@ -240,7 +329,7 @@ def _scalar_errors(schema: dict[str, Any], value: Any, where: str) -> list[str]:
             errors.append(f"{where}: longer than {schema['maxLength']}")
         if "pattern" in schema:
             try:
-                if not linear_search(str(schema["pattern"]), value):
+                if not walk.search(str(schema["pattern"]), value):
                     errors.append(f"{where}: does not match {schema['pattern']!r}")
             except ValueError as exc:
                 errors.append(f"{where}: pattern {schema['pattern']!r} not supported (RE2: {exc})")

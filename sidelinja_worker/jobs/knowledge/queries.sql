@@ -45,7 +45,15 @@ SET job_id = EXCLUDED.job_id, model = EXCLUDED.model, profile = EXCLUDED.profile
 RETURNING id
 
 -- name: quiz_questions
-SELECT question_id, text, embedding_model, embedding_sha256, embedding
+-- A stored vector that is not a flat, non-empty list of finite numbers (NaN, Infinity or a NULL
+-- element, written by plain SQL or taken from a gateway unchecked) reads as missing, so the job
+-- embeds its question again: every similarity with it is NaN or fails, and its text and model
+-- are unchanged, so nothing else ever would. NaN sorts above Infinity in PostgreSQL.
+SELECT question_id, text, embedding_model, embedding_sha256,
+       CASE WHEN array_ndims(embedding) = 1
+             AND (SELECT bool_and(coalesce(x > '-Infinity' AND x < 'Infinity', false))
+                  FROM unnest(embedding) AS x)
+            THEN embedding END AS embedding
 FROM valgomat_questions WHERE workspace_id = $1 AND quiz_id = $2
 ORDER BY question_id
 

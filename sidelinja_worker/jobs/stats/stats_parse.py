@@ -93,7 +93,9 @@ class StatsSettings(BaseModel):
 async def run(ctx: JobContext, payload: StatsParsePayload) -> dict[str, Any]:
     media_root = workspace_media_root(ctx.services.config.require("MEDIA_ROOT"), ctx.workspace_id)
     settings = _settings(await ctx.workspace_settings())
-    logs = resolve_logs(media_root, payload.logs)
+    # In a thread: a folder or '**' glob is a blocking file-system call per entry, seconds of
+    # them over a big folder, which must not stall the other jobs on the event loop.
+    logs = await asyncio.to_thread(resolve_logs, media_root, payload.logs)
     summary = await _parse_and_commit(ctx, logs, settings, media_root)
     if payload.schedule:
         summary["next_run"] = _schedule_next(ctx, payload, settings.interval_s()).isoformat()
@@ -130,8 +132,9 @@ def resolve_logs(media_root: Path, logs: str) -> list[LogFile]:
 def _check_glob(logs: str, parts: tuple[str, ...]) -> None:
     """A glob stays in the folder it starts from and walks it once: '..' would walk out of the
     workspace's media folder (to the whole file system), and each further '**' walks again
-    every folder under each one the previous matched (five in 30 nested folders: seconds, on
-    the event loop; eight: hours). Refusals are permanent: the payload will not change."""
+    every folder under each one the previous matched (five in 30 nested folders: seconds, in a
+    thread the job's timeout cannot stop; eight: hours). Refusals are permanent: the payload
+    will not change."""
     if ".." in parts:
         raise PermanentError(f"logs {logs!r}: a glob may not go up with '..'")
     stars = [p for p in parts if "**" in p]
