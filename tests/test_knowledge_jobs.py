@@ -13,6 +13,7 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
+import pydantic
 import pytest
 
 from sidelinja_worker.jobs.knowledge.common import DEFAULT_EMBEDDING_MODEL
@@ -618,6 +619,38 @@ def test_a_schema_check_stops_at_its_step_budget() -> None:
     # A distinct pattern is compiled once per check, however many strings it is matched with.
     patterns = {"type": "array", "items": {"type": "string", "pattern": r"[\pL\pN]{100}"}}
     assert schema_errors(patterns, ["x" * 100] * 1_000) == []
+
+
+def _deep(levels: int) -> dict[str, object]:
+    schema: dict[str, object] = {}
+    for _ in range(levels):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"enum": 5},
+        {"type": 5},
+        {"anyOf": 5},
+        {"required": 3},
+        {"minimum": "a"},
+        {"maxItems": True},
+        {"properties": {"a": {"minLength": "x"}}},
+        {"items": {"pattern": 7}},
+        _deep(2_000),
+    ],
+)
+def test_a_schema_the_check_cannot_apply_is_refused_with_the_payload(
+    schema: dict[str, object],
+) -> None:
+    """A case's schema is part of the payload: one whose keywords have the wrong type (a
+    TypeError in the check, or none at all) or that nests past the check's recursion failed
+    the case's job as a transient fault, retried for the same schema. It is now refused when
+    the payload is read, which fails the job for good, naming the keyword."""
+    with pytest.raises(pydantic.ValidationError, match=r"schema"):
+        JsonSchemaCheck.model_validate({"kind": "json_schema", "schema": schema})
 
 
 async def test_an_answer_nested_past_the_parsers_limit_fails_its_json_check(

@@ -84,6 +84,61 @@ class JsonSchemaCheck(_Check):
     kind: Literal["json_schema"]
     json_schema: dict[str, Any] = Field(alias="schema")
 
+    @field_validator("json_schema")
+    @classmethod
+    def _applies(cls, value: dict[str, Any]) -> dict[str, Any]:
+        _check_schema(value, "schema", 0)
+        return value
+
+
+# How deep a case's schema may nest: the check recurses along the schema, and a schema past
+# Python's recursion limit failed the case's job as a transient fault, retried for the same
+# schema (and the model calls paid again).
+MAX_SCHEMA_DEPTH = 64
+_COUNTS = ("minItems", "maxItems", "minLength", "maxLength")
+_BOUNDS = ("minimum", "maximum")
+
+
+def _check_schema(schema: Any, where: str, depth: int) -> None:
+    """Refuses, when the payload is read, a schema whose keywords `schema_errors` reads could
+    not be applied: each keyword of the subset must have its JSON Schema type (`{"enum": 5}`
+    or a string `minimum` raised a TypeError in the check, a transient fault, retried for
+    ever for the same case)."""
+    if not isinstance(schema, dict):
+        raise ValueError(f"{where}: a schema is an object")
+    if depth > MAX_SCHEMA_DEPTH:
+        raise ValueError(f"{where}: nested deeper than {MAX_SCHEMA_DEPTH} levels")
+    kind = schema.get("type")
+    if kind is not None and not (
+        isinstance(kind, str) or (isinstance(kind, list) and all(isinstance(k, str) for k in kind))
+    ):
+        raise ValueError(f"{where}.type: a name or a list of names")
+    if "enum" in schema and not isinstance(schema["enum"], list):
+        raise ValueError(f"{where}.enum: a list")
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise ValueError(f"{where}.required: a list of names")
+    for key in _COUNTS:
+        if key in schema and (type(schema[key]) is not int or schema[key] < 0):
+            raise ValueError(f"{where}.{key}: a whole number from 0")
+    for key in _BOUNDS:
+        if key in schema and type(schema[key]) not in (int, float):
+            raise ValueError(f"{where}.{key}: a number")
+    if "pattern" in schema and not isinstance(schema["pattern"], str):
+        raise ValueError(f"{where}.pattern: a string")
+    props = schema.get("properties", {})
+    if not isinstance(props, dict):
+        raise ValueError(f"{where}.properties: an object")
+    for name, sub in props.items():
+        _check_schema(sub, f"{where}.properties.{name}", depth + 1)
+    if isinstance(schema.get("items"), dict):
+        _check_schema(schema["items"], f"{where}.items", depth + 1)
+    if "anyOf" in schema:
+        if not isinstance(schema["anyOf"], list):
+            raise ValueError(f"{where}.anyOf: a list of schemas")
+        for i, sub in enumerate(schema["anyOf"]):
+            _check_schema(sub, f"{where}.anyOf[{i}]", depth + 1)
+
 
 class NumericCheck(_Check):
     kind: Literal["numeric"]
