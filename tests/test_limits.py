@@ -406,6 +406,13 @@ async def test_jobs_why_names_each_reason(pool: asyncpg.Pool, db_url: str, works
         " 'deferred_until', now() + interval '60 seconds'))"
     )
     assert "deferred until" in await why(deferred) and "the call is live" in await why(deferred)
+    # progress is jsonb any plain-SQL writer sets: a number, a string or a list is no deferral.
+    for progress in ("5", '"deferred_until"', '["deferred_until"]'):
+        odd = await job(
+            ", scheduled_for, progress) VALUES ($1, 'noop', '{}', now() + interval '60 seconds',"
+            f" '{progress}')"
+        )
+        assert "not due until" in await why(odd)
 
     for _ in range(2):
         await job(", priority) VALUES ($1, 'noop', '{}', 9)")

@@ -57,7 +57,8 @@ def explain(facts: Mapping[str, Any], missing_settings: Sequence[str] = ()) -> l
 
 
 def _deferral(facts: Mapping[str, Any]) -> list[str]:
-    progress = facts["progress"] or {}
+    # progress is jsonb the web app may write as anything: only an object can name a deferral.
+    progress = facts["progress"] if isinstance(facts["progress"], dict) else {}
     if facts["not_due"] and "deferred_until" in progress:
         return [f"deferred until {progress['deferred_until']}: {progress.get('message')}"]
     return []
