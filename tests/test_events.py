@@ -189,6 +189,26 @@ async def test_a_bad_threshold_reads_as_the_default(pool: asyncpg.Pool) -> None:
         )
 
 
+async def test_a_threshold_no_float_holds_never_fails_a_write(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """A number in [0, 1] that a float8 cannot hold (1e-400 underflows) failed the trigger on
+    every INSERT and UPDATE of job_queue: the web app's enqueues, every claim and completion.
+    It reads as 0 (events paused), the smallest threshold there is."""
+    await pool.execute(
+        "UPDATE queue_settings SET value = '1e-400' WHERE name = 'job_events_max_queue_usage'"
+    )
+    assert await pool.fetchval("SELECT sidelinja_job_events_max_usage()") == 0.0
+    state = await pool.fetchrow("SELECT * FROM sidelinja_notify_queue_state()")
+    assert state["events_paused"]
+    job_id = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'noop', '{}')"
+        " RETURNING id",
+        workspace,
+    )
+    await pool.execute("UPDATE job_queue SET status = 'completed' WHERE id = $1", job_id)
+
+
 async def test_in_auto_mode_events_are_sent_only_while_a_listener_is_registered(
     pool: asyncpg.Pool, db_url: str, workspace: UUID
 ) -> None:
