@@ -192,6 +192,67 @@ async def test_failure_cancels_descendants_and_retry_resumes(
     assert {j["st"] for j in (await by_name(pool)).values()} == {"completed"}
 
 
+async def chain(pool: asyncpg.Pool, workspace: UUID, depth: int) -> list[UUID]:
+    """A chain of `depth` jobs, each the child of the one before, in one plain-SQL statement;
+    each created a millisecond after its parent, as if enqueued one after another (the cycle
+    check looks among jobs created at one instant only)."""
+    rows = await pool.fetch(
+        "WITH jobs AS (INSERT INTO job_queue (workspace_id, job_type, payload, created_at)"
+        " SELECT $1, 'noop', jsonb_build_object('n', n), now() + n * interval '1 millisecond'"
+        " FROM generate_series(1, $2) n"
+        " RETURNING id, (payload->>'n')::int AS n),"
+        " edges AS (INSERT INTO job_dependencies (parent_id, child_id)"
+        " SELECT p.id, c.id FROM jobs p JOIN jobs c ON c.n = p.n + 1)"
+        " SELECT id FROM jobs ORDER BY n",
+        workspace,
+        depth,
+    )
+    return [r["id"] for r in rows]
+
+
+async def test_a_chain_hundreds_deep_is_cancelled_whole_by_a_failure_or_a_rescue(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """A settle followed a failure down the graph one nested statement per level, and a chain
+    a few hundred deep ran out of PostgreSQL's stack: its head's failure could never be written
+    (the job went back to the queue and ran again, for ever), and the rescue, one statement for
+    every dead worker's jobs, failed for all of them."""
+    depth = 500
+    failed, rescued = await chain(pool, workspace, depth), await chain(pool, workspace, depth)
+    plain = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'noop', '{}')"
+        " RETURNING id",
+        workspace,
+    )
+    worker_id = UUID(int=5)
+    await store.register_worker(pool, worker_id, "test", 1, None, 60)
+    held = {j.id for j in await store.claim(pool, worker_id, 10, None)}
+    assert held == {failed[0], rescued[0], plain}
+    await store.fail(pool, worker_id, [store.Failure(failed[0], "permanent", "no", True, 0.0)])
+    # The worker dies on the last attempt of the other head (and with a job outside graphs).
+    await pool.execute("UPDATE job_queue SET max_attempts = 1 WHERE id = $1", rescued[0])
+    await pool.execute("UPDATE job_workers SET expires_at = now() - interval '1 minute'")
+    assert set(await store.rescue(pool, 60)) == {rescued[0], plain}
+
+    rows = {
+        r["id"]: r
+        for r in await pool.fetch("SELECT id, status::text AS st, cancelled_by FROM job_queue")
+    }
+    assert rows[plain]["st"] == "retry"
+    for ids in (failed, rescued):
+        assert rows[ids[0]]["st"] == "error"
+        assert [(rows[i]["st"], rows[i]["cancelled_by"]) for i in ids[1:]] == [
+            ("cancelled", parent) for parent in ids[:-1]
+        ]
+    # A retry of the head brings the whole chain back, as deep as it goes.
+    await pool.execute("UPDATE job_queue SET status = 'pending' WHERE id = $1", failed[0])
+    back = await pool.fetch(
+        "SELECT status::text AS st, count(*) AS n FROM job_queue WHERE id = ANY($1) GROUP BY 1",
+        failed[1:],
+    )
+    assert {r["st"]: r["n"] for r in back} == {"waiting": depth - 1}
+
+
 async def test_cli_retry_resumes_a_graph(pool: asyncpg.Pool, db_url: str, workspace: UUID) -> None:
     await pool.execute(graph_sql(workspace, ["a", "b"], [("a", "b")], a={"fail_permanent": "once"}))
     await run_burst(pool, db_url)
