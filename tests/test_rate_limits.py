@@ -203,3 +203,17 @@ async def test_a_window_no_interval_holds_counts_as_366_days(pool: asyncpg.Pool)
     assert (await store.rate_acquire(pool, "odd", 0.5))[0]
     granted, wait_s = await store.rate_acquire(pool, "odd", 0.5)
     assert not granted and 59 < wait_s <= 61
+
+
+async def test_a_grant_time_in_the_future_is_no_grant(pool: asyncpg.Pool) -> None:
+    """Grants are recorded at the database's clock, so one later than that clock says the clock
+    went back (a corrected jump ahead) or was written by SQL. Counted, it filled the window until
+    that time plus the window: a service was deferred week after week, every job calling it."""
+    await pool.execute(
+        "INSERT INTO rate_limits (key, max_requests, per_s, recent)"
+        " VALUES ('ahead', 2, 60, ARRAY[now() + interval '30 days', now() + interval '1 hour'])"
+    )
+    assert (await store.rate_acquire(pool, "ahead", 0.5))[0]
+    assert (await store.rate_acquire(pool, "ahead", 0.5))[0]
+    granted, wait_s = await store.rate_acquire(pool, "ahead", 0.5)
+    assert not granted and 59 < wait_s <= 61

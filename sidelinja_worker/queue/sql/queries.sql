@@ -355,14 +355,17 @@ SELECT
 -- that differences in the time from grant to the request reaching the service never let a 21st
 -- call into a window. A pause until 'infinity' waits a year (as in `limits`), and a window
 -- written by SQL longer than 366 days (31,622,400 s; per_s is a float, so 'Infinity' or 1e300,
--- which no interval holds) counts as that long, and a grant time that is not finite (only the
--- worker writes them; SQL could write 'infinity') is no grant: the job is deferred, never
--- failed by the arithmetic.
+-- which no interval holds) counts as that long: the job is deferred, never failed by the
+-- arithmetic. A grant time later than the clock is no grant: grants are recorded at this clock,
+-- so such a time was written by SQL ('infinity', which fails the arithmetic too) or before the
+-- clock was set back (a jump ahead, corrected), and counted it would fill the window until that
+-- time (the service's calls deferred, a week at a time, for as long). Dropping it lets a
+-- clock set back by a few seconds admit that many seconds' grants again, once.
 WITH granted AS (
     UPDATE rate_limits
     SET recent = CASE WHEN max_requests IS NULL THEN '{}'::timestamptz[]
                       ELSE array(SELECT t FROM unnest(recent) t
-                                 WHERE isfinite(t)
+                                 WHERE t <= clock_timestamp()
                                    AND t > clock_timestamp()
                                            - make_interval(secs => least(per_s, 31622400) + $2))
                            || clock_timestamp()
@@ -371,7 +374,7 @@ WITH granted AS (
       AND paused_until <= clock_timestamp()
       AND (max_requests IS NULL
            OR (SELECT count(*) FROM unnest(recent) t
-               WHERE isfinite(t)
+               WHERE t <= clock_timestamp()
                  AND t > clock_timestamp()
                          - make_interval(secs => least(per_s, 31622400) + $2)) < max_requests)
     RETURNING key
@@ -385,7 +388,7 @@ SELECT EXISTS (SELECT 1 FROM granted)
                                   - clock_timestamp()),
                coalesce(extract(epoch FROM (
                    SELECT t FROM unnest(recent) t
-                   WHERE isfinite(t) AND t > clock_timestamp() - w.span
+                   WHERE t <= clock_timestamp() AND t > clock_timestamp() - w.span
                    ORDER BY t DESC OFFSET max_requests - 1 LIMIT 1)
                    + w.span - clock_timestamp()), 0),
                0.01)
