@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import asyncpg
+import pytest
 
 from sidelinja_worker.queue import migrate
 from tests.helpers import cli
@@ -100,3 +101,67 @@ async def test_migration_keeps_an_existing_platform_table(empty_db_url: str) -> 
         assert await conn.fetchval("SELECT slug FROM workspaces") == "ekte"
     finally:
         await conn.close()
+
+
+async def test_the_unique_key_migration_resolves_duplicates_the_old_index_let_in(
+    pool: asyncpg.Pool,
+) -> None:
+    """Before 0032 a waiting job's key was outside the index, so queued duplicates may exist
+    where it runs: the one not waiting, else the oldest, keeps the key; every other one (always
+    waiting) is cancelled naming it, and the index is built."""
+    await pool.execute(
+        "DROP INDEX idx_job_queue_unique_key;"
+        " CREATE UNIQUE INDEX idx_job_queue_unique_key ON job_queue (workspace_id, unique_key)"
+        " WHERE unique_key IS NOT NULL AND status IN ('pending', 'retry', 'running')"
+    )
+    workspace = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('w') RETURNING id")
+    ids = {
+        name: await pool.fetchval(
+            "INSERT INTO job_queue (workspace_id, job_type, payload, unique_key, created_at,"
+            " status) VALUES ($1, 'noop', '{}', $2, now() - make_interval(secs => $3), $4)"
+            " RETURNING id",
+            workspace,
+            key,
+            age_s,
+            status,
+        )
+        for name, key, age_s, status in (
+            ("parent", None, 10, "pending"),
+            ("waiting_a", "a", 3, "waiting"),
+            ("waiting_b_old", "b", 2, "waiting"),
+            ("waiting_b_new", "b", 1, "waiting"),
+        )
+    }
+    await pool.execute(
+        "INSERT INTO job_dependencies (parent_id, child_id) SELECT $1, unnest($2::uuid[])",
+        ids["parent"],
+        [ids["waiting_a"], ids["waiting_b_old"], ids["waiting_b_new"]],
+    )
+    ids["pending_a"] = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, unique_key)"
+        " VALUES ($1, 'noop', '{}', 'a') RETURNING id",
+        workspace,
+    )
+    (migration,) = [m for m in migrate.shipped_migrations() if m.version == 32]
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(migration.sql)
+    rows = {
+        r["id"]: (r["st"], r["error_msg"])
+        for r in await pool.fetch("SELECT id, status::text AS st, error_msg FROM job_queue")
+    }
+    assert rows == {
+        ids["parent"]: ("pending", None),
+        ids["pending_a"]: ("pending", None),
+        ids["waiting_a"]: ("cancelled", f"its unique key is held by job {ids['pending_a']}"),
+        ids["waiting_b_old"]: ("waiting", None),
+        ids["waiting_b_new"]: (
+            "cancelled",
+            f"its unique key is held by job {ids['waiting_b_old']}",
+        ),
+    }
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await pool.execute(
+            "INSERT INTO job_queue (workspace_id, job_type, payload, unique_key)"
+            " VALUES ($1, 'noop', '{}', 'b')",
+            workspace,
+        )

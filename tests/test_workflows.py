@@ -253,6 +253,42 @@ async def test_a_chain_hundreds_deep_is_cancelled_whole_by_a_failure_or_a_rescue
     assert {r["st"]: r["n"] for r in back} == {"waiting": depth - 1}
 
 
+async def test_a_waiting_job_holds_its_unique_key(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """A job held by its parents (`waiting`) was outside the unique index, so a second job with
+    its key went in beside it, by plain SQL or the client's dedupe. When the parent completed,
+    releasing the first to `pending` broke the index and the parent's completion was refused:
+    the parent ended in `error`, its result lost, and its child was cancelled."""
+    parent, child = (
+        r["id"]
+        for r in await pool.fetch(
+            "WITH jobs AS (INSERT INTO job_queue (workspace_id, job_type, payload, unique_key)"
+            " VALUES ($1, 'noop', '{}', NULL), ($1, 'noop', '{\"child\": 1}', 'k')"
+            " RETURNING id, payload ? 'child' AS is_child),"
+            " edge AS (INSERT INTO job_dependencies (parent_id, child_id)"
+            " SELECT p.id, c.id FROM jobs p, jobs c WHERE NOT p.is_child AND c.is_child)"
+            " SELECT id FROM jobs ORDER BY is_child",
+            workspace,
+        )
+    )
+    # Duplicates due later: they would still hold the key when the parent completes.
+    by_sql = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, unique_key, scheduled_for)"
+        " VALUES ($1, 'noop', '{}', 'k', now() + interval '1 hour')"
+        " ON CONFLICT DO NOTHING RETURNING id",
+        workspace,
+    )
+    by_client = await enqueue_many(pool, [NewJob(workspace, "noop", unique_key="k", delay_s=3600)])
+    await run_burst(pool, db_url)
+    rows = await pool.fetch("SELECT id, status::text AS st, error_msg FROM job_queue")
+    assert {r["id"]: (r["st"], r["error_msg"]) for r in rows} == {
+        parent: ("completed", None),
+        child: ("completed", None),
+    }
+    assert (by_sql, by_client) == (None, [child])
+
+
 async def test_cli_retry_resumes_a_graph(pool: asyncpg.Pool, db_url: str, workspace: UUID) -> None:
     await pool.execute(graph_sql(workspace, ["a", "b"], [("a", "b")], a={"fail_permanent": "once"}))
     await run_burst(pool, db_url)

@@ -541,9 +541,9 @@ WHERE j.id = ANY($1::uuid[])
 
 -- name: enqueue
 -- One round trip for any number of jobs. Ids are made by the client so that the caller gets them
--- back in its own order. A job whose unique key is already held by a pending/retry/running job
--- of its workspace is not inserted (the unique index decides, for every writer); the caller
--- then looks up the holder with `find_by_unique_keys`.
+-- back in its own order. A job whose unique key is already held by a queued (pending, retry,
+-- waiting) or running job of its workspace is not inserted (the unique index decides, for every
+-- writer); the caller then looks up the holder with `find_by_unique_keys`.
 INSERT INTO job_queue (id, workspace_id, job_type, payload, priority, scheduled_for,
                        max_attempts, unique_key, timeout_s, traceparent)
 SELECT j.id, j.workspace_id, j.job_type, j.payload, j.priority,
@@ -555,7 +555,7 @@ FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::jsonb[], $5::smallint[],
      AS j(id, workspace_id, job_type, payload, priority, scheduled_for, delay_s,
           max_attempts, unique_key, timeout_s, traceparent)
 ON CONFLICT (workspace_id, unique_key)
-    WHERE unique_key IS NOT NULL AND status IN ('pending', 'retry', 'running')
+    WHERE unique_key IS NOT NULL AND status IN ('pending', 'retry', 'running', 'waiting')
 DO NOTHING
 RETURNING id;
 
@@ -612,7 +612,7 @@ SELECT j.workspace_id, j.unique_key, j.id
 FROM job_queue j
 JOIN unnest($1::uuid[], $2::text[]) AS k(workspace_id, unique_key)
   ON j.workspace_id = k.workspace_id AND j.unique_key = k.unique_key
-WHERE j.status IN ('pending', 'retry', 'running');
+WHERE j.status IN ('pending', 'retry', 'running', 'waiting');
 
 -- name: register_worker
 INSERT INTO job_workers (id, hostname, pid, job_types, expires_at, version, concurrency)
