@@ -4,6 +4,7 @@ offender ends in `error` saying what was wrong, every other job completes."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -28,7 +29,7 @@ from sidelinja_worker.queue.outcomes import OutcomeWriter
 from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.store import Failure, Release
 from sidelinja_worker.services.classify import parse_retry_after
-from tests.helpers import job_type, run_burst
+from tests.helpers import job_type, make_workspace, run_burst
 
 
 async def _claimed(pool: asyncpg.Pool, workspace: UUID, n: int) -> tuple[UUID, list[UUID]]:
@@ -380,3 +381,34 @@ async def test_json_nested_past_the_decoder_s_depth_fails_its_job_at_once(
     async with pool.acquire() as conn:
         shown = await admin_store.get_job(conn, deep_id)
     assert shown is not None and "cannot read" in shown["payload"]
+
+
+async def test_a_running_row_no_worker_holds_is_rescued_whatever_its_start(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """A `running` row without a worker row is left alone while it started within the last
+    lease (a claim that raced its worker's end). One whose start no claim writes (in the
+    future, 'infinity': any plain-SQL writer's) was left alone for ever, holding a slot of its
+    type's cap: with a cap of 1, no job of that type ran again, in any workspace."""
+    other = await make_workspace(pool, "other")
+    await pool.execute("INSERT INTO job_type_limits (job_type, max_running) VALUES ('noop', 1)")
+    forged = [
+        await pool.fetchval(
+            "INSERT INTO job_queue (workspace_id, job_type, payload, status, worker_id,"
+            f" started_at) VALUES ($1, 'noop', '{{}}', 'running', {worker}, {started})"
+            " RETURNING id",
+            workspace,
+        )
+        for worker, started in (
+            ("NULL", "'infinity'"),
+            ("gen_random_uuid()", "now() + interval '1 day'"),
+        )
+    ]
+    theirs = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'noop', '{}')"
+        " RETURNING id",
+        other,
+    )
+    await asyncio.wait_for(run_burst(pool, db_url), 20)
+    rows = await pool.fetch("SELECT id, status::text AS st FROM job_queue")
+    assert {r["id"]: r["st"] for r in rows} == {i: "completed" for i in (*forged, theirs)}

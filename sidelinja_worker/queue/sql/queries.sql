@@ -657,7 +657,10 @@ DELETE FROM job_workers WHERE id = $1;
 -- Puts back the jobs of workers whose lease expired (killed, lost power, lost the connection),
 -- counted as an attempt. A worker that is renewing is never touched: its row is only deleted
 -- once its expiry has passed, and the DELETE rechecks that against a concurrent heartbeat.
--- $1: how long a running job without any worker row is left alone (seconds).
+-- $1: how long a running job without any worker row is left alone (seconds): only while it
+-- started within that long (a claim that raced its worker's end). No claim writes a start in
+-- the future ('infinity', say, by plain SQL): such a row is rescued too, where it was left
+-- running for ever, holding a slot of its type's and its workspace's caps.
 WITH dead AS (
     DELETE FROM job_workers
     WHERE expires_at < now()
@@ -679,7 +682,7 @@ SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'error' ELSE 'retry' EN
 WHERE j.status = 'running'
   AND (j.worker_id IN (SELECT id FROM dead)
        OR (NOT EXISTS (SELECT 1 FROM job_workers w WHERE w.id = j.worker_id)
-           AND coalesce(j.started_at, '-infinity') < now() - make_interval(secs => $1)))
+           AND (j.started_at BETWEEN now() - make_interval(secs => $1) AND now()) IS NOT TRUE))
 RETURNING j.id;
 
 -- name: prune
