@@ -12,7 +12,8 @@ import asyncpg
 
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.context import JobContext
-from sidelinja_worker.queue.listener import CANCEL_CHANNEL, DUE_CHANNEL, LIMITS_CHANNEL
+from sidelinja_worker.queue.limits import RELOAD_MIN_S, LimitsCache
+from sidelinja_worker.queue.listener import CANCEL_CHANNEL, DUE_CHANNEL, LIMITS_CHANNEL, Listener
 from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.worker import Worker
@@ -101,3 +102,43 @@ async def test_notifications_from_a_role_with_no_rights_change_no_job(
     assert a is not None and b is not None
     assert (a["status"], a["cancel_requested_at"]) == ("completed", None)
     assert (b["status"], b["attempts"]) == ("pending", 0)
+
+
+class CountingLimits(LimitsCache):
+    """The worker's limits cache, counting its reads of the limit tables."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        super().__init__(pool)
+        self.loads = 0
+
+    async def load(self) -> None:
+        self.loads += 1
+        await super().load()
+
+
+async def test_a_stream_of_limit_notifications_rereads_the_limits_a_few_times_a_second(
+    pool: asyncpg.Pool, db_url: str
+) -> None:
+    """Any role may NOTIFY the limits channel as fast as it likes. Each notification made the
+    worker read the limit tables again, back to back: thousands of queries a second from every
+    worker. A change still applies at once; a stream of them is read a few times a second."""
+    cache = CountingLimits(pool)
+    listener = Listener(db_url, lambda: None, lambda _job_id: None, cache.changed)
+    tasks = [asyncio.create_task(cache.run()), asyncio.create_task(listener.run())]
+    sender = await asyncpg.connect(db_url)
+    try:
+        await asyncio.wait_for(listener.connected.wait(), 10)
+        await pool.execute("INSERT INTO job_type_limits (job_type, max_running) VALUES ('a', 1)")
+        await wait_for(lambda: cache.current.type_caps == {"a": 1})
+        loop = asyncio.get_running_loop()
+        before, started = cache.loads, loop.time()
+        while loop.time() - started < 1.0:
+            await sender.execute(f"NOTIFY {LIMITS_CHANNEL}")
+        assert cache.loads - before <= 1.0 / RELOAD_MIN_S + 3
+        await pool.execute("UPDATE job_type_limits SET max_running = 2")
+        await wait_for(lambda: cache.current.type_caps == {"a": 2})
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await sender.close()

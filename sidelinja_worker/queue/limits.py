@@ -2,7 +2,8 @@
 
 Limits live in tables (job_type_limits, workspace_limits, rate_limits, queue_settings); a
 trigger notifies `sidelinja_limits_changed` and every worker re-reads them, so a change applies
-at once without a restart. The cache is also re-read every `refresh_s`, for lost notifications."""
+at once (within RELOAD_MIN_S) without a restart. The cache is also re-read every `refresh_s`,
+for lost notifications."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ from sidelinja_worker.queue.errors import Defer
 log = logging.getLogger("sidelinja_worker.limits")
 
 NO_LIMITS = store.Limits(type_caps={}, workspace_caps=0, fair=True, rates={})
+# The least time between two reads of the limits. A notification is a hint any role may send,
+# as fast as it likes; read once per notification, a stream of them made every worker query the
+# limit tables back to back.
+RELOAD_MIN_S = 0.1
 
 
 class LimitsCache:
@@ -47,6 +52,8 @@ class LimitsCache:
                 await self.load()
             except DB_ERRORS as exc:
                 log.debug("limits not refreshed: %s", exc)
+            # A change notified meanwhile leaves the event set: it is read right after this.
+            await asyncio.sleep(RELOAD_MIN_S)
 
     def capped(self, job_types: Sequence[str]) -> bool:
         """Whether a claim for these types must count running jobs against a cap."""
