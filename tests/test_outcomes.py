@@ -237,8 +237,8 @@ async def test_retention_prunes_old_finished_jobs_in_batches(
         "             ARRAY[20, 1, 20, 100, 20, 20]) AS t(s, d)",
         workspace,
     )
-    deleted = await store.prune(pool, 14 * 86400, 90 * 86400, batch=2)
-    deleted += await store.prune(pool, 14 * 86400, 90 * 86400, batch=2)
+    deleted = (await store.prune(pool, 14 * 86400, 90 * 86400, batch=2))[0]
+    deleted += (await store.prune(pool, 14 * 86400, 90 * 86400, batch=2))[0]
     assert deleted == 3
     left = await pool.fetch(
         "SELECT status::text, extract(day FROM now() - completed_at)::int AS age"

@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 
 from sidelinja_worker.jobs import noop
-from sidelinja_worker.queue import context, store
+from sidelinja_worker.queue import context, maintenance, store
 from sidelinja_worker.queue.client import NewJob, enqueue_many
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.context import MAX_FOLLOW_UPS, JobContext
@@ -613,13 +613,41 @@ async def test_retention_prunes_graphs_whole(pool: asyncpg.Pool, workspace: UUID
         " WHERE coalesce(payload->>'name', 'x') <> 'd'"
     )
     async with pool.acquire() as conn:
-        deleted = await store.prune(conn, 86400, 86400, 1000)
+        deleted, _ = await store.prune(conn, 86400, 86400, 1000)
     assert deleted == 5  # three plain jobs and the whole of g1
     assert sorted(await by_name(pool)) == ["c", "d"]
     assert await pool.fetchval("SELECT count(*) FROM job_dependencies") == 1
     # Without its children a parent is never pruned on its own, whatever the batch size.
     async with pool.acquire() as conn:
-        assert await store.prune(conn, 86400, 86400, 1) == 0
+        assert (await store.prune(conn, 86400, 86400, 1))[0] == 0
+
+
+async def test_a_graph_kept_whole_does_not_stop_the_pruning_of_others(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """Each prune batch takes its graph jobs past retention among the first `batch` it finds. A
+    graph that must stay (a join waiting on a parent due next year) with that many finished
+    jobs filled every batch and was kept, so no other graph was ever pruned: a batch after
+    that found nothing, and the prune stopped."""
+    parents = [f"p{i}" for i in range(12)]
+    await pool.execute(
+        graph_sql(workspace, [*parents, "late", "join"], [(p, "join") for p in [*parents, "late"]])
+    )
+    await pool.execute(
+        "UPDATE job_queue SET status = 'completed', completed_at = now() - interval '3 days'"
+        " WHERE payload->>'name' LIKE 'p%'"
+    )
+    await pool.execute(
+        "UPDATE job_queue SET scheduled_for = now() + interval '1 year'"
+        " WHERE payload->>'name' = 'late'"
+    )
+    await pool.execute(graph_sql(workspace, ["a", "b"], [("a", "b")]))
+    await pool.execute(
+        "UPDATE job_queue SET status = 'completed', completed_at = now() - interval '2 days'"
+        " WHERE payload->>'name' IN ('a', 'b')"
+    )
+    assert await maintenance.prune_past_retention(pool, 86400, 86400, batch=5) == 2
+    assert sorted(await by_name(pool)) == sorted([*parents, "late", "join"])
 
 
 async def test_an_edge_must_name_existing_jobs(pool: asyncpg.Pool, workspace: UUID) -> None:

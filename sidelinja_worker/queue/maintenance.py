@@ -54,17 +54,22 @@ async def prune_past_retention(
 ) -> int:
     """Deletes every finished job past retention, batch by batch, each batch its own statement
     (on a pool, its own transaction): jobs in graphs go only with their whole graph (the prune
-    statement's rule). Runs until a batch deletes nothing, since a batch of graph jobs may stop
-    short of `batch` while more remain. Returns how many it deleted; `on_batch` gets each
-    batch's count (the CLI's progress bar)."""
+    statement's rule). Each batch takes the graph jobs after those of the one before, so graphs
+    that must stay whole are passed over, not taken again; it runs until a batch deletes
+    nothing and no graph job is left after the last one taken. Returns how many it deleted;
+    `on_batch` gets each batch's count (the CLI's progress bar)."""
     deleted = 0
+    after: store.PruneCursor | None = None
     while True:
-        count = await store.prune(conn, keep_completed_s, keep_errors_s, batch)
-        if count == 0:
+        count, last = await store.prune(conn, keep_completed_s, keep_errors_s, batch, after)
+        if count == 0 and last is None:
             return deleted
-        deleted += count
-        if on_batch is not None:
-            on_batch(count)
+        if count:
+            deleted += count
+            if on_batch is not None:
+                on_batch(count)
+        if last is not None:
+            after = last
         await asyncio.sleep(0)  # let claims through between batches
 
 

@@ -313,11 +313,30 @@ async def rescue(conn: Conn, orphan_after_s: float) -> list[UUID]:
     ]
 
 
-async def prune(conn: Conn, completed_after_s: float, error_after_s: float, batch: int) -> int:
-    status = await conn.execute(
-        Q["prune"], completed_after_s, error_after_s, batch, timeout=STATEMENT_TIMEOUT_S
+# Where a prune's graph jobs resume: the (completed_at, id) of the last one a batch took.
+PruneCursor = tuple[datetime, UUID]
+
+
+async def prune(
+    conn: Conn,
+    completed_after_s: float,
+    error_after_s: float,
+    batch: int,
+    after: PruneCursor | None = None,
+) -> tuple[int, PruneCursor | None]:
+    """Deletes one batch of finished jobs past retention, taking graph jobs after `after`.
+    Returns how many it deleted, and the last graph job it took (None: none was left)."""
+    row = await conn.fetchrow(
+        Q["prune"],
+        completed_after_s,
+        error_after_s,
+        batch,
+        *(after or (None, None)),
+        timeout=STATEMENT_TIMEOUT_S,
     )
-    return int(status.split()[-1])
+    assert row is not None  # the statement always answers one row
+    last = None if row["last_id"] is None else (row["last_at"], row["last_id"])
+    return int(row["deleted"]), last
 
 
 async def request_cancel(conn: Conn, job_id: UUID) -> tuple[str | None, str | None]:

@@ -692,8 +692,13 @@ RETURNING j.id;
 -- retention: a graph never loses a parent while a child remains, nor a failed job's children
 -- while that job may still be retried. Jobs outside graphs pay one has_children test and one
 -- primary-key probe of job_dependencies.
+-- Graph jobs are taken in (completed_at, id) order after the cursor ($4, $5; NULL: from the
+-- start), and the last one taken comes back (NULL: none), for the next batch to start after
+-- it. Without a cursor, a graph that must stay whole with $3 finished jobs or more (a join
+-- waiting on a parent due next year) filled every batch, was kept, and no other graph was
+-- ever pruned.
 WITH RECURSIVE old AS NOT MATERIALIZED (
-    SELECT id, has_children FROM job_queue
+    SELECT id, has_children, completed_at FROM job_queue
     WHERE status IN ('completed', 'error', 'cancelled')
       AND completed_at < now() - make_interval(secs => $1)
       AND (status <> 'error' OR completed_at < now() - make_interval(secs => $2))
@@ -703,8 +708,10 @@ WITH RECURSIVE old AS NOT MATERIALIZED (
       AND NOT EXISTS (SELECT 1 FROM job_dependencies d WHERE d.child_id = o.id)
     LIMIT $3
 ), in_graph AS (
-    SELECT id FROM old o
-    WHERE o.has_children OR EXISTS (SELECT 1 FROM job_dependencies d WHERE d.child_id = o.id)
+    SELECT id, completed_at FROM old o
+    WHERE (o.has_children OR EXISTS (SELECT 1 FROM job_dependencies d WHERE d.child_id = o.id))
+      AND ($4::timestamptz IS NULL OR (o.completed_at, o.id) > ($4::timestamptz, $5::uuid))
+    ORDER BY o.completed_at, o.id
     LIMIT $3
 ), graph(id) AS (  -- the whole graphs of the batch's graph jobs
     SELECT id FROM in_graph
@@ -730,13 +737,20 @@ WITH RECURSIVE old AS NOT MATERIALIZED (
         UNION ALL
         SELECT d.parent_id FROM job_dependencies d WHERE d.child_id = k.id
     ) n
+), gone AS (
+    DELETE FROM job_queue
+    WHERE id = ANY(ARRAY(
+        SELECT id FROM batch
+        UNION ALL
+        SELECT id FROM graph WHERE id NOT IN (SELECT id FROM kept)
+    ))
+    RETURNING 1
+), last AS (
+    SELECT completed_at, id FROM in_graph ORDER BY completed_at DESC, id DESC LIMIT 1
 )
-DELETE FROM job_queue
-WHERE id = ANY(ARRAY(
-    SELECT id FROM batch
-    UNION ALL
-    SELECT id FROM graph WHERE id NOT IN (SELECT id FROM kept)
-));
+SELECT (SELECT count(*) FROM gone) AS deleted,
+       (SELECT completed_at FROM last) AS last_at,
+       (SELECT id FROM last) AS last_id;
 
 -- name: request_cancel
 -- Cancel: a queued job is cancelled at once; a running one is flagged and its worker notified.
