@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 from uuid import UUID, uuid4
 
 import asyncpg
+import pytest
 
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.context import JobContext
@@ -16,8 +17,8 @@ from sidelinja_worker.queue.limits import RELOAD_MIN_S, LimitsCache
 from sidelinja_worker.queue.listener import CANCEL_CHANNEL, DUE_CHANNEL, LIMITS_CHANNEL, Listener
 from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.settings import WorkerSettings
-from sidelinja_worker.queue.worker import Worker
-from tests.helpers import job_type, wait_for
+from sidelinja_worker.queue.worker import CANCEL_RECHECK_S, EMPTY_CLAIM_GAP_S, Worker
+from tests.helpers import job_type, running_worker, wait_for, wait_for_sql
 
 EVENTS_CHANNEL = "sidelinja_job_events"
 
@@ -142,3 +143,94 @@ async def test_a_stream_of_limit_notifications_rereads_the_limits_a_few_times_a_
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await sender.close()
+
+
+async def _flood(sender: asyncpg.Connection, channel: str, payload: str, seconds: float) -> float:
+    """Notifications on `channel` back to back for `seconds`; returns the time taken."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while loop.time() - started < seconds:
+        await sender.execute("SELECT pg_notify($1, $2)", channel, payload)
+    return loop.time() - started
+
+
+async def test_a_stream_of_wake_ups_makes_at_most_a_few_hundred_empty_claims_a_second(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """Any role may NOTIFY the wake-up channel as fast as it likes: each notification made an
+    idle worker claim again, ~1,800 empty claims a second. After an empty claim the next waits
+    EMPTY_CLAIM_GAP_S; a job inserted after the stream is still picked up at once."""
+    async with running_worker(pool, db_url, poll_interval_s=60.0) as worker:
+        sender = await asyncpg.connect(db_url)
+        try:
+
+            async def heard() -> bool:  # the listener connects beside the first claim
+                before = worker.claims_made
+                await sender.execute(f"NOTIFY {DUE_CHANNEL}")
+                await asyncio.sleep(0.05)
+                return worker.claims_made > before
+
+            await wait_for(heard)
+            before = worker.claims_made
+            took_s = await _flood(sender, DUE_CHANNEL, "", 1.0)
+            assert worker.claims_made - before <= took_s / EMPTY_CLAIM_GAP_S + 5
+        finally:
+            await sender.close()
+        job = await pool.fetchval(
+            "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'noop', '{}')"
+            " RETURNING id",
+            workspace,
+        )
+        await wait_for_sql(pool, "SELECT status = 'completed' FROM job_queue WHERE id = $1", job)
+
+
+async def test_a_stream_of_cancel_notices_reads_the_row_a_few_times_a_second_and_misses_none(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each cancel notice for a job the worker runs made it read the job's row, back to back
+    while notices kept coming. A stream now costs a read per CANCEL_RECHECK_S, and a real
+    cancel request inside the stream still cancels the job at once."""
+    started = asyncio.Event()
+    reads = 0
+    real_read = store.cancel_requested
+
+    async def counted(*args: Any) -> bool:
+        nonlocal reads
+        reads += 1
+        return await real_read(*args)
+
+    monkeypatch.setattr(store, "cancel_requested", counted)
+
+    async def long(ctx: JobContext, payload: Any) -> dict[str, str]:
+        started.set()
+        await asyncio.Event().wait()  # until cancelled
+        return {}
+
+    job = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'long', '{}')"
+        " RETURNING id",
+        workspace,
+    )
+    registry = Registry([job_type("long", long)])
+    async with running_worker(pool, db_url, registry, poll_interval_s=60.0):
+        await asyncio.wait_for(started.wait(), 20)
+        sender = await asyncpg.connect(db_url)
+        try:
+
+            async def heard() -> bool:
+                await sender.execute("SELECT pg_notify($1, $2)", CANCEL_CHANNEL, str(job))
+                await asyncio.sleep(0.05)
+                return reads > 0
+
+            await wait_for(heard)
+            before = reads
+            took_s = await _flood(sender, CANCEL_CHANNEL, str(job), 1.0)
+            assert reads - before <= took_s / CANCEL_RECHECK_S + 3
+            stream = asyncio.create_task(_flood(sender, CANCEL_CHANNEL, str(job), 0.5))
+            await store.request_cancel(pool, job)
+            await stream
+        finally:
+            await sender.close()
+        await wait_for_sql(
+            pool, "SELECT status = 'cancelled' FROM job_queue WHERE id = $1", job, timeout_s=5
+        )

@@ -55,6 +55,14 @@ PREFETCH_MAX = 4000
 CLAIM_MIN = 32  # the least a claim asks for when prefetching
 CLAIM_MAX = 2000
 TIMEOUT_TICK_S = 0.05  # how late a timeout may fire
+# A wake-up is a hint that any role can send (NOTIFY): after a claim that found nothing, the
+# next one waits until this long after it, so a stream of wake-ups costs a worker at most 200
+# empty claims a second (one per notification before: ~1,800 a second), and a job inserted
+# right after an empty claim is picked up at most this much later.
+EMPTY_CLAIM_GAP_S = 0.005
+# A cancel notice names a job; the job's row is read at most once per this long while more
+# notices for it arrive, and once after the last of them.
+CANCEL_RECHECK_S = 0.1
 DRAIN_AT_EXIT_S = 10.0
 LOST_LEASE = "lost-lease"
 # After an internal task dies, the worker gives back what it can within this and raises
@@ -152,6 +160,9 @@ class Worker:
         self._died = asyncio.Event()
         self._extra: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
         self._cancel_checks: set[UUID] = set()  # jobs whose row is being read for a cancel
+        self._cancel_again: set[UUID] = set()  # ... and noticed again meanwhile
+        self._empty_claim_at = -EMPTY_CLAIM_GAP_S  # loop time a claim last came back empty
+        self.claims_made = 0  # claim statements sent
         self._checks: set[asyncio.Task[None]] = set()
 
     def supervise_also(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -365,12 +376,20 @@ class Worker:
             if jobs:
                 self._blocked_checks = 0
                 continue  # maybe more (a claim can come back short when workers contend)
+            self._empty_claim_at = loop.time()
             if self.settings.burst:
                 # A running job may enqueue more (whisper -> srt_parse): look again when it ends.
                 self._slot_freed.clear()
                 await self._wait_for(self._slot_freed, self.settings.poll_interval_s, self._wake)
-                continue
-            await self._idle(self.settings.poll_interval_s)
+            else:
+                await self._idle(self.settings.poll_interval_s)
+            await self._space_empty_claims()
+
+    async def _space_empty_claims(self) -> None:
+        """Waits out EMPTY_CLAIM_GAP_S after the last empty claim (see there)."""
+        wait_s = self._empty_claim_at + EMPTY_CLAIM_GAP_S - asyncio.get_running_loop().time()
+        if wait_s > 0:
+            await self._wait_for(self._stop, wait_s)
 
     async def _idle(self, timeout_s: float) -> None:
         """Until woken (a NOTIFY, a stop: request_stop wakes too) or `timeout_s`. One future on
@@ -410,6 +429,7 @@ class Worker:
 
     async def _claim(self, want: int) -> list[ClaimedJob]:
         async with self._claim_lock:
+            self.claims_made += 1
             capped = self._limits.capped(self.job_types)
             fair = self._limits.current.fair
             if not capped and not fair:
@@ -626,21 +646,37 @@ class Worker:
         """A notification on the cancel channel: a hint, never a command (any role may NOTIFY
         any channel). If the job is ours, its row is read, and only a row that says so
         (`cancel_requested_at`, still running under this worker) cancels it."""
-        ours = job_id in self._running or any(j.id == job_id for j in self._ready)
-        if ours and job_id not in self._cancel_checks:
-            self._cancel_checks.add(job_id)
-            check = asyncio.create_task(self._check_cancel(job_id), name="cancel-check")
-            self._checks.add(check)
-            check.add_done_callback(self._checks.discard)
+        if not self._holds(job_id):
+            return
+        if job_id in self._cancel_checks:  # read once more after the read under way
+            self._cancel_again.add(job_id)
+            return
+        self._cancel_checks.add(job_id)
+        check = asyncio.create_task(self._check_cancel(job_id), name="cancel-check")
+        self._checks.add(check)
+        check.add_done_callback(self._checks.discard)
+
+    def _holds(self, job_id: UUID) -> bool:
+        return job_id in self._running or any(j.id == job_id for j in self._ready)
 
     async def _check_cancel(self, job_id: UUID) -> None:
+        """Reads the job's row; again after CANCEL_RECHECK_S while notices kept arriving, as
+        the read under way may predate the cancel a later notice announces. A stream of
+        (forged) notices for one job costs one read per CANCEL_RECHECK_S."""
         try:
-            if await store.cancel_requested(self._pool, job_id, self.id):
-                self._cancel(job_id)
+            while True:
+                self._cancel_again.discard(job_id)
+                if await store.cancel_requested(self._pool, job_id, self.id):
+                    self._cancel(job_id)
+                    return
+                await asyncio.sleep(CANCEL_RECHECK_S)
+                if job_id not in self._cancel_again or not self._holds(job_id):
+                    return
         except DB_ERRORS as exc:  # the heartbeat's reconciliation reads it again
             log.debug("job %s: cancel not checked (%s)", job_id, exc)
         finally:
             self._cancel_checks.discard(job_id)
+            self._cancel_again.discard(job_id)
 
     def _cancel(self, job_id: UUID) -> None:
         """Cancels a job whose row says its cancellation was requested."""
