@@ -286,6 +286,25 @@ async def test_big_payloads_stay_out_of_the_claim_and_over_the_cap_fail_alone(
     assert "payload of 60,000,0" in rows["giant"]["error_msg"]
 
 
+async def test_a_json_null_payload_fails_as_not_an_object_not_as_over_the_cap(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """The claim's NULL for a payload it left behind and a payload that is JSON null both
+    reach the executor as None; a null was read again and reported as a payload "over the
+    cap" of 4 bytes. It fails for good, as a payload that is not what its type takes."""
+    job = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'noop', 'null')"
+        " RETURNING id",
+        workspace,
+    )
+    await run_burst(pool, db_url)
+    row = await pool.fetchrow(
+        "SELECT status::text, attempts, error_msg FROM job_queue WHERE id = $1", job
+    )
+    assert (row["status"], row["attempts"]) == ("error", 1)
+    assert row["error_msg"] == "invalid payload: expected a JSON object, got NoneType"
+
+
 async def test_extreme_row_values_written_by_sql_never_stop_the_claims(
     pool: asyncpg.Pool, db_url: str, workspace: UUID
 ) -> None:

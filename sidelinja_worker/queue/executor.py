@@ -181,7 +181,7 @@ async def _left_behind_payload(services: Services, job_id: UUID) -> Any:
     if found is None:
         raise LookupError(f"job {job_id} is gone")
     size, payload = found
-    if payload is None:
+    if payload is None and size > MAX_PAYLOAD_BYTES:  # else JSON null, for the type to refuse
         raise PermanentError(
             f"payload of {size:,} bytes of JSON, over the cap of {MAX_PAYLOAD_BYTES:,}: store"
             " big input elsewhere and pass a reference"
