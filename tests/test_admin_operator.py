@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import html
 import re
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import asyncpg
 import httpx
 
 from sidelinja_worker.queue import store
 from tests.admin_fixtures import admin_fixture, seed, token_for  # noqa: F401 (fixture)
-from tests.helpers import insert_jobs
+from tests.helpers import cli, insert_jobs
 
 SAME_SITE = {"sec-fetch-site": "same-origin"}
 
@@ -201,3 +201,50 @@ async def test_a_nul_character_in_a_filter_or_form_field_is_a_400(
             assert paused.status_code == 400, paused.text
     assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE status = 'pending'") == 0
     assert await pool.fetchval("SELECT count(*) FROM job_type_pauses") == 0
+
+
+async def test_a_retry_whose_unique_key_another_queued_job_holds_is_refused_or_left_out(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A job in `error` holds no unique key, so a new job may take it. Retrying the old one
+    then broke idx_job_queue_unique_key: a 500 from the job page, and from "Retry all
+    matching" for every job in it. Now one retry is a 409 naming the cause, the bulk retry
+    leaves such jobs out (and all but one of failed jobs sharing a key), and `jobs retry` says
+    why."""
+    a, _b, _ = await seed(pool)
+
+    async def job(status: str, key: str) -> UUID:
+        job_id: UUID = await pool.fetchval(
+            "INSERT INTO job_queue (workspace_id, job_type, payload, status, unique_key)"
+            " VALUES ($1, 'noop', '{}', $2::job_status, $3) RETURNING id",
+            a,
+            status,
+            key,
+        )
+        return job_id
+
+    held = await job("error", "k")
+    await job("pending", "k")
+    twins = [await job("error", "t"), await job("error", "t")]
+    failed = await pool.fetchval(
+        "SELECT count(*) FROM job_queue WHERE workspace_id = $1 AND status = 'error'", a
+    )
+    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}", **SAME_SITE}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        csrf = await _csrf(http)
+        one = await http.post(f"/admin/jobs/{held}/retry", data={"csrf": csrf})
+        assert one.status_code == 409 and "unique key" in one.text, one.text
+        bulk = await http.post("/admin/jobs/bulk-retry", data={"csrf": csrf, "status": "error"})
+        assert bulk.status_code == 303, bulk.text
+        assert f"retried={failed - 2}" in bulk.headers["location"], bulk.headers
+    states = {
+        r["id"]: r["status"]
+        for r in await pool.fetch(
+            "SELECT id, status::text FROM job_queue WHERE id = ANY($1)", [held, *twins]
+        )
+    }
+    assert states[held] == "error"
+    assert sorted(states[t] for t in twins) == ["error", "pending"]
+    out = cli("jobs", "retry", str(held), url=db_url)
+    assert out.returncode != 0 and "unique key" in out.stderr, out.stderr
+    assert await pool.fetchval("SELECT status::text FROM job_queue WHERE id = $1", held) == "error"

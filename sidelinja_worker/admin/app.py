@@ -265,14 +265,17 @@ async def job_action(request: Request) -> Response:
     if not auth.csrf_ok(request, token, str(form.get("csrf") or "")):
         return PlainTextResponse("bad CSRF token or origin", status_code=403)
     job_id, action = parse_job_id(request.path_params["job_id"]), request.path_params["action"]
-    async with store.scoped(request.app.state.pool, scope) as conn:
-        target = await run_action(conn, action, job_id) if job_id is not None else None
-        done = target is not None
-        if target is not None:
-            # A retry of a node cancelled by its parent puts back the failed ancestor: the
-            # audit names the job put back, and the one the operator clicked.
-            detail = {} if target == job_id else {"asked_for": str(job_id)}
-            await store.audit(conn, scope, action, [target], detail)
+    try:
+        async with store.scoped(request.app.state.pool, scope) as conn:
+            target = await run_action(conn, action, job_id) if job_id is not None else None
+            done = target is not None
+            if target is not None:
+                # A retry of a node cancelled by its parent puts back the failed ancestor: the
+                # audit names the job put back, and the one the operator clicked.
+                detail = {} if target == job_id else {"asked_for": str(job_id)}
+                await store.audit(conn, scope, action, [target], detail)
+    except asyncpg.UniqueViolationError:
+        return PlainTextResponse(store.KEY_HELD, status_code=409)
     return RedirectResponse(
         f"/admin/jobs/{request.path_params['job_id']}?done={action if done else 'none'}",
         status_code=303,
@@ -294,9 +297,12 @@ async def bulk_retry(request: Request) -> Response:
     if not auth.csrf_ok(request, token, str(form.get("csrf") or "")):
         return PlainTextResponse("bad CSRF token or origin", status_code=403)
     f = job_filter(form, scope)
-    async with store.scoped(request.app.state.pool, scope) as conn:
-        ids = await store.bulk_retry(conn, f, BULK_LIMIT)
-        await store.audit(conn, scope, "bulk_retry", ids, {"filter": query_string(f, None)})
+    try:
+        async with store.scoped(request.app.state.pool, scope) as conn:
+            ids = await store.bulk_retry(conn, f, BULK_LIMIT)
+            await store.audit(conn, scope, "bulk_retry", ids, {"filter": query_string(f, None)})
+    except asyncpg.UniqueViolationError:  # a job a retried one brings back (store.KEY_HELD)
+        return PlainTextResponse(store.KEY_HELD, status_code=409)
     return RedirectResponse(
         f"/admin/jobs?{query_string(f, None)}&retried={len(ids)}", status_code=303
     )

@@ -160,6 +160,14 @@ async def jobs_for_events(conn: asyncpg.Connection, ids: list[UUID]) -> list[asy
     return await conn.fetch(Q["jobs_for_events"], ids)
 
 
+# A job in `error` holds no unique key (docs/sql-contract.md), so another job may have taken
+# it; putting the job back, or a graph child its retry brings back, would then break the key.
+KEY_HELD = (
+    "not retried: the job's unique key, or that of a job its retry would bring back, is held"
+    " by another queued job; cancel or finish that one first"
+)
+
+
 async def retry_job(conn: asyncpg.Connection, job_id: UUID) -> bool:
     return await conn.fetchval(Q["retry_job"], job_id) is not None
 

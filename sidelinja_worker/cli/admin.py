@@ -142,11 +142,14 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 async def jobs_retry(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
     job_id = _uuid(args.job_id, "job id")
-    async with store.scoped(pool, ALL) as conn:
-        done = await store.retry_job(conn, job_id)
-        if done:
-            await store.audit(conn, ALL, "retry", [job_id], {"via": "cli"})
-        status = None if done else (await store.get_job(conn, job_id) or {}).get("status")
+    try:
+        async with store.scoped(pool, ALL) as conn:
+            done = await store.retry_job(conn, job_id)
+            if done:
+                await store.audit(conn, ALL, "retry", [job_id], {"via": "cli"})
+            status = None if done else (await store.get_job(conn, job_id) or {}).get("status")
+    except asyncpg.UniqueViolationError:
+        raise UserError(f"job {job_id} {store.KEY_HELD}") from None
     if not done:
         raise UserError(
             f"job {job_id} is {status}; only error or retry jobs can be retried"

@@ -188,22 +188,33 @@ WHERE child_id = ANY($1::uuid[]) AND parent_id = ANY($1::uuid[])
 LIMIT $2;
 
 -- name: bulk_retry
--- The filtered set of error/retry jobs (same filters as list_jobs), at most $6 of them.
+-- The filtered set of error/retry jobs (same filters as list_jobs), at most $6 of them. A job
+-- whose unique key another queued job holds is left out (an `error` job holds none, and
+-- putting it back would break idx_job_queue_unique_key and the whole statement), as is all but
+-- the oldest of several with one key. A retry job holds its key already.
 UPDATE job_queue
 SET status = 'pending', scheduled_for = now(), completed_at = NULL,
     max_attempts = greatest(max_attempts, least(attempts, 32766) + 1)
 WHERE id = ANY(ARRAY(
-    SELECT id FROM job_queue
-    WHERE status IN ('error', 'retry')
-      AND ($1::job_status IS NULL OR status = $1::job_status)
-      AND ($2::text IS NULL OR job_type = $2)
-      AND ($3::uuid IS NULL OR workspace_id = $3)
-      AND ($4::timestamptz IS NULL OR created_at >= $4)
-      AND ($5::timestamptz IS NULL OR created_at < $5)
-      AND ($7::uuid IS NULL OR id BETWEEN $7 AND $8::uuid)
-      AND ($9::text IS NULL OR payload @> $9::text::jsonb)
-    LIMIT $6
-    FOR UPDATE SKIP LOCKED))
+    SELECT DISTINCT ON (coalesce(c.unique_key, c.id::text), c.workspace_id) c.id
+    FROM (
+        SELECT id, workspace_id, unique_key, created_at FROM job_queue
+        WHERE status IN ('error', 'retry')
+          AND ($1::job_status IS NULL OR status = $1::job_status)
+          AND ($2::text IS NULL OR job_type = $2)
+          AND ($3::uuid IS NULL OR workspace_id = $3)
+          AND ($4::timestamptz IS NULL OR created_at >= $4)
+          AND ($5::timestamptz IS NULL OR created_at < $5)
+          AND ($7::uuid IS NULL OR id BETWEEN $7 AND $8::uuid)
+          AND ($9::text IS NULL OR payload @> $9::text::jsonb)
+        LIMIT $6
+        FOR UPDATE SKIP LOCKED
+    ) c
+    WHERE c.unique_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM job_queue o
+        WHERE o.workspace_id = c.workspace_id AND o.unique_key = c.unique_key
+          AND o.id <> c.id AND o.status IN ('pending', 'retry', 'running', 'waiting'))
+    ORDER BY coalesce(c.unique_key, c.id::text), c.workspace_id, c.created_at))
   AND status IN ('error', 'retry')
 RETURNING id;
 
