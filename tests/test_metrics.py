@@ -11,7 +11,7 @@ from uuid import UUID
 import asyncpg
 import pytest
 
-from sidelinja_worker.queue import metrics
+from sidelinja_worker.queue import metrics, store
 from tests.helpers import insert_jobs, metrics_text, wait_for
 
 
@@ -123,3 +123,24 @@ async def test_the_notification_queue_usage_is_a_gauge(pool: asyncpg.Pool, db_ur
     )
     await metrics._refresh_gauges(pool)
     assert 'sidelinja_notify_paused{kind="job_events"} 0.0' in await _scrape_once()
+
+
+async def test_the_counts_by_type_stay_bounded_whatever_types_the_table_holds(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """A job type is text of any length and number to a plain-SQL writer: the gauges (and the
+    admin's overview and metrics) had a series per type, whole: 150 types made 150 series and
+    a type of a megabyte a label of a megabyte. At most COUNTS_MAX_TYPES types per status are
+    named, by their first 512 characters; the rest are counted together."""
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload)"
+        " SELECT $1::uuid, 'type-' || g, '{}'::jsonb FROM generate_series(1, 150) g"
+        " UNION ALL SELECT $1, repeat('t', 1000000), '{}' FROM generate_series(1, 3)",
+        workspace,
+    )
+    rows = await store.counts(pool)
+    named = [r for r in rows if r["job_type"] is not None]
+    assert len(named) == store.COUNTS_MAX_TYPES
+    assert named[0]["job_type"] == "t" * 512 and named[0]["n"] == 3  # the most numerous
+    assert sum(r["n"] for r in rows) == 153
+    assert [r["n"] for r in rows if r["job_type"] is None] == [153 - 3 - 99]

@@ -26,7 +26,7 @@ async def render(conn: asyncpg.Connection) -> bytes:
         registry=registry,
     )
     for row in await worker_store.counts(conn):
-        jobs.labels(row["status"], row["job_type"]).set(row["n"])
+        jobs.labels(row["status"], row["job_type"] or worker_store.OTHER_TYPES).set(row["n"])
     Gauge(
         "sidelinja_oldest_due_job_age_seconds",
         "Age of the oldest job that is due and waiting",

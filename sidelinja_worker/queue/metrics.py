@@ -202,7 +202,7 @@ async def _refresh_gauges(pool: asyncpg.Pool) -> None:
         notify = await store.notify_queue_state(conn)
     JOBS.clear()
     for row in rows:
-        JOBS.labels(row["status"], row["job_type"]).set(row["n"])
+        JOBS.labels(row["status"], row["job_type"] or store.OTHER_TYPES).set(row["n"])
     OLDEST_DUE.set(oldest)
     NOTIFY_USAGE.set(notify["usage"])
     NOTIFY_PAUSED.labels("job_events").set(notify["events_paused"])

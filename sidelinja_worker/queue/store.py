@@ -442,9 +442,15 @@ async def why_facts(conn: Conn, job_id: UUID) -> asyncpg.Record | None:
     return await conn.fetchrow(Q["why_facts"], job_id, timeout=STATEMENT_TIMEOUT_S)
 
 
+# How many job types each status counts by name; the rest are one row (job_type None).
+COUNTS_MAX_TYPES = 100
+OTHER_TYPES = "(other types)"  # the gauges' label for that row
+
+
 async def counts(conn: Conn) -> list[asyncpg.Record]:
-    """Jobs by status and job type."""
-    return await conn.fetch(Q["counts"], timeout=STATEMENT_TIMEOUT_S)
+    """Jobs by status and job type (see the query: at most COUNTS_MAX_TYPES named types per
+    status, the rest under a job_type of None)."""
+    return await conn.fetch(Q["counts"], COUNTS_MAX_TYPES, timeout=STATEMENT_TIMEOUT_S)
 
 
 async def oldest_due_s(conn: Conn) -> float:

@@ -828,9 +828,20 @@ SELECT
 FROM j;
 
 -- name: counts
--- Jobs by status and type (the worker's gauges, the admin overview; RLS scopes it there).
-SELECT status::text AS status, job_type, count(*) AS n
-FROM job_queue
+-- Jobs by status and type (the worker's gauges, the admin overview; RLS scopes it there). A
+-- job type is text of any length and number to a plain-SQL writer: each is named by its first
+-- 512 characters, and past the $1 most numerous types of a status the rest are counted
+-- together under a NULL type, so a gauge has a bounded number of series.
+WITH by_type AS (
+    SELECT status::text AS status, left(job_type, 512) AS job_type, count(*) AS n
+    FROM job_queue
+    GROUP BY 1, 2
+), ranked AS (
+    SELECT *, row_number() OVER (PARTITION BY status ORDER BY n DESC, job_type) AS place
+    FROM by_type
+)
+SELECT status, CASE WHEN place <= $1 THEN job_type END AS job_type, sum(n)::bigint AS n
+FROM ranked
 GROUP BY 1, 2
 ORDER BY 1, 2;
 
