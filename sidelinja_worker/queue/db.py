@@ -136,7 +136,7 @@ def _decode_jsonb(data: bytes) -> Any:
 async def connect(url: str, **kwargs: Any) -> asyncpg.Connection:
     try:
         conn = await asyncpg.connect(url, server_settings=SERVER_SETTINGS, **kwargs)
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    except (*DB_ERRORS, asyncpg.PostgresError) as exc:
         raise UserError(
             f"cannot connect to the database at {redact(url)}: {_one_line(exc)}"
         ) from None
@@ -184,7 +184,11 @@ async def create_pool(
             if generic_plans
             else SERVER_SETTINGS,
         )
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    # Any database error while the connections open and `prepare` runs, the protocol's own
+    # too: a connection terminated during `prepare` raised asyncpg's InternalClientError
+    # ("cannot switch to state 12"), which passed through as no UserError and ended a
+    # starting worker with exit 2 where it goes on with its shared pool.
+    except (*DB_ERRORS, asyncpg.PostgresError) as exc:
         raise UserError(
             f"cannot connect to the database at {redact(url)}: {_one_line(exc)}"
         ) from None
