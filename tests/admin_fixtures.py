@@ -59,3 +59,8 @@ def token_for(db_url: str, *scope: str) -> str:
     out = cli("admin-token", "create", *scope, url=db_url)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
+
+
+def workspace_bearer(db_url: str, workspace: UUID) -> dict[str, str]:
+    """Request headers with a new token for `workspace` alone."""
+    return {"authorization": f"Bearer {token_for(db_url, '--workspace', str(workspace))}"}

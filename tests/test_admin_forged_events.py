@@ -5,6 +5,7 @@ named jobs again under its token's scope and sends only what the rows confirm.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 from uuid import UUID, uuid4
@@ -34,6 +35,29 @@ async def data_frame(stream: AsyncIterator[bytes]) -> dict[str, Any]:
             frame = await anext(stream)
             if frame.startswith(b"data: "):
                 return dict(orjson.loads(frame[6:]))
+
+
+@contextlib.asynccontextmanager
+async def forwarded_to_spacetime(
+    db_url: str, pool: asyncpg.Pool, role: str, calls: list[Any]
+) -> AsyncIterator[asyncpg.Connection]:
+    """The admin's event hub forwarding to a fake SpacetimeDB that records each call in
+    `calls`, and a connection as `role` to send notifications from."""
+    from sidelinja_worker.admin.app import forwarding
+    from sidelinja_worker.admin.spacetime import SpacetimeTarget
+    from sidelinja_worker.queue.config import Secret
+    from tests.fakes.serve import serve
+    from tests.test_admin_spacetime import fake_spacetime
+
+    hub = EventHub(db_url, pool)
+    await hub.start()
+    try:
+        async with serve(fake_spacetime(calls, fail_first=False)) as url:
+            target = SpacetimeTarget(url, "sidelinja", "job_event", Secret("stdb-token"))
+            async with forwarding(hub, target), connected(db_url, role) as conn:
+                yield conn
+    finally:
+        await hub.stop()
 
 
 def forgeries(a: UUID, b: UUID, a_job: UUID, b_job: UUID, a_running: UUID) -> list[Any]:
@@ -171,11 +195,6 @@ async def test_forged_notifications_are_not_forwarded_to_spacetimedb(
     """The forwarder passes on only what the database confirms, so the platform's own live
     pages (fed by SpacetimeDB) cannot be fed forgeries either; a batch naming real and forged
     jobs is passed on with the real ones alone."""
-    from sidelinja_worker.admin.app import forwarding
-    from sidelinja_worker.admin.spacetime import SpacetimeTarget
-    from sidelinja_worker.queue.config import Secret
-    from tests.fakes.serve import serve
-    from tests.test_admin_spacetime import fake_spacetime
 
     a = await make_workspace(pool, "A")
     b = await make_workspace(pool, "B")
@@ -185,33 +204,23 @@ async def test_forged_notifications_are_not_forwarded_to_spacetimedb(
         " VALUES ($1, 'noop', '{}', 'running', 1) RETURNING id",
         a,
     )
-    attacker = await make_role()
     calls: list[Any] = []
-    hub = EventHub(db_url, pool)
-    await hub.start()
-    try:
-        async with serve(fake_spacetime(calls, fail_first=False)) as url:
-            target = SpacetimeTarget(url, "sidelinja", "job_event", Secret("stdb-token"))
-            async with forwarding(hub, target), connected(db_url, attacker) as conn:
-                mixed = {
-                    "workspace_id": str(a),
-                    "job_type": "noop",
-                    "status": "pending",
-                    "max_attempts": 3,
-                    "ids": [str(uuid4()), str(a_job), str(b_job)],
-                    "attempts": [0, 0, 0],
-                }
-                for forged in [*forgeries(a, b, a_job, b_job, a_running), mixed]:
-                    await conn.execute(
-                        "SELECT pg_notify($1, $2)", CHANNEL, orjson.dumps(forged).decode()
-                    )
-                a_new = await one_job(pool, a)
-                async with asyncio.timeout(10):
-                    while len(calls) < 2:
-                        await asyncio.sleep(0.05)
-                await asyncio.sleep(0.3)  # anything forwarded late would show up here
-    finally:
-        await hub.stop()
+    async with forwarded_to_spacetime(db_url, pool, await make_role(), calls) as conn:
+        mixed = {
+            "workspace_id": str(a),
+            "job_type": "noop",
+            "status": "pending",
+            "max_attempts": 3,
+            "ids": [str(uuid4()), str(a_job), str(b_job)],
+            "attempts": [0, 0, 0],
+        }
+        for forged in [*forgeries(a, b, a_job, b_job, a_running), mixed]:
+            await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, orjson.dumps(forged).decode())
+        a_new = await one_job(pool, a)
+        async with asyncio.timeout(10):
+            while len(calls) < 2:
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # anything forwarded late would show up here
     sent = [orjson.loads(c[2][0]) for c in calls]
     assert [(p["ids"], p["attempts"]) for p in sent] == [([str(a_job)], [0]), ([str(a_new)], [0])]
 
@@ -222,11 +231,6 @@ async def test_a_confirmed_notification_is_forwarded_with_the_row_s_values_alone
     """Any role hears every workspace's events, and may send one back with fields of its own:
     the claims the database checks hold, so it is confirmed, but what reaches SpacetimeDB (and
     the pages it feeds) is built from the rows, never the forger's extra fields."""
-    from sidelinja_worker.admin.app import forwarding
-    from sidelinja_worker.admin.spacetime import SpacetimeTarget
-    from sidelinja_worker.queue.config import Secret
-    from tests.fakes.serve import serve
-    from tests.test_admin_spacetime import fake_spacetime
 
     b = await make_workspace(pool, "B")
     progress = {"message": "Transkriberer", "percent": 10}
@@ -258,24 +262,14 @@ async def test_a_confirmed_notification_is_forwarded_with_the_row_s_values_alone
             **extra,
         },
     ]
-    attacker = await make_role()
     calls: list[Any] = []
-    hub = EventHub(db_url, pool)
-    await hub.start()
-    try:
-        async with serve(fake_spacetime(calls, fail_first=False)) as url:
-            target = SpacetimeTarget(url, "sidelinja", "job_event", Secret("stdb-token"))
-            async with forwarding(hub, target), connected(db_url, attacker) as conn:
-                for payload in forged:
-                    await conn.execute(
-                        "SELECT pg_notify($1, $2)", CHANNEL, orjson.dumps(payload).decode()
-                    )
-                last = await one_job(pool, b)  # forwarded after them, in order
-                async with asyncio.timeout(10):
-                    while str(last) not in str(calls):
-                        await asyncio.sleep(0.05)
-    finally:
-        await hub.stop()
+    async with forwarded_to_spacetime(db_url, pool, await make_role(), calls) as conn:
+        for payload in forged:
+            await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, orjson.dumps(payload).decode())
+        last = await one_job(pool, b)  # forwarded after them, in order
+        async with asyncio.timeout(10):
+            while str(last) not in str(calls):
+                await asyncio.sleep(0.05)
     sent = [orjson.loads(c[2][0]) for c in calls]
     assert [p.get("ids", p.get("id")) for p in sent] == [[str(b_job)], str(b_running), [str(last)]]
     assert not [p for p in sent if p.keys() & extra.keys()], sent

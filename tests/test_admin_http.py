@@ -15,7 +15,12 @@ import httpx
 from sidelinja_worker.admin import auth
 from sidelinja_worker.admin import store as admin_store
 from sidelinja_worker.queue import store
-from tests.admin_fixtures import admin_fixture, seed, token_for  # noqa: F401 (fixture)
+from tests.admin_fixtures import (  # noqa: F401 (fixture)
+    admin_fixture,
+    seed,
+    token_for,
+    workspace_bearer,
+)
 from tests.helpers import cli
 
 
@@ -62,7 +67,7 @@ async def test_keyset_pages_cover_every_job_once(
         " FROM generate_series(1, 120) g",
         a,
     )
-    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    headers = workspace_bearer(db_url, a)
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         seen = await pages(http, "/admin/jobs?status=error")
     assert len(seen) == len(set(seen)) == 125
@@ -95,7 +100,7 @@ async def test_all_statuses_page_through_every_status_once_in_order(
             list(admin_store.STATUS_ORDER),
         )
     ]
-    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    headers = workspace_bearer(db_url, a)
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         seen = await pages(http, "/admin/jobs?status=all")
     assert len(expected) == 25 * len(admin_store.STATUS_ORDER) + 6 and seen == expected
@@ -119,7 +124,7 @@ async def test_from_and_to_are_finish_times_for_completed_jobs(
         f"from={(now - timedelta(hours=2)).isoformat()}"
         f"&to={(now - timedelta(minutes=30)).isoformat()}"
     ).replace("+", "%2B")
-    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    headers = workspace_bearer(db_url, a)
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         assert await pages(http, f"/admin/jobs?status=completed&{window}") == [old_finished_late]
         assert await pages(http, f"/admin/jobs?status=all&{window}") == [old_finished_late]
@@ -132,7 +137,7 @@ async def test_overview_counts_only_the_token_s_workspace(
     a, b, _ = await seed(pool)
     await store.set_type_limit(pool, "whisper_transcribe", 1)
     await store.set_workspace_limit(pool, b, 7)
-    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    headers = workspace_bearer(db_url, a)
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         page = (await http.get("/admin")).text
         metrics = (await http.get("/metrics")).text
@@ -170,7 +175,7 @@ async def test_api_clients_get_401_and_browsers_the_login_page(admin: str) -> No
 async def test_an_unknown_job_is_404(pool: asyncpg.Pool, db_url: str, admin: str) -> None:
     a, _b, b_job = await seed(pool)
     a_job = await pool.fetchval("SELECT id FROM job_queue WHERE workspace_id = $1 LIMIT 1", a)
-    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    headers = workspace_bearer(db_url, a)
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         assert (await http.get(f"/admin/jobs/{a_job}")).status_code == 200
         for job_id in (uuid4(), b_job, "not-a-uuid"):  # another workspace's looks the same
@@ -331,7 +336,7 @@ async def test_the_workflow_page_of_a_fan_out_of_1000_draws_300_jobs_and_says_so
         " SELECT id FROM p",
         a,
     )
-    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    headers = workspace_bearer(db_url, a)
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         page = (await http.get(f"/admin/jobs/{root}/graph")).text
         child = await pool.fetchval("SELECT child_id FROM job_dependencies LIMIT 1")
@@ -372,7 +377,7 @@ async def test_a_job_page_names_a_giant_payload_result_or_history_instead_of_sho
         " RETURNING id",
         a,
     )
-    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    headers = workspace_bearer(db_url, a)
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         page = await http.get(f"/admin/jobs/{giant}")
         shown = await http.get(f"/admin/jobs/{small}")
@@ -404,7 +409,7 @@ async def test_keyset_pages_cover_jobs_created_at_infinity_once(
         " FROM generate_series(1, 120) g",
         a,
     )
-    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    headers = workspace_bearer(db_url, a)
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         seen = await pages(http, "/admin/jobs?status=error")
         everything = await pages(http, "/admin/jobs")
@@ -422,7 +427,7 @@ async def test_dates_no_datetime_holds_in_utc_are_ignored_like_unreadable_ones(
     time is, and the list answers."""
     a, _b, _ = await seed(pool)
     job = await pool.fetchval("SELECT id FROM job_queue WHERE workspace_id = $1 LIMIT 1", a)
-    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    headers = workspace_bearer(db_url, a)
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         for query in (
             "status=all&from=0001-01-01T00:00:00%2B00:01",
@@ -449,7 +454,7 @@ async def test_a_job_page_shows_an_error_history_that_is_not_a_list(
         " RETURNING id, errors::text",
         a,
     )
-    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    headers = workspace_bearer(db_url, a)
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         for job_id, errors in rows:
             page = await http.get(f"/admin/jobs/{job_id}")
@@ -510,7 +515,7 @@ async def test_an_overview_link_lists_its_job_type_whatever_the_type_holds(
         a,
         job_type,
     )
-    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    headers = workspace_bearer(db_url, a)
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         page = (await http.get("/admin")).text
         link = re.search(r'<a href="([^"]*)">error</a></td><td>ai/a&amp;b', page)
@@ -532,7 +537,7 @@ async def test_giant_job_types_and_unique_keys_keep_pages_and_events_small(
         " FROM generate_series(1, 20) g RETURNING id",
         a,
     )
-    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    headers = workspace_bearer(db_url, a)
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         listed = await http.get("/admin/jobs?status=error")
         shown = await http.get(f"/admin/jobs/{ids[0][0]}")
@@ -556,7 +561,7 @@ async def test_the_dashboard_counts_giant_waiting_job_types_by_their_first_chara
         " SELECT $1, repeat('t', 1000000) || g, '{}' FROM generate_series(1, 20) g",
         a,
     )
-    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    headers = workspace_bearer(db_url, a)
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         page = await http.get("/admin/dashboard")
     assert page.status_code == 200

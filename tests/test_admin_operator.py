@@ -11,7 +11,12 @@ import asyncpg
 import httpx
 
 from sidelinja_worker.queue import store
-from tests.admin_fixtures import admin_fixture, seed, token_for  # noqa: F401 (fixture)
+from tests.admin_fixtures import (  # noqa: F401 (fixture)
+    admin_fixture,
+    seed,
+    token_for,
+    workspace_bearer,
+)
 from tests.helpers import cli, insert_jobs
 
 SAME_SITE = {"sec-fetch-site": "same-origin"}
@@ -138,7 +143,7 @@ async def test_a_payload_search_for_a_number_past_64_bits_finds_it(
         " VALUES ($1, 'noop', '{\"n\": 1}', 'error')",
         a,
     )
-    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    headers = workspace_bearer(db_url, a)
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         page = await http.get(f"/admin/jobs?status=all&payload=n%3D{big}")
     assert page.status_code == 200
@@ -154,7 +159,7 @@ async def test_a_bulk_retry_retries_only_the_jobs_the_search_shows(
     one = await pool.fetchval(
         "SELECT id::text FROM job_queue WHERE job_type = 'srt_parse' ORDER BY id LIMIT 1"
     )
-    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    headers = workspace_bearer(db_url, a)
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         for query, listed in (("payload=episode%3D7", 3), (f"id={one[:13]}", 1)):
             page = (await http.get(f"/admin/jobs?status=all&{query}")).text
@@ -229,7 +234,7 @@ async def test_a_retry_whose_unique_key_another_queued_job_holds_is_refused_or_l
     failed = await pool.fetchval(
         "SELECT count(*) FROM job_queue WHERE workspace_id = $1 AND status = 'error'", a
     )
-    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}", **SAME_SITE}
+    headers = {**workspace_bearer(db_url, a), **SAME_SITE}
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         csrf = await _csrf(http)
         one = await http.post(f"/admin/jobs/{held}/retry", data={"csrf": csrf})
