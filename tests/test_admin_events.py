@@ -4,7 +4,7 @@ statement, workspace, type and change; and the app's fan-out per token scope."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -12,11 +12,12 @@ import orjson
 import pytest
 
 from sidelinja_worker.admin import events as events_module
-from sidelinja_worker.admin.events import CHANNEL, EventHub, explode
-from sidelinja_worker.admin.store import Scope
+from sidelinja_worker.admin.events import CHANNEL, EventHub, confirmed, explode
+from sidelinja_worker.admin.store import TEXT_SHOWN, Scope
 from sidelinja_worker.queue.context import JobContext, Services
 from sidelinja_worker.queue.db import connect
 from tests.helpers import insert_jobs, make_workspace, wait_for_sql
+from tests.test_admin_forged_events import data_frame
 
 
 async def collect(url: str, action: Any, settle_s: float = 0.3) -> list[dict[str, Any]]:
@@ -223,3 +224,150 @@ async def test_the_hub_holds_a_listener_lease_while_it_runs(
     finally:
         await hub.stop()
     assert await pool.fetchval("SELECT count(*) FROM job_event_listeners") == 0
+
+
+# Types whose JSON text is over the trigger's 512 bytes, so that their status events say
+# "job_type": null, and the type each event carries: the row's, read to its first TEXT_SHOWN
+# characters.
+LEFT_OUT_TYPES = {
+    "300 two-byte characters": ("é" * 300, "é" * 300),  # 602 bytes of JSON, 300 characters
+    "511 ASCII characters": ("x" * 511, "x" * 511),  # 513 bytes of JSON
+    "a megabyte": ("t" * 1_000_000, "t" * TEXT_SHOWN),
+    "300,000 four-byte characters": ("\U0001f600" * 300_000, "\U0001f600" * TEXT_SHOWN),
+}
+# Any event of a job, its type at most TEXT_SHOWN characters of up to 4 bytes each.
+EVENT_MAX_BYTES = 4096
+
+
+@pytest.mark.parametrize(("job_type", "shown"), LEFT_OUT_TYPES.values(), ids=LEFT_OUT_TYPES)
+async def test_a_job_whose_type_the_trigger_leaves_out_is_streamed_and_forwarded(
+    pool: asyncpg.Pool, db_url: str, job_type: str, shown: str
+) -> None:
+    """The trigger leaves out a type whose JSON is over 512 bytes ("job_type": null) and still
+    names the jobs; the hub compared that null with the row's type, so no status change of such
+    a job reached a page or SpacetimeDB. Each now arrives with the row's type, bounded."""
+    a = await make_workspace(pool, "A")
+    hub = EventHub(db_url, pool)
+    forwarded: asyncio.Queue[str] = asyncio.Queue()
+    hub.payload_listeners.append(forwarded.put_nowait)
+    await hub.start()
+    stream = hub.stream(Scope(None, a))
+    frames: list[dict[str, Any]] = []
+    payloads: list[str] = []
+    try:
+        assert b"connected" in await anext(stream)
+        job = await pool.fetchval(
+            "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, $2, '{}')"
+            " RETURNING id",
+            a,
+            job_type,
+        )
+        for change in ("status = 'running', attempts = 1", "status = 'completed'"):
+            # Both confirm against the row as it is then: the next change waits for them.
+            frames.append(await data_frame(stream))
+            payloads.append(await asyncio.wait_for(forwarded.get(), 10))
+            await pool.execute(f"UPDATE job_queue SET {change} WHERE id = $1", job)
+        frames.append(await data_frame(stream))
+        payloads.append(await asyncio.wait_for(forwarded.get(), 10))
+    finally:
+        await stream.aclose()
+        await hub.stop()
+    steps = [("pending", 0), ("running", 1), ("completed", 1)]
+    assert [(f["id"], f["status"], f["attempts"]) for f in frames] == [
+        (str(job), *s) for s in steps
+    ]
+    assert all(f["job_type"] == shown for f in frames)
+    sent = [orjson.loads(p) for p in payloads]
+    assert [(p["ids"], p["status"], p["attempts"]) for p in sent] == [
+        ([str(job)], s, [n]) for s, n in steps
+    ]
+    assert all(p["job_type"] == shown for p in sent)
+    assert max(len(orjson.dumps(f)) for f in frames) < EVENT_MAX_BYTES
+    assert max(len(p.encode()) for p in payloads) < EVENT_MAX_BYTES
+
+
+async def test_a_progress_report_of_a_job_type_longer_than_the_admin_reads_is_streamed(
+    pool: asyncpg.Pool, db_url: str
+) -> None:
+    """A progress report names the job's type whole and the hub reads the row's first
+    TEXT_SHOWN characters: the two never matched for a longer type, and the report was dropped.
+    The claim agrees when the row's type is the claim's as far as it is read."""
+    from sidelinja_worker.queue import store
+
+    a = await make_workspace(pool, "A")
+    job_type = "p" * (TEXT_SHOWN + 100)
+    job = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, worker_id, attempts)"
+        " VALUES ($1, $2, '{}', 'running', $1, 1) RETURNING id",
+        a,
+        job_type,
+    )
+    hub = EventHub(db_url, pool)
+    forwarded: asyncio.Queue[str] = asyncio.Queue()
+    hub.payload_listeners.append(forwarded.put_nowait)
+    await hub.start()
+    stream = hub.stream(Scope(None, a))
+    try:
+        assert b"connected" in await anext(stream)
+        await store.report_progress(pool, job, a, "Transkriberer…", 40)
+        event = await data_frame(stream)
+        sent = orjson.loads(await asyncio.wait_for(forwarded.get(), 10))
+    finally:
+        await stream.aclose()
+        await hub.stop()
+    for got in (event, sent):
+        assert (got["id"], got["status"]) == (str(job), "running")
+        assert got["progress"]["message"] == "Transkriberer…"
+        assert got["job_type"] == job_type[:TEXT_SHOWN]
+
+
+def a_row(**values: Any) -> Any:
+    """What store.jobs_for_events reads of a job (confirmed reads it by key)."""
+    row = {
+        "id": UUID(int=1),
+        "workspace_id": UUID(int=2),
+        "job_type": "noop",
+        "status": "running",
+        "attempts": 1,
+        "max_attempts": 3,
+        "progress": None,
+    }
+    return cast(asyncpg.Record, {**row, **values})
+
+
+def a_status_claim(**values: Any) -> dict[str, Any]:
+    claim = {
+        "id": str(UUID(int=1)),
+        "workspace_id": str(UUID(int=2)),
+        "job_type": "noop",
+        "status": "running",
+        "max_attempts": 3,
+        "attempts": 1,
+    }
+    return {**claim, **values}
+
+
+def test_a_status_claim_with_its_type_left_out_is_confirmed_by_the_rest_of_the_row() -> None:
+    long_type = "t" * TEXT_SHOWN  # the first TEXT_SHOWN characters of a longer one
+    event = confirmed(a_status_claim(job_type=None), a_row(job_type=long_type))
+    assert event is not None and event["job_type"] == long_type
+    # Every other field the claim makes must still agree.
+    for wrong in (
+        {"status": "completed"},
+        {"attempts": 2},
+        {"max_attempts": 5},
+        {"workspace_id": str(UUID(int=3))},
+    ):
+        assert confirmed(a_status_claim(job_type=None, **wrong), a_row()) is None, wrong
+    assert confirmed(a_status_claim(job_type=None), None) is None
+
+
+def test_a_claim_naming_a_type_must_name_the_row_s() -> None:
+    assert confirmed(a_status_claim(), a_row()) is not None
+    for claimed in ("noop2", "noo", "", 0, ["noop"], {"noop": 1}):
+        assert confirmed(a_status_claim(job_type=claimed), a_row()) is None, claimed
+    # A type longer than the admin reads agrees where the row's first characters are its own.
+    cut = a_row(job_type="t" * TEXT_SHOWN)
+    assert confirmed(a_status_claim(job_type="t" * 600), cut) is not None
+    assert confirmed(a_status_claim(job_type="u" + "t" * 600), cut) is None
+    assert confirmed(a_status_claim(job_type="t" * (TEXT_SHOWN - 1)), cut) is None

@@ -4,7 +4,7 @@
 Any role may NOTIFY any channel, so a notification is a hint, never the news itself: before a
 page gets an event, its stream reads the job again under the token's scope (row-level security)
 and sends the row's values only if the row exists there and agrees with what the notification
-claims (status, attempts, progress). A forged notification naming an unknown job, another
+claims (status, attempts, progress, type). A forged notification naming an unknown job, another
 workspace's job or a state the job is not in shows nothing.
 
 PostgreSQL publishes status events only while some listener holds a lease (queue setting
@@ -72,14 +72,34 @@ def _job_id(event: dict[str, Any]) -> UUID | None:
         return None
 
 
+def type_agrees(claimed: object, shown: str) -> bool:
+    """Whether a notification's job_type agrees with the row's, read to its first
+    store.TEXT_SHOWN characters (`shown`).
+
+    A null type is no claim: the status-event trigger sends null for a type whose JSON text is
+    over 512 bytes, and the event still names its jobs. Accepting it lets a forger through no
+    further than leaving the key out always did: the event sent is built from the row alone, the
+    job's id, workspace, status and attempts (or progress) must still agree, and the stream reads
+    the row under its own scope, so a page shows the job's present state and nothing else.
+
+    A named type agrees when it is the row's as far as the row is read: a progress report names
+    its type whole, which may be longer than what the admin reads."""
+    if claimed is None:
+        return True
+    return isinstance(claimed, str) and claimed[: store.TEXT_SHOWN] == shown
+
+
 def confirmed(claim: dict[str, Any], row: asyncpg.Record | None) -> dict[str, Any] | None:
     """The event to send for a claim, built from the row alone; None unless the row agrees
-    with every field the claim makes (workspace, status, attempts or progress)."""
+    with every field the claim makes (workspace, status, attempts or progress, and the type
+    unless the trigger left it out)."""
     if row is None or claim.get("status") != row["status"]:
         return None
     if claim.get("workspace_id") != str(row["workspace_id"]):
         return None
-    if any(k in claim and claim[k] != row[k] for k in ("job_type", "max_attempts")):
+    if not type_agrees(claim.get("job_type"), row["job_type"]):
+        return None
+    if "max_attempts" in claim and claim["max_attempts"] != row["max_attempts"]:
         return None
     # A status event names the attempts, a progress report the progress: one or the other.
     if "attempts" not in claim and "progress" not in claim:
@@ -108,7 +128,12 @@ BATCH_KEYS = ("workspace_id", "job_type", "status", "max_attempts")
 def as_payloads(events: list[dict[str, Any]]) -> list[str]:
     """Confirmed events as the notifications PostgreSQL publishes, built from the rows' values
     alone (a forger may add fields of its own to a notification the rows confirm): a progress
-    report each, and status events batched by workspace, type, status and max attempts."""
+    report each, and status events batched by workspace, type, status and max attempts.
+
+    The type is the row's, read to its first store.TEXT_SHOWN characters, also where PostgreSQL
+    sent null (a type whose JSON text is over 512 bytes), so each payload stays bounded: a few
+    kilobytes of type at most, and the jobs of one notification (150 from the trigger; a forged
+    one holds fewer than 8000 bytes of ids)."""
     out: list[str] = []
     batches: defaultdict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for e in events:
