@@ -651,6 +651,94 @@ async def test_prompt_eval_bad_input(
     assert ai_gateway.requests == []
 
 
+async def test_a_regex_check_is_checked_off_the_event_loop(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
+    """Python's re.compile checked a regex check's pattern as the payload was read, on the
+    event loop: a range of all of Unicode under (?i) is case-folded code point by code point,
+    0.5-0.8 s for this pattern of 504 characters (2-3 s at 2,000), in the run's job and again
+    in its case's. RE2 checks the pattern when the job starts, in a thread, in a millisecond."""
+    await allow_models(pool, workspace, "m/one")
+    ai_gateway.plain_answer = lambda r: "Havvind! " * 20
+
+    def run(ref: str, pattern: str) -> dict[str, Any]:
+        return {
+            "prompt": "p",
+            "cases": [{"id": "c", "expect": [{"kind": "regex", "pattern": pattern}]}],
+            "models": ["m/one"],
+            "ref": ref,
+        }
+
+    stored = "SELECT count(*) = $1 FROM prompt_eval_runs"
+    async with running_worker(pool, db_url, config=config(ai_gateway), poll_interval_s=0.05):
+        # A plain run first: a worker makes its HTTP client (and imports modules) on its first
+        # call, on the loop, whatever the job.
+        await client.enqueue(pool, workspace, "prompt_eval", run("plain", "Havvind"))
+        await wait_for_sql(pool, stored, 1)
+        with longest_stall() as stall:
+            pattern = "(?i)" + "[\x01-\U0010ffff]" * 100
+            await client.enqueue(pool, workspace, "prompt_eval", run("ranges", pattern))
+            await wait_for_sql(pool, stored, 2)
+    scores = await pool.fetch(
+        "SELECT u.run_ref, r.scores FROM prompt_eval_results r"
+        " JOIN prompt_eval_runs u ON u.id = r.run_id ORDER BY u.run_ref"
+    )
+    assert [(r["run_ref"], [(s["passed"], s["detail"]) for s in r["scores"]]) for r in scores] == [
+        ("plain", [(True, None)]),
+        ("ranges", [(True, None)]),
+    ]
+    assert stall[0] < 0.1, stall[0]
+
+
+async def test_a_regex_check_is_judged_by_re2_which_runs_it(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
+    """Python's re judged a regex check's pattern: it refused \\pL, which RE2 runs (and this
+    module recommends), raised RecursionError and OverflowError for patterns RE2 runs, a
+    transient fault retried for the same payload, and let through backreferences, which RE2
+    cannot run, so every model was asked and the check failed each answer. RE2 judges it now,
+    before any call."""
+    await allow_models(pool, workspace, "m/one")
+    ai_gateway.plain_answer = lambda r: "Havvind, nå"
+    runs = [
+        r"^\pL+, \pL+$",
+        "(" * 600 + "Havvind" + ")" * 600,  # past Python's recursion limit
+        "a{4294967296}",  # RE2 reads a count it does not take as text; Python overflowed
+        r"(ja)\1",
+    ]
+    ids = [
+        await client.enqueue(
+            pool,
+            workspace,
+            "prompt_eval",
+            {
+                "prompt": "p",
+                "cases": [{"id": "c", "expect": [{"kind": "regex", "pattern": pattern}]}],
+                "models": ["m/one"],
+                "ref": f"run-{i}",
+            },
+        )
+        for i, pattern in enumerate(runs)
+    ]
+    await run_burst(pool, db_url, config=config(ai_gateway))
+    scores = await pool.fetch(
+        "SELECT u.run_ref, r.scores FROM prompt_eval_results r"
+        " JOIN prompt_eval_runs u ON u.id = r.run_id ORDER BY u.run_ref"
+    )
+    assert [(r["run_ref"], [s["passed"] for s in r["scores"]]) for r in scores] == [
+        ("run-0", [True]),
+        ("run-1", [True]),
+        ("run-2", [False]),
+    ]
+    refused = await job(pool, ids[3])
+    assert (refused["status"], refused["attempts"]) == ("error", 1)
+    assert refused["error_msg"] == (
+        "invalid payload: cases.0.expect.0.pattern: not a regular expression RE2 can run "
+        "(invalid escape sequence: \\1); backreferences and lookaround are not available"
+    )
+    assert len(ai_gateway.chat_requests()) == 3  # none for the refused run
+
+
 def test_schema_subset() -> None:
     schema = {
         "type": "object",
