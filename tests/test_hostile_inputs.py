@@ -102,7 +102,6 @@ async def test_catastrophic_regexes_run_in_linear_time_beside_a_responsive_worke
     expect: list[dict[str, Any]] = [
         {"kind": "regex", "pattern": "^(a+)+$"},  # hours on a backtracking engine
         {"kind": "regex", "pattern": "(a|aa)*!"},
-        {"kind": "regex", "pattern": r"(a)\1"},  # a backreference: RE2 cannot run it
     ]
     job_id = await client.enqueue(
         pool,
@@ -114,15 +113,7 @@ async def test_catastrophic_regexes_run_in_linear_time_beside_a_responsive_worke
     job = await beside_noops(pool, db_url, workspace, job_id, config)
     assert job["status"] == "completed"
     scores = await pool.fetchval("SELECT scores FROM prompt_eval_results WHERE case_id = 'c'")
-    assert [(s["passed"], s["detail"]) for s in scores] == [
-        (False, None),
-        (True, None),
-        (
-            False,
-            "pattern not supported by the linear-time engine (RE2: invalid escape sequence: "
-            "\\1); backreferences and lookaround are not available",
-        ),
-    ]
+    assert [(s["passed"], s["detail"]) for s in scores] == [(False, None), (True, None)]
 
 
 async def test_over_long_log_lines_are_dropped_and_the_rest_counted(

@@ -16,6 +16,7 @@ import asyncpg
 import pydantic
 import pytest
 
+from sidelinja_worker.jobs.knowledge import valgomat_generate_profile
 from sidelinja_worker.jobs.knowledge.common import DEFAULT_EMBEDDING_MODEL
 from sidelinja_worker.jobs.knowledge.prompt_eval_scoring import (
     MAX_SCHEMA_STEPS,
@@ -33,7 +34,8 @@ from tests.fakes.ai_gateway_server import (  # noqa: F401
     error,
 )
 from tests.fakes.fixtures import allow_models
-from tests.helpers import make_workspace, run_burst
+from tests.fakes.stalls import longest_stall
+from tests.helpers import make_workspace, run_burst, running_worker, wait_for_sql
 
 STATEMENTS = [
     {"id": "s1", "text": "Norge bør bygge mer havvind."},
@@ -176,6 +178,73 @@ async def test_profile_bad_input_and_a_model_that_skips_statements(
     assert row["status"] == "retry"
     assert row["error_msg"] == "the model's profile left out 2 statement(s): s1, s2"
     assert await pool.fetchval("SELECT count(*) FROM valgomat_profiles") == 0
+
+
+async def test_checking_the_quotes_of_a_long_programme_does_not_stall_the_event_loop(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway, tmp_path: Path
+) -> None:
+    """Checking the quotes squashes the whole programme and searches it once per statement:
+    1.1 s for a 17 MB programme and 200 statements, 0.5 s for this one of 4.5 MB. On the event
+    loop it held every other job of the worker, its heartbeat and its timeouts; it runs in a
+    thread, a piece at a time, as str.split and str.casefold hold the GIL for all of the string
+    they are given (a thread alone left steps of up to 0.24 s here)."""
+    (tmp_path / str(workspace)).mkdir()  # the workspace's media folder
+    line = "Vi vil satse kraftig på havvind i Nordsjøen, og formuesskatten skal bestå.\n"
+    (tmp_path / str(workspace) / "long.txt").write_text(line * 60_000, encoding="utf-8")
+    # Parts of 300,000 characters: each request to the gateway is then a light step.
+    await pool.execute(
+        "UPDATE workspaces SET settings = $2 WHERE id = $1",
+        workspace,
+        {"ai": {"context_tokens": 100_000}},
+    )
+    statements = [{"id": f"s{i}", "text": f"Påstand {i}"} for i in range(200)]
+    ai_gateway.answers["Profile"] = lambda r: {
+        "summary": "Grønt.",
+        "positions": [
+            {
+                "statement_id": s["id"],
+                "position": 1,
+                "justification": "Programmet sier det.",
+                "quote": "satse  kraftig på HAVVIND" if s["id"] == "s0" else f"ikke der {s['id']}",
+            }
+            for s in statements
+        ],
+    }
+    payload = {"quiz_id": "q", "party": "P", "statements": statements}
+    ended = "SELECT status IN ('completed', 'error') FROM job_queue WHERE id = $1"
+    services = config(ai_gateway, MEDIA_ROOT=str(tmp_path))
+    async with running_worker(pool, db_url, config=services, poll_interval_s=0.05):
+        # A short programme first: a worker makes its HTTP client (and imports modules) on its
+        # first call, on the loop, whatever the job.
+        first = await client.enqueue(
+            pool, workspace, "valgomat_generate_profile", {**payload, "programme_text": PROGRAMME}
+        )
+        await wait_for_sql(pool, ended, first)
+        with longest_stall() as stall:
+            job_id = await client.enqueue(
+                pool,
+                workspace,
+                "valgomat_generate_profile",
+                {**payload, "programme_path": "long.txt"},
+            )
+            await wait_for_sql(pool, ended, job_id)
+    row = await job(pool, job_id)
+    assert row["status"] == "completed", row["error_msg"]
+    found = [p["quote_found"] for p in row["result"]["profile"]["positions"]]
+    assert found == [True] + [False] * 199
+    assert stall[0] < 0.2, stall[0]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", " ", "a b", "ab", " a\u00a0\u2003b ", "Straße  İ ΣΑΣ", "a" * 10, "ab  cd\nef g", "\n\n a"],
+)
+def test_a_text_squashed_in_pieces_is_the_text_squashed_whole(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Pieces of three characters: words and runs of whitespace cut by a piece's end.
+    monkeypatch.setattr(valgomat_generate_profile, "SQUASH_PIECE_CHARS", 3)
+    assert valgomat_generate_profile._squash(text) == " ".join(text.split()).casefold()
 
 
 def topic_vector(text: str, dims: int) -> list[float]:
@@ -580,6 +649,94 @@ async def test_prompt_eval_bad_input(
     assert "not a regular expression" in (await job(pool, bad_regex))["error_msg"]
     assert "no judge model is configured" in (await job(pool, no_judge))["error_msg"]
     assert ai_gateway.requests == []
+
+
+async def test_a_regex_check_is_checked_off_the_event_loop(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
+    """Python's re.compile checked a regex check's pattern as the payload was read, on the
+    event loop: a range of all of Unicode under (?i) is case-folded code point by code point,
+    0.5-0.8 s for this pattern of 504 characters (2-3 s at 2,000), in the run's job and again
+    in its case's. RE2 checks the pattern when the job starts, in a thread, in a millisecond."""
+    await allow_models(pool, workspace, "m/one")
+    ai_gateway.plain_answer = lambda r: "Havvind! " * 20
+
+    def run(ref: str, pattern: str) -> dict[str, Any]:
+        return {
+            "prompt": "p",
+            "cases": [{"id": "c", "expect": [{"kind": "regex", "pattern": pattern}]}],
+            "models": ["m/one"],
+            "ref": ref,
+        }
+
+    stored = "SELECT count(*) = $1 FROM prompt_eval_runs"
+    async with running_worker(pool, db_url, config=config(ai_gateway), poll_interval_s=0.05):
+        # A plain run first: a worker makes its HTTP client (and imports modules) on its first
+        # call, on the loop, whatever the job.
+        await client.enqueue(pool, workspace, "prompt_eval", run("plain", "Havvind"))
+        await wait_for_sql(pool, stored, 1)
+        with longest_stall() as stall:
+            pattern = "(?i)" + "[\x01-\U0010ffff]" * 100
+            await client.enqueue(pool, workspace, "prompt_eval", run("ranges", pattern))
+            await wait_for_sql(pool, stored, 2)
+    scores = await pool.fetch(
+        "SELECT u.run_ref, r.scores FROM prompt_eval_results r"
+        " JOIN prompt_eval_runs u ON u.id = r.run_id ORDER BY u.run_ref"
+    )
+    assert [(r["run_ref"], [(s["passed"], s["detail"]) for s in r["scores"]]) for r in scores] == [
+        ("plain", [(True, None)]),
+        ("ranges", [(True, None)]),
+    ]
+    assert stall[0] < 0.1, stall[0]
+
+
+async def test_a_regex_check_is_judged_by_re2_which_runs_it(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
+    """Python's re judged a regex check's pattern: it refused \\pL, which RE2 runs (and this
+    module recommends), raised RecursionError and OverflowError for patterns RE2 runs, a
+    transient fault retried for the same payload, and let through backreferences, which RE2
+    cannot run, so every model was asked and the check failed each answer. RE2 judges it now,
+    before any call."""
+    await allow_models(pool, workspace, "m/one")
+    ai_gateway.plain_answer = lambda r: "Havvind, nå"
+    runs = [
+        r"^\pL+, \pL+$",
+        "(" * 600 + "Havvind" + ")" * 600,  # past Python's recursion limit
+        "a{4294967296}",  # RE2 reads a count it does not take as text; Python overflowed
+        r"(ja)\1",
+    ]
+    ids = [
+        await client.enqueue(
+            pool,
+            workspace,
+            "prompt_eval",
+            {
+                "prompt": "p",
+                "cases": [{"id": "c", "expect": [{"kind": "regex", "pattern": pattern}]}],
+                "models": ["m/one"],
+                "ref": f"run-{i}",
+            },
+        )
+        for i, pattern in enumerate(runs)
+    ]
+    await run_burst(pool, db_url, config=config(ai_gateway))
+    scores = await pool.fetch(
+        "SELECT u.run_ref, r.scores FROM prompt_eval_results r"
+        " JOIN prompt_eval_runs u ON u.id = r.run_id ORDER BY u.run_ref"
+    )
+    assert [(r["run_ref"], [s["passed"] for s in r["scores"]]) for r in scores] == [
+        ("run-0", [True]),
+        ("run-1", [True]),
+        ("run-2", [False]),
+    ]
+    refused = await job(pool, ids[3])
+    assert (refused["status"], refused["attempts"]) == ("error", 1)
+    assert refused["error_msg"] == (
+        "invalid payload: cases.0.expect.0.pattern: not a regular expression RE2 can run "
+        "(invalid escape sequence: \\1); backreferences and lookaround are not available"
+    )
+    assert len(ai_gateway.chat_requests()) == 3  # none for the refused run
 
 
 def test_schema_subset() -> None:

@@ -28,7 +28,9 @@ from sidelinja_worker.jobs.knowledge.common import DEFAULT_EMBEDDING_MODEL
 from sidelinja_worker.jobs.knowledge.prompt_eval_scoring import (
     Check,
     JudgeCheck,
+    RegexCheck,
     Score,
+    pattern_error,
     score_all,
 )
 from sidelinja_worker.jobs.knowledge.store import EvalRow
@@ -243,9 +245,29 @@ def planned_calls(payload: EvalPayload) -> tuple[int, str]:
     return len(payload.models) * (len(payload.cases) + judged), what
 
 
+def check_patterns(payload: EvalPayload) -> None:
+    """Refuses the payload, naming the check, when a regex check's pattern is one RE2 cannot
+    run: such a check could never pass, and the models' calls would be paid for nothing. Each
+    distinct pattern is parsed once; CPU, so run it in a thread."""
+    parsed: set[str] = set()
+    for i, case in enumerate(payload.cases):
+        for j, check in enumerate(case.expect):
+            if not isinstance(check, RegexCheck) or check.pattern in parsed:
+                continue
+            parsed.add(check.pattern)
+            reason = pattern_error(check.pattern)
+            if reason is not None:
+                raise PermanentError(
+                    f"invalid payload: cases.{i}.expect.{j}.pattern: not a regular expression "
+                    f"RE2 can run ({reason}); backreferences and lookaround are not available"
+                )
+
+
 async def run_guard(ctx: JobContext, payload: EvalPayload) -> tuple[str | None, CallGuard]:
     """The judge model and the call guard for the payload's cases, refusing at once (before any
-    call, or any case job) a model the workspace does not allow or a plan over its call limit."""
+    call, or any case job) a regex check RE2 cannot run, a model the workspace does not allow or
+    a plan over its call limit."""
+    await asyncio.to_thread(check_patterns, payload)
     judge = await resolve_judge(ctx, payload)
     guard = call_guard(await ctx.workspace_settings(), (DEFAULT_MODEL, DEFAULT_EMBEDDING_MODEL))
     for model in [*payload.models, *([judge] if judge else [])]:

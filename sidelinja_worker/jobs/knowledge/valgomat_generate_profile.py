@@ -128,8 +128,29 @@ def statements_note(payload: ProfilePayload) -> str:
     return f"Party: {payload.party}\n\nStatements (id in brackets):\n{listed}\n\nProgramme:"
 
 
+# The quote check runs in a thread, but str.split and str.casefold hold the GIL for the whole of
+# the string they are given (0.23 s and 0.18 s on a 17 MB programme): the event loop waits for
+# them as if they ran on it. A piece of this many characters takes about a millisecond.
+SQUASH_PIECE_CHARS = 1 << 16
+
+
 def _squash(text: str) -> str:
-    return " ".join(text.split()).casefold()
+    """`text`'s words joined by single spaces, casefolded: what a quote and the programme are
+    compared as. Done a piece at a time, each piece a short hold of the GIL; a word cut in two
+    by a piece's end is glued together again."""
+    squashed: list[str] = []
+    spaced = False  # whether whitespace came after the last word in `squashed`
+    for start in range(0, len(text), SQUASH_PIECE_CHARS):
+        piece = text[start : start + SQUASH_PIECE_CHARS]
+        words = " ".join(piece.split()).casefold()
+        if words:
+            if squashed and (spaced or piece[0].isspace()):
+                squashed.append(" ")
+            squashed.append(words)
+            spaced = piece[-1].isspace()
+        else:
+            spaced = True
+    return "".join(squashed)
 
 
 def checked_positions(
@@ -161,7 +182,9 @@ async def run(ctx: JobContext, payload: ProfilePayload) -> dict[str, Any]:
     profile = {
         "party": payload.party,
         "summary": result.value.summary,
-        "positions": checked_positions(payload, result.value, programme),
+        # In a thread: it squashes the whole programme and searches it once per statement
+        # (1.1 s for 17 MB and 200 statements), which the worker's other jobs must not wait for.
+        "positions": await asyncio.to_thread(checked_positions, payload, result.value, programme),
     }
     row_id = await knowledge_store.save_profile(
         ctx.services.pool,
