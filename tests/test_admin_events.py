@@ -286,16 +286,18 @@ async def test_a_job_whose_type_the_trigger_leaves_out_is_streamed_and_forwarded
     assert max(len(p.encode()) for p in payloads) < EVENT_MAX_BYTES
 
 
+@pytest.mark.parametrize("length", [TEXT_SHOWN + 100, 10_000])
 async def test_a_progress_report_of_a_job_type_longer_than_the_admin_reads_is_streamed(
-    pool: asyncpg.Pool, db_url: str
+    pool: asyncpg.Pool, db_url: str, length: int
 ) -> None:
-    """A progress report names the job's type whole and the hub reads the row's first
-    TEXT_SHOWN characters: the two never matched for a longer type, and the report was dropped.
-    The claim agrees when the row's type is the claim's as far as it is read."""
+    """A progress report named the job's type whole: the hub, which reads the row's first
+    TEXT_SHOWN characters, never matched it for a longer type and dropped the report, and past
+    ~7,900 bytes NOTIFY refused the payload and the report was not stored at all. It now sends
+    the type as the status-event trigger does, null when its JSON is over 512 bytes."""
     from sidelinja_worker.queue import store
 
     a = await make_workspace(pool, "A")
-    job_type = "p" * (TEXT_SHOWN + 100)
+    job_type = "p" * length
     job = await pool.fetchval(
         "INSERT INTO job_queue (workspace_id, job_type, payload, status, worker_id, attempts)"
         " VALUES ($1, $2, '{}', 'running', $1, 1) RETURNING id",
@@ -319,6 +321,8 @@ async def test_a_progress_report_of_a_job_type_longer_than_the_admin_reads_is_st
         assert (got["id"], got["status"]) == (str(job), "running")
         assert got["progress"]["message"] == "Transkriberer…"
         assert got["job_type"] == job_type[:TEXT_SHOWN]
+    stored = await pool.fetchval("SELECT progress->>'message' FROM job_queue WHERE id = $1", job)
+    assert stored == "Transkriberer…"
 
 
 def a_row(**values: Any) -> Any:

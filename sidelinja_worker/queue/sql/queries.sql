@@ -451,7 +451,10 @@ FROM queue_settings
 ORDER BY 1, 2;
 
 -- name: report_progress
--- Stored on the job and published for live pages; only while this worker holds it.
+-- Stored on the job and published for live pages; only while this worker holds it. The type is
+-- sent only while its JSON text is at most 512 bytes, as the status-event trigger sends it
+-- (null otherwise: pages read it from the row): NOTIFY refuses a payload of 8000 bytes, and
+-- the refusal would roll the report back.
 WITH updated AS (
     UPDATE job_queue
     SET progress = jsonb_build_object('message', $3::text, 'percent', $4::float8,
@@ -461,7 +464,8 @@ WITH updated AS (
     RETURNING id, workspace_id, job_type, status, progress
 )
 SELECT pg_notify('sidelinja_job_events', jsonb_build_object(
-           'id', id, 'workspace_id', workspace_id, 'job_type', job_type,
+           'id', id, 'workspace_id', workspace_id,
+           'job_type', CASE WHEN octet_length(to_jsonb(job_type)::text) <= 512 THEN job_type END,
            'status', status, 'progress', progress)::text)
 FROM updated;
 
