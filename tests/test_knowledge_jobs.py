@@ -20,7 +20,9 @@ from sidelinja_worker.jobs.knowledge import valgomat_generate_profile
 from sidelinja_worker.jobs.knowledge.common import DEFAULT_EMBEDDING_MODEL
 from sidelinja_worker.jobs.knowledge.prompt_eval_scoring import (
     MAX_SCHEMA_STEPS,
+    MAX_SEARCH_CHARS,
     JsonSchemaCheck,
+    RegexCheck,
     schema_errors,
     score,
 )
@@ -776,6 +778,40 @@ def test_a_schema_check_stops_at_its_step_budget() -> None:
     # A distinct pattern is compiled once per check, however many strings it is matched with.
     patterns = {"type": "array", "items": {"type": "string", "pattern": r"[\pL\pN]{100}"}}
     assert schema_errors(patterns, ["x" * 100] * 1_000) == []
+
+
+def test_a_pattern_search_is_paid_for_by_the_character() -> None:
+    """A schema's `pattern` search cost a step per 64 characters, and RE2 takes up to 4 µs a
+    character for some patterns: a 2,000,000-character string cost 31,250 steps and ~8 s of a
+    thread the job's timeout cannot stop. A character searched is a step now."""
+    schema = {"type": "string", "pattern": r"[\pL\pN ]{20,200}x"}
+    started = time.perf_counter()
+    got = score(JsonSchemaCheck(kind="json_schema", schema=schema), json.dumps("a" * 2_000_000))
+    assert (got.passed, got.detail) == (
+        False,
+        f"$: the check took more than its budget of {MAX_SCHEMA_STEPS:,} steps "
+        "(schema size × answer size)",
+    )
+    assert time.perf_counter() - started < 1.0
+
+
+def test_a_regex_check_searches_the_answer_s_first_characters_only() -> None:
+    """A model may answer up to the gateway's 16 MB, and RE2 takes up to 4 µs a character for
+    some patterns: 20 such checks of one answer held a thread (the job's timeout cannot stop it)
+    for 20 minutes. A regex check searches the first MAX_SEARCH_CHARS characters, and a miss
+    in a longer answer says so."""
+    check = RegexCheck(kind="regex", pattern=r"[\pL\pN ]{20,200}x")
+    tail = "a" * (MAX_SEARCH_CHARS + 1_000) + "x"
+    started = time.perf_counter()
+    got = score(check, tail)
+    assert time.perf_counter() - started < 3.0
+    assert (got.passed, got.detail) == (
+        False,
+        f"not found in the answer's first {MAX_SEARCH_CHARS:,} characters "
+        f"(of {len(tail):,}); a regex check searches no further",
+    )
+    assert score(check, "a" * 100 + "x" + "b" * (MAX_SEARCH_CHARS * 2)).passed
+    assert score(check, "a" * 100).detail is None
 
 
 def _deep(levels: int) -> dict[str, object]:

@@ -44,13 +44,22 @@ _TOO_LARGE = "pattern too large"  # RE2's refusal of a program over max_mem
 # (a 100,000-value enum against a 10,000-item answer is 10^9 comparisons), and it runs in a
 # thread the job's timeout cannot stop. So it has a budget of steps: an answer node visited, an
 # enum member or const compared (a node, or CHARS_PER_STEP characters of a string, per step), a
-# string searched, and a distinct pattern compiled (RE2 takes up to ~0.1 s on a short pattern of
-# big classes and counted repeats). A step is at most about a microsecond: the check ends within
-# about a second whatever it is given, far above what a real test case takes; past the budget
-# the check fails, saying so.
+# character searched by a pattern (SEARCH_CHARS_PER_STEP, below), and a distinct pattern
+# compiled (RE2 takes up to ~0.2 s on a short pattern of big classes and counted repeats). A
+# step is about a microsecond, a search's up to four: the check ends within a few seconds
+# whatever it is given, far above what a real test case takes; past the budget the check
+# fails, saying so.
 MAX_SCHEMA_STEPS = 1_000_000
 COMPILE_STEPS = 100_000
 CHARS_PER_STEP = 64
+# RE2's search is linear in the text, but not cheap for every pattern: a big program whose DFA
+# outgrows its memory falls back to slower engines, 4 µs a character for [\pL\pN ]{20,200}x
+# (1.2 s for 300,000 characters), where a plain pattern takes nanoseconds. So a search costs
+# the schema check a step per character searched, and a regex check searches the answer's
+# first MAX_SEARCH_CHARS characters (a model may answer up to the gateway's 16 MB, and 20 such
+# checks took 20 minutes of a thread the job's timeout cannot stop; now under a second each).
+SEARCH_CHARS_PER_STEP = 1
+MAX_SEARCH_CHARS = 200_000
 NUMBER = re.compile(r"-?\d+(?:[.,]\d+)?")
 _TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),
@@ -232,8 +241,19 @@ def _compile(pattern: str, options: Any = _RE2_OPTIONS) -> Any:  # re2 ships no 
 
 
 def _regex_score(pattern: str, output: str) -> Score:
+    """Whether the pattern matches in the answer's first MAX_SEARCH_CHARS characters; a miss
+    in a longer answer says how far the check looked."""
     try:
-        return Score("regex", linear_search(pattern, output))
+        if linear_search(pattern, output[:MAX_SEARCH_CHARS]):
+            return Score("regex", True)
+        if len(output) <= MAX_SEARCH_CHARS:
+            return Score("regex", False)
+        return Score(
+            "regex",
+            False,
+            f"not found in the answer's first {MAX_SEARCH_CHARS:,} characters (of "
+            f"{len(output):,}); a regex check searches no further",
+        )
     except ValueError as exc:
         return Score(
             "regex",
@@ -298,7 +318,7 @@ class _Walk:
                 compiled = self.patterns[pattern] = str(exc)
         if isinstance(compiled, str):
             raise ValueError(compiled)
-        self.spend(1 + len(text) // CHARS_PER_STEP)
+        self.spend(1 + len(text) // SEARCH_CHARS_PER_STEP)
         return compiled.search(text) is not None
 
 
