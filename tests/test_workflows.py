@@ -290,30 +290,40 @@ async def test_the_cycle_check_looks_far_enough_both_ways(
     )
 
 
+@pytest.mark.parametrize("made_before", [False, True], ids=["no table yet", "table made"])
 async def test_a_role_that_may_not_make_temporary_tables_still_has_its_cycles_refused(
-    pool: asyncpg.Pool, workspace: UUID
+    db_url: str, pool: asyncpg.Pool, workspace: UUID, made_before: bool
 ) -> None:
-    """The check peels the jobs on a statement's paths in a temporary table; a role without
-    TEMPORARY on the database gets the walk per edge instead, and the same answers."""
+    """The check peels the jobs on a statement's paths in a temporary table: a role without
+    TEMPORARY on the database gets the walk per edge instead, and the same answers; and in a
+    session whose table another role made first (a pooler's login role, then SET ROLE), the
+    next role uses that table."""
     role = f"sw_test_no_temp_{uuid4().hex[:12]}"
     database = await pool.fetchval("SELECT current_database()")
     await pool.execute(f"CREATE ROLE {role} NOLOGIN")
+    conn = await asyncpg.connect(db_url)
     try:
         await pool.execute(f'REVOKE TEMPORARY ON DATABASE "{database}" FROM PUBLIC')
         await pool.execute(f"GRANT sidelinja_app TO {role}")
-        async with pool.acquire() as conn:
-            for cycle in (False, True):
-                with contextlib.suppress(asyncpg.CheckViolationError):
-                    async with conn.transaction():
-                        await conn.execute(f"SET LOCAL ROLE {role}")
-                        await conn.execute(
-                            "SELECT set_config('sidelinja.workspace_id', $1, true)", str(workspace)
-                        )
-                        ids = await noop_jobs(conn, workspace, 50)
-                        await add_chain(conn, ids + ids[:1] if cycle else ids)
-                        assert not cycle, "a cycle went in"
-            assert await pool.fetchval("SELECT count(*) FROM job_dependencies") == 49
+        if made_before:
+            async with conn.transaction():
+                await add_chain(conn, await noop_jobs(conn, workspace, 3))
+        made = "SELECT to_regclass('pg_temp.sidelinja_cycle_jobs') IS NOT NULL"
+        assert await conn.fetchval(made) == made_before
+        for cycle in (False, True):
+            with contextlib.suppress(asyncpg.CheckViolationError):
+                async with conn.transaction():
+                    await conn.execute(f"SET LOCAL ROLE {role}")
+                    await conn.execute(
+                        "SELECT set_config('sidelinja.workspace_id', $1, true)", str(workspace)
+                    )
+                    ids = await noop_jobs(conn, workspace, 50)
+                    await add_chain(conn, ids + ids[:1] if cycle else ids)
+                    assert not cycle, "a cycle went in"
+        edges = await pool.fetchval("SELECT count(*) FROM job_dependencies")
+        assert edges == 49 + (2 if made_before else 0)
     finally:
+        await conn.close()
         await pool.execute(f"DROP OWNED BY {role}")
         await pool.execute(f"DROP ROLE {role}")
 

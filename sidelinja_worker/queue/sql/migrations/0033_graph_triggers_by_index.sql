@@ -222,6 +222,9 @@ BEGIN
                 parents_left int NOT NULL DEFAULT 0,
                 seen bool NOT NULL DEFAULT false
             ) ON COMMIT DELETE ROWS;
+            -- Any role this session later takes (SET ROLE, as poolers and PostgREST do) uses it
+            -- too: a temporary table is the session's alone, and its maker owns it.
+            GRANT ALL ON TABLE pg_temp.sidelinja_cycle_jobs TO PUBLIC;
         END IF;
     EXCEPTION WHEN insufficient_privilege THEN
         checked := false;
