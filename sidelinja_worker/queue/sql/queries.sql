@@ -700,8 +700,8 @@ RETURNING j.id;
 -- start), and the last one taken comes back (NULL: none), for the next batch to start after
 -- it. Without a cursor, a graph that must stay whole with $3 finished jobs or more (a join
 -- waiting on a parent due next year) filled every batch, was kept, and no other graph was
--- ever pruned.
-WITH RECURSIVE old AS NOT MATERIALIZED (
+-- ever pruned. The walk is sidelinja_graph_of (0035), by index whatever the statistics say.
+WITH old AS NOT MATERIALIZED (
     SELECT id, has_children, completed_at FROM job_queue
     WHERE status IN ('completed', 'error', 'cancelled')
       AND completed_at < now() - make_interval(secs => $1)
@@ -717,30 +717,15 @@ WITH RECURSIVE old AS NOT MATERIALIZED (
       AND ($4::timestamptz IS NULL OR (o.completed_at, o.id) > ($4::timestamptz, $5::uuid))
     ORDER BY o.completed_at, o.id
     LIMIT $3
-), graph(id) AS (  -- the whole graphs of the batch's graph jobs
-    SELECT id FROM in_graph
-    UNION
-    SELECT n.id
-    FROM graph g
-    CROSS JOIN LATERAL (
-        SELECT d.child_id AS id FROM job_dependencies d WHERE d.parent_id = g.id
-        UNION ALL
-        SELECT d.parent_id FROM job_dependencies d WHERE d.child_id = g.id
-    ) n
-), kept(id) AS (  -- joined to a job not past retention: its graph stays whole
-    SELECT g.id FROM graph g JOIN job_queue j ON j.id = g.id
-    WHERE (j.status IN ('completed', 'error', 'cancelled')
-           AND j.completed_at < now() - make_interval(secs => $1)
-           AND (j.status <> 'error' OR j.completed_at < now() - make_interval(secs => $2)))
-          IS NOT TRUE
-    UNION
-    SELECT n.id
-    FROM kept k
-    CROSS JOIN LATERAL (
-        SELECT d.child_id AS id FROM job_dependencies d WHERE d.parent_id = k.id
-        UNION ALL
-        SELECT d.parent_id FROM job_dependencies d WHERE d.child_id = k.id
-    ) n
+), graph AS MATERIALIZED (  -- the whole graphs of the batch's graph jobs (by index: 0035)
+    SELECT id FROM sidelinja_graph_of(ARRAY(SELECT id FROM in_graph)) AS g(id)
+), kept AS MATERIALIZED (  -- joined to a job not past retention: its graph stays whole
+    SELECT id FROM sidelinja_graph_of(ARRAY(
+        SELECT g.id FROM graph g JOIN job_queue j ON j.id = g.id
+        WHERE (j.status IN ('completed', 'error', 'cancelled')
+               AND j.completed_at < now() - make_interval(secs => $1)
+               AND (j.status <> 'error' OR j.completed_at < now() - make_interval(secs => $2)))
+              IS NOT TRUE)) AS k(id)
 ), gone AS (
     DELETE FROM job_queue
     WHERE id = ANY(ARRAY(
