@@ -431,3 +431,31 @@ async def test_a_running_row_no_worker_holds_is_rescued_whatever_its_start(
     await asyncio.wait_for(run_burst(pool, db_url), 20)
     rows = await pool.fetch("SELECT id, status::text AS st FROM job_queue")
     assert {r["id"]: r["st"] for r in rows} == {i: "completed" for i in (*forged, theirs)}
+
+
+async def test_an_outcome_whose_statement_outlasts_its_timeout_is_written_with_more_time(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """A completion's statement also settles the job's graph children: a parent of 300,000
+    children outlasts the statements' timeout. With a fixed timeout it failed at every try and
+    every outcome behind it waited for ever (the heartbeat keeping the jobs from the rescue).
+    Here a trigger makes one completion take 0.3 s against a timeout of 0.1 s."""
+    worker_id, ids = await _claimed(pool, workspace, 3)
+    await pool.execute(
+        "CREATE FUNCTION test_slow_completion() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$ BEGIN PERFORM pg_sleep(0.3); RETURN NULL; END $$;"
+        " CREATE TRIGGER test_slow_completion AFTER UPDATE ON job_queue FOR EACH ROW"
+        " WHEN (NEW.status = 'completed' AND NEW.payload ? 'slow')"
+        " EXECUTE FUNCTION test_slow_completion()"
+    )
+    await pool.execute("UPDATE job_queue SET payload = '{\"slow\": true}' WHERE id = $1", ids[0])
+    writer = OutcomeWriter(pool, worker_id, timeout_s=0.1)
+    task = asyncio.create_task(writer.run())
+    try:
+        for job_id in ids:
+            writer.completed(job_id, RawJson(b"{}"))
+        assert await writer.drain(20)
+    finally:
+        task.cancel()
+    statuses = await pool.fetch("SELECT status::text FROM job_queue WHERE id = ANY($1)", ids)
+    assert [r[0] for r in statuses] == ["completed"] * 3

@@ -26,12 +26,21 @@ log = logging.getLogger("sidelinja_worker.outcomes")
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 5.0
 FLUSH_TIMEOUT_S = 60.0  # a flush that takes longer is treated as a lost connection, and retried
+# An outcome's statement also releases or cancels its job's graph children, ~35 µs each, so a
+# parent of 300,000 children outlasts the statements' usual timeout. With that timeout fixed,
+# its completion failed at every try, every outcome buffered behind it waited for ever, and the
+# worker's heartbeat kept its jobs from the rescue. A flush that times out is tried again with
+# twice the time, up to OUTCOME_TIMEOUT_MAX_S, and the next flush that succeeds starts over.
+OUTCOME_TIMEOUT_MAX_S = 640.0
 
 
 class OutcomeWriter:
-    def __init__(self, pool: asyncpg.Pool, worker_id: UUID) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, worker_id: UUID, timeout_s: float = store.STATEMENT_TIMEOUT_S
+    ) -> None:
         self.worker_id = worker_id
         self._pool = pool
+        self._base_timeout_s = self._timeout_s = timeout_s
         self._done: list[tuple[UUID, RawJson]] = []
         self._follow_ups: dict[UUID, list[NewJob]] = {}
         self._failed: list[Failure] = []
@@ -75,10 +84,10 @@ class OutcomeWriter:
         """Completions; a job's follow-up jobs commit in the same transaction, and only for the
         jobs this statement really completed (not one rescued from us meanwhile)."""
         if not self._follow_ups or not any(job_id in self._follow_ups for job_id, _ in done):
-            await store.complete_quietly(conn, self.worker_id, done)
+            await store.complete_quietly(conn, self.worker_id, done, self._timeout_s)
             return
         async with conn.transaction():
-            completed = await store.complete(conn, self.worker_id, done)
+            completed = await store.complete(conn, self.worker_id, done, self._timeout_s)
             jobs = [job for job_id in completed for job in self._follow_ups.get(job_id, ())]
             if jobs:
                 await enqueue_many(conn, jobs)
@@ -114,15 +123,18 @@ class OutcomeWriter:
             try:
                 # Every statement of a flush is bounded (store.STATEMENT_TIMEOUT_S) but the
                 # follow-up enqueue, which runs in the completion's transaction: this bounds it.
-                async with asyncio.timeout(FLUSH_TIMEOUT_S):
+                async with asyncio.timeout(max(FLUSH_TIMEOUT_S, 4 * self._timeout_s)):
                     await self._flush()
-                delay = RETRY_FIRST_S
+                delay, self._timeout_s = RETRY_FIRST_S, self._base_timeout_s
             except DB_ERRORS as exc:
+                if isinstance(exc, TimeoutError):
+                    self._timeout_s = min(2 * self._timeout_s, OUTCOME_TIMEOUT_MAX_S)
                 log.warning(
-                    "writing %d job outcomes failed (%s); retrying in %.2fs",
+                    "writing %d job outcomes failed (%s); retrying in %.2fs with %gs a statement",
                     self.pending(),
-                    exc,
+                    exc if str(exc) else type(exc).__name__,
                     delay,
+                    self._timeout_s,
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
@@ -173,13 +185,13 @@ class OutcomeWriter:
                 self._empty.set()
 
     async def _fail(self, conn: asyncpg.Connection, failed: list[Failure]) -> None:
-        await store.fail(conn, self.worker_id, failed)
+        await store.fail(conn, self.worker_id, failed, self._timeout_s)
 
     async def _release(self, conn: asyncpg.Connection, released: list[Release]) -> None:
-        await store.release(conn, self.worker_id, released)
+        await store.release(conn, self.worker_id, released, self._timeout_s)
 
     async def _cancel(self, conn: asyncpg.Connection, cancelled: list[UUID]) -> None:
-        await store.mark_cancelled(conn, self.worker_id, cancelled)
+        await store.mark_cancelled(conn, self.worker_id, cancelled, self._timeout_s)
 
     async def _isolated(
         self,
@@ -218,7 +230,7 @@ class OutcomeWriter:
                 refused.append(Failure(job_id(item), "bad_outcome", clean(message), True, 0.0))
         for failure in refused:  # the stand-in outcome is ours, plain text: refused, give up
             try:
-                await store.fail(conn, self.worker_id, [failure])
+                await store.fail(conn, self.worker_id, [failure], self._timeout_s)
             except Exception as exc:
                 if not refused_value(exc):
                     raise

@@ -121,30 +121,45 @@ async def prepare_hot_path(conn: asyncpg.Connection, job_types: Sequence[str]) -
     await conn.execute(COMPLETE_QUIET, [], [], NIL_WORKER, timeout=STATEMENT_TIMEOUT_S)
 
 
-async def complete(conn: Conn, worker_id: UUID, done: Sequence[tuple[UUID, Any]]) -> set[UUID]:
+async def complete(
+    conn: Conn,
+    worker_id: UUID,
+    done: Sequence[tuple[UUID, Any]],
+    timeout_s: float = STATEMENT_TIMEOUT_S,
+) -> set[UUID]:
     """Marks the jobs completed; returns those that were still ours to complete."""
     rows = await conn.fetch(
         Q["complete"],
         [d[0] for d in done],
         [d[1] for d in done],
         worker_id,
-        timeout=STATEMENT_TIMEOUT_S,
+        timeout=timeout_s,
     )
     return {r[0] for r in rows}
 
 
-async def complete_quietly(conn: Conn, worker_id: UUID, done: Sequence[tuple[UUID, Any]]) -> None:
+async def complete_quietly(
+    conn: Conn,
+    worker_id: UUID,
+    done: Sequence[tuple[UUID, Any]],
+    timeout_s: float = STATEMENT_TIMEOUT_S,
+) -> None:
     """`complete`, not saying which jobs were still ours."""
     await conn.execute(
         COMPLETE_QUIET,
         [d[0] for d in done],
         [d[1] for d in done],
         worker_id,
-        timeout=STATEMENT_TIMEOUT_S,
+        timeout=timeout_s,
     )
 
 
-async def fail(conn: Conn, worker_id: UUID, failures: Sequence[Failure]) -> None:
+async def fail(
+    conn: Conn,
+    worker_id: UUID,
+    failures: Sequence[Failure],
+    timeout_s: float = STATEMENT_TIMEOUT_S,
+) -> None:
     await conn.execute(
         Q["fail"],
         [f.job_id for f in failures],
@@ -153,23 +168,30 @@ async def fail(conn: Conn, worker_id: UUID, failures: Sequence[Failure]) -> None
         [f.permanent for f in failures],
         [f.delay_s for f in failures],
         worker_id,
-        timeout=STATEMENT_TIMEOUT_S,
+        timeout=timeout_s,
     )
 
 
-async def release(conn: Conn, worker_id: UUID, releases: Sequence[Release]) -> None:
+async def release(
+    conn: Conn,
+    worker_id: UUID,
+    releases: Sequence[Release],
+    timeout_s: float = STATEMENT_TIMEOUT_S,
+) -> None:
     await conn.execute(
         Q["release"],
         [r.job_id for r in releases],
         [r.run_at for r in releases],
         [r.reason for r in releases],
         worker_id,
-        timeout=STATEMENT_TIMEOUT_S,
+        timeout=timeout_s,
     )
 
 
-async def mark_cancelled(conn: Conn, worker_id: UUID, job_ids: Sequence[UUID]) -> None:
-    await conn.execute(Q["cancelled"], list(job_ids), worker_id, timeout=STATEMENT_TIMEOUT_S)
+async def mark_cancelled(
+    conn: Conn, worker_id: UUID, job_ids: Sequence[UUID], timeout_s: float = STATEMENT_TIMEOUT_S
+) -> None:
+    await conn.execute(Q["cancelled"], list(job_ids), worker_id, timeout=timeout_s)
 
 
 async def enqueue(conn: Conn, rows: EnqueueRows) -> set[UUID]:
