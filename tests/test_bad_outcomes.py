@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from sidelinja_worker import settings
 from sidelinja_worker.admin import store as admin_store
 from sidelinja_worker.cli.main import build_parser
-from sidelinja_worker.queue import store
+from sidelinja_worker.queue import maintenance, store
 from sidelinja_worker.queue.backoff import DEFER_MAX_S, RETRY_MAX_S, clamp_s, defer_until
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.db import RawJson
@@ -27,9 +27,10 @@ from sidelinja_worker.queue.executor import MAX_PAYLOAD_BYTES, MAX_RESULT_BYTES,
 from sidelinja_worker.queue.jobs import ClaimedJob
 from sidelinja_worker.queue.outcomes import OutcomeWriter
 from sidelinja_worker.queue.registry import Registry
+from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.store import Failure, Release
 from sidelinja_worker.services.classify import parse_retry_after
-from tests.helpers import job_type, make_workspace, run_burst
+from tests.helpers import job_type, make_workspace, run_burst, wait_for_sql
 
 
 async def _claimed(pool: asyncpg.Pool, workspace: UUID, n: int) -> tuple[UUID, list[UUID]]:
@@ -459,3 +460,35 @@ async def test_an_outcome_whose_statement_outlasts_its_timeout_is_written_with_m
         task.cancel()
     statuses = await pool.fetch("SELECT status::text FROM job_queue WHERE id = ANY($1)", ids)
     assert [r[0] for r in statuses] == ["completed"] * 3
+
+
+async def test_a_rescue_that_outlasts_its_timeout_is_tried_with_more_time(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """The rescue is one statement for every dead worker's jobs, and ending a job's last attempt
+    cancels its graph children in it too: with a fixed timeout, such a rescue timed out at every
+    turn and no dead worker's job came back. A trigger makes it take 0.3 s against 0.1 s."""
+    worker_id, ids = await _claimed(pool, workspace, 2)
+    await pool.execute(
+        "CREATE FUNCTION test_slow_rescue() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$ BEGIN PERFORM pg_sleep(0.3); RETURN NULL; END $$;"
+        " CREATE TRIGGER test_slow_rescue AFTER UPDATE ON job_queue FOR EACH ROW"
+        " WHEN (NEW.status = 'retry' AND NEW.payload ? 'slow')"
+        " EXECUTE FUNCTION test_slow_rescue()"
+    )
+    await pool.execute("UPDATE job_queue SET payload = '{\"slow\": true}' WHERE id = $1", ids[0])
+    await pool.execute(
+        "UPDATE job_workers SET expires_at = now() - interval '1 minute' WHERE id = $1", worker_id
+    )
+    loop = asyncio.create_task(
+        maintenance.rescue_loop(pool, WorkerSettings(poll_interval_s=0.05), timeout_s=0.1)
+    )
+    try:
+        await wait_for_sql(
+            pool,
+            "SELECT count(*) = 2 FROM job_queue WHERE status = 'retry' AND id = ANY($1)",
+            ids,
+            timeout_s=20,
+        )
+    finally:
+        loop.cancel()

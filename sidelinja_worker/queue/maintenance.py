@@ -15,20 +15,33 @@ from sidelinja_worker.queue.settings import WorkerSettings
 log = logging.getLogger("sidelinja_worker.maintenance")
 
 PRUNE_BATCH = 1000
+# The rescue is one statement for every dead worker's jobs, and a job it ends in `error` (its
+# last attempt) cancels its graph children in it too, ~35 µs each: a parent of 300,000 children
+# outlasts the statement's usual timeout. With that timeout fixed, the same rescue timed out at
+# every turn and no dead worker's job came back. A rescue that times out is tried again with
+# twice the time, up to RESCUE_TIMEOUT_MAX_S, and one that succeeds starts over.
+RESCUE_TIMEOUT_MAX_S = 640.0
 
 
-async def rescue_loop(pool: asyncpg.Pool, settings: WorkerSettings) -> None:
+async def rescue_loop(
+    pool: asyncpg.Pool, settings: WorkerSettings, timeout_s: float = store.STATEMENT_TIMEOUT_S
+) -> None:
     """Every poll interval, puts back the jobs of workers whose lease expired: a dead worker's
     jobs are back in the queue within its lease plus one poll."""
+    allowed_s = timeout_s
     while True:
         try:
-            rescued = await store.rescue(pool, settings.lease_s)
+            rescued = await store.rescue(pool, settings.lease_s, allowed_s)
+            allowed_s = timeout_s
             if rescued:
                 log.warning(
                     "rescued %d jobs from dead workers: %s",
                     len(rescued),
                     ", ".join(str(i) for i in rescued[:10]),
                 )
+        except TimeoutError:
+            allowed_s = min(2 * allowed_s, RESCUE_TIMEOUT_MAX_S)
+            log.warning("the rescue took too long; trying again with %gs", allowed_s)
         except DB_ERRORS as exc:
             log.debug("rescue skipped: %s", exc)
         await asyncio.sleep(settings.poll_interval_s)

@@ -329,10 +329,10 @@ async def unregister_worker(conn: Conn, worker_id: UUID) -> None:
     await conn.execute(Q["unregister_worker"], worker_id, timeout=STATEMENT_TIMEOUT_S)
 
 
-async def rescue(conn: Conn, orphan_after_s: float) -> list[UUID]:
-    return [
-        r[0] for r in await conn.fetch(Q["rescue"], orphan_after_s, timeout=STATEMENT_TIMEOUT_S)
-    ]
+async def rescue(
+    conn: Conn, orphan_after_s: float, timeout_s: float = STATEMENT_TIMEOUT_S
+) -> list[UUID]:
+    return [r[0] for r in await conn.fetch(Q["rescue"], orphan_after_s, timeout=timeout_s)]
 
 
 # Where a prune's graph jobs resume: the (completed_at, id) of the last one a batch took.
