@@ -8,7 +8,7 @@ from uuid import UUID
 
 import asyncpg
 
-from sidelinja_worker.queue import store
+from sidelinja_worker.queue import maintenance, store
 
 # The longest message a child cancelled by its parent's failure carries (migration 0034).
 MAX_CANCEL_MESSAGE = 1400
@@ -111,8 +111,40 @@ async def test_the_prune_walks_a_fan_out_by_index_after_analyze(
     await pool.execute("ANALYZE job_queue; ANALYZE job_dependencies")
     async with pool.acquire() as conn, conn.transaction():
         before = await rows_read(conn)
-        deleted, _last = await store.prune(conn, 86400, 86400, 1000)
+        deleted = (await store.prune(conn, 86400, 86400, 1000)).deleted
         read = await rows_read(conn) - before
     assert deleted == children + 1
     assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE id = $1", parent) == 0
     assert read < 30 * children, read
+
+
+async def test_a_graph_kept_whole_is_walked_once_per_prune(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """A graph with a job not past retention stays whole, and each prune batch that took some of
+    its finished jobs walked all of it again: a kept graph of 100,000 finished jobs cost each
+    prune a hundred walks of 100,000 jobs (103 s) and deleted nothing. Now the prune's later
+    batches pass over the jobs of graphs it has found kept."""
+    children = 3000
+    parent = await fan_out(pool, workspace, children)
+    await pool.execute(
+        "UPDATE job_queue SET status = 'completed', completed_at = now() - interval '30 days'"
+        " WHERE id <> $1",
+        parent,
+    )
+    await pool.execute(
+        "UPDATE job_queue SET status = 'completed', completed_at = now() WHERE id = $1", parent
+    )
+    after = await fan_out(pool, workspace, 2)  # a graph past retention behind the kept one
+    await pool.execute(
+        "UPDATE job_queue SET status = 'completed', completed_at = now() - interval '29 days'"
+        " WHERE id = $1 OR id IN (SELECT child_id FROM job_dependencies WHERE parent_id = $1)",
+        after,
+    )
+    async with pool.acquire() as conn, conn.transaction():
+        before = await rows_read(conn)
+        deleted = await maintenance.prune_past_retention(conn, 86400, 86400, batch=100)
+        read = await rows_read(conn) - before
+    assert deleted == 3
+    assert await pool.fetchval("SELECT count(*) FROM job_queue") == children + 1
+    assert read < 40 * children, read  # ~54,000 here; 794,000 before

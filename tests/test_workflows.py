@@ -788,7 +788,7 @@ async def test_retention_prunes_graphs_whole(pool: asyncpg.Pool, workspace: UUID
         " WHERE coalesce(payload->>'name', 'x') <> 'd'"
     )
     async with pool.acquire() as conn:
-        deleted, _ = await store.prune(conn, 86400, 86400, 1000)
+        deleted = (await store.prune(conn, 86400, 86400, 1000)).deleted
     assert deleted == 5  # three plain jobs and the whole of g1
     assert sorted(await by_name(pool)) == ["c", "d"]
     assert await pool.fetchval("SELECT count(*) FROM job_dependencies") == 1

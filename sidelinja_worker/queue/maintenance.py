@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from uuid import UUID
 
 import asyncpg
 
@@ -73,8 +74,12 @@ async def prune_past_retention(
     `on_batch` gets each batch's count (the CLI's progress bar)."""
     deleted = 0
     after: store.PruneCursor | None = None
+    kept: set[UUID] = set()  # graphs found kept whole: later batches pass over their jobs
     while True:
-        count, last = await store.prune(conn, keep_completed_s, keep_errors_s, batch, after)
+        count, last, also_kept = await store.prune(
+            conn, keep_completed_s, keep_errors_s, batch, after, kept
+        )
+        kept.update(also_kept)
         if count == 0 and last is None:
             return deleted
         if count:

@@ -3,10 +3,10 @@ at run time (migrate.py runs the schema files)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import asyncpg
@@ -339,26 +339,34 @@ async def rescue(
 PruneCursor = tuple[datetime, UUID]
 
 
+class PruneBatch(NamedTuple):
+    deleted: int
+    last: PruneCursor | None  # the last graph job the batch took; None: none was left
+    kept: list[UUID]  # the jobs of graphs the batch found kept whole
+
+
 async def prune(
     conn: Conn,
     completed_after_s: float,
     error_after_s: float,
     batch: int,
     after: PruneCursor | None = None,
-) -> tuple[int, PruneCursor | None]:
-    """Deletes one batch of finished jobs past retention, taking graph jobs after `after`.
-    Returns how many it deleted, and the last graph job it took (None: none was left)."""
+    passed_over: Collection[UUID] = (),
+) -> PruneBatch:
+    """Deletes one batch of finished jobs past retention, taking graph jobs after `after` and
+    not in `passed_over` (graphs an earlier batch found kept)."""
     row = await conn.fetchrow(
         Q["prune"],
         completed_after_s,
         error_after_s,
         batch,
         *(after or (None, None)),
+        list(passed_over),
         timeout=STATEMENT_TIMEOUT_S,
     )
     assert row is not None  # the statement always answers one row
     last = None if row["last_id"] is None else (row["last_at"], row["last_id"])
-    return int(row["deleted"]), last
+    return PruneBatch(int(row["deleted"]), last, list(row["kept"]))
 
 
 async def request_cancel(conn: Conn, job_id: UUID) -> tuple[str | None, str | None]:
