@@ -280,3 +280,11 @@ async def metrics_text(port: int) -> str | None:
     finally:
         writer.close()
         await writer.wait_closed()
+
+
+async def rows_read(conn: asyncpg.Connection) -> int:
+    """Rows of job_queue and job_dependencies this transaction has read, by any scan."""
+    return await conn.fetchval(
+        "SELECT sum(coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0))::int"
+        " FROM pg_stat_xact_user_tables WHERE relname IN ('job_queue', 'job_dependencies')"
+    )

@@ -9,6 +9,7 @@ from uuid import UUID
 import asyncpg
 
 from sidelinja_worker.queue import maintenance, store
+from tests.helpers import rows_read
 
 # The longest message a child cancelled by its parent's failure carries (migration 0034).
 MAX_CANCEL_MESSAGE = 1400
@@ -86,14 +87,6 @@ async def test_children_do_not_copy_a_huge_parent_error_or_type(
     )
     assert len(lengths) == 20
     assert max(r["n"] for r in lengths) < MAX_CANCEL_MESSAGE
-
-
-async def rows_read(conn: asyncpg.Connection) -> int:
-    """Rows of job_queue and job_dependencies this transaction has read, by any scan."""
-    return await conn.fetchval(
-        "SELECT sum(coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0))::int"
-        " FROM pg_stat_xact_user_tables WHERE relname IN ('job_queue', 'job_dependencies')"
-    )
 
 
 async def test_the_prune_walks_a_fan_out_by_index_after_analyze(

@@ -34,7 +34,7 @@ from tests.fakes.fixtures import (  # noqa: F401  (pytest finds fixtures by modu
 )
 from tests.fakes.forgejo_server import FakeForgejo
 from tests.fakes.whisper_server import FakeWhisper
-from tests.helpers import cli, insert_jobs, job_type, run_burst, spawn, statuses
+from tests.helpers import cli, insert_jobs, job_type, rows_read, run_burst, spawn, statuses
 
 PSQL = "/usr/bin/psql"
 
@@ -173,14 +173,6 @@ async def add_chain(conn: asyncpg.Connection, ids: list[UUID]) -> None:
         " SELECT a, b FROM unnest($1::uuid[], $2::uuid[]) AS e(a, b)",
         ids[:-1],
         ids[1:],
-    )
-
-
-async def rows_read(conn: asyncpg.Connection) -> int:
-    """Rows of job_queue and job_dependencies this transaction has read, by any scan."""
-    return await conn.fetchval(
-        "SELECT sum(coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0))::int"
-        " FROM pg_stat_xact_user_tables WHERE relname IN ('job_queue', 'job_dependencies')"
     )
 
 
