@@ -2,7 +2,7 @@
 --
 -- 1. The cycle check of new edges looks from the smaller side. Before (0024), each new
 -- edge walked everything below its child among the jobs of its instant, whole, under the
--- advisory lock every edge insert of the cluster waits for. A chain built from its end up, one
+-- advisory lock every edge insert of the database waits for. A chain built from its end up, one
 -- edge per statement (each new parent above the chain so far), walked the whole chain each
 -- time: 1,000 jobs took 82 s in a new database (its statistics from an empty table), 400 took
 -- 6 s, and every other graph insert of every workspace waited that long.
