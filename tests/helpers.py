@@ -288,3 +288,21 @@ async def rows_read(conn: asyncpg.Connection) -> int:
         "SELECT sum(coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0))::int"
         " FROM pg_stat_xact_user_tables WHERE relname IN ('job_queue', 'job_dependencies')"
     )
+
+
+async def chain(pool: asyncpg.Pool, workspace: UUID, depth: int) -> list[UUID]:
+    """A chain of `depth` jobs, each the child of the one before, in one plain-SQL statement;
+    each created a millisecond after its parent, as if enqueued one after another (the cycle
+    check looks among jobs created at one instant only)."""
+    rows = await pool.fetch(
+        "WITH jobs AS (INSERT INTO job_queue (workspace_id, job_type, payload, created_at)"
+        " SELECT $1, 'noop', jsonb_build_object('n', n), now() + n * interval '1 millisecond'"
+        " FROM generate_series(1, $2) n"
+        " RETURNING id, (payload->>'n')::int AS n),"
+        " edges AS (INSERT INTO job_dependencies (parent_id, child_id)"
+        " SELECT p.id, c.id FROM jobs p JOIN jobs c ON c.n = p.n + 1)"
+        " SELECT id FROM jobs ORDER BY n",
+        workspace,
+        depth,
+    )
+    return [r["id"] for r in rows]

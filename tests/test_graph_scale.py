@@ -9,27 +9,10 @@ from uuid import UUID
 import asyncpg
 
 from sidelinja_worker.queue import maintenance, store
-from tests.helpers import rows_read
+from tests.helpers import chain, rows_read
 
 # The longest message a child cancelled by its parent's failure carries (migration 0034).
 MAX_CANCEL_MESSAGE = 1400
-
-
-async def chain(pool: asyncpg.Pool, workspace: UUID, depth: int) -> list[UUID]:
-    """A chain of `depth` jobs, each the child of the one before, in one plain-SQL statement;
-    each created a millisecond after its parent, as if enqueued one after another."""
-    rows = await pool.fetch(
-        "WITH jobs AS (INSERT INTO job_queue (workspace_id, job_type, payload, created_at)"
-        " SELECT $1, 'noop', jsonb_build_object('n', n), now() + n * interval '1 millisecond'"
-        " FROM generate_series(1, $2) n"
-        " RETURNING id, (payload->>'n')::int AS n),"
-        " edges AS (INSERT INTO job_dependencies (parent_id, child_id)"
-        " SELECT p.id, c.id FROM jobs p JOIN jobs c ON c.n = p.n + 1)"
-        " SELECT id FROM jobs ORDER BY n",
-        workspace,
-        depth,
-    )
-    return [r["id"] for r in rows]
 
 
 async def fan_out(pool: asyncpg.Pool, workspace: UUID, children: int) -> UUID:

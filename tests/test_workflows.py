@@ -34,7 +34,16 @@ from tests.fakes.fixtures import (  # noqa: F401  (pytest finds fixtures by modu
 )
 from tests.fakes.forgejo_server import FakeForgejo
 from tests.fakes.whisper_server import FakeWhisper
-from tests.helpers import cli, insert_jobs, job_type, rows_read, run_burst, spawn, statuses
+from tests.helpers import (
+    chain,
+    cli,
+    insert_jobs,
+    job_type,
+    rows_read,
+    run_burst,
+    spawn,
+    statuses,
+)
 
 PSQL = "/usr/bin/psql"
 
@@ -357,24 +366,6 @@ async def test_failure_cancels_descendants_and_retry_resumes(
     assert jobs["b"]["error_msg"] is None
     await run_burst(pool, db_url)
     assert {j["st"] for j in (await by_name(pool)).values()} == {"completed"}
-
-
-async def chain(pool: asyncpg.Pool, workspace: UUID, depth: int) -> list[UUID]:
-    """A chain of `depth` jobs, each the child of the one before, in one plain-SQL statement;
-    each created a millisecond after its parent, as if enqueued one after another (the cycle
-    check looks among jobs created at one instant only)."""
-    rows = await pool.fetch(
-        "WITH jobs AS (INSERT INTO job_queue (workspace_id, job_type, payload, created_at)"
-        " SELECT $1, 'noop', jsonb_build_object('n', n), now() + n * interval '1 millisecond'"
-        " FROM generate_series(1, $2) n"
-        " RETURNING id, (payload->>'n')::int AS n),"
-        " edges AS (INSERT INTO job_dependencies (parent_id, child_id)"
-        " SELECT p.id, c.id FROM jobs p JOIN jobs c ON c.n = p.n + 1)"
-        " SELECT id FROM jobs ORDER BY n",
-        workspace,
-        depth,
-    )
-    return [r["id"] for r in rows]
 
 
 async def test_a_chain_hundreds_deep_is_cancelled_whole_by_a_failure_or_a_rescue(
