@@ -11,7 +11,7 @@ import asyncpg
 from sidelinja_worker.queue import maintenance, store
 from tests.helpers import chain, rows_read
 
-# The longest message a child cancelled by its parent's failure carries (migration 0034).
+# The longest message a child cancelled by its parent's failure carries (migration 0033).
 MAX_CANCEL_MESSAGE = 1400
 
 

@@ -700,7 +700,7 @@ RETURNING j.id;
 -- start), and the last one taken comes back (NULL: none), for the next batch to start after
 -- it. Without a cursor, a graph that must stay whole with $3 finished jobs or more (a join
 -- waiting on a parent due next year) filled every batch, was kept, and no other graph was
--- ever pruned. The walk is sidelinja_graph_of (0035), by index whatever the statistics say.
+-- ever pruned. The walk is sidelinja_graph_of (0034), by index whatever the statistics say.
 -- $6: jobs of graphs an earlier batch of this prune found kept, which this batch passes over,
 -- and the kept graphs' jobs come back: a kept graph of 100,000 finished jobs was walked whole
 -- again by each of the hundred batches that took its jobs (103 s a prune, deleting nothing).
@@ -721,7 +721,7 @@ WITH old AS NOT MATERIALIZED (
       AND NOT EXISTS (SELECT 1 FROM unnest($6::uuid[]) AS k(id) WHERE k.id = o.id)
     ORDER BY o.completed_at, o.id
     LIMIT $3
-), graph AS MATERIALIZED (  -- the whole graphs of the batch's graph jobs (by index: 0035)
+), graph AS MATERIALIZED (  -- the whole graphs of the batch's graph jobs (by index: 0034)
     SELECT id FROM sidelinja_graph_of(ARRAY(SELECT id FROM in_graph)) AS g(id)
 ), kept AS MATERIALIZED (  -- joined to a job not past retention: its graph stays whole
     SELECT id FROM sidelinja_graph_of(ARRAY(
