@@ -16,19 +16,19 @@ from sidelinja_worker.queue.settings import WorkerSettings
 log = logging.getLogger("sidelinja_worker.maintenance")
 
 PRUNE_BATCH = 1000
-# The rescue is one statement for every dead worker's jobs, and a job it ends in `error` (its
-# last attempt) cancels its graph children in it too, ~35 µs each: a parent of 300,000 children
-# outlasts the statement's usual timeout. With that timeout fixed, the same rescue timed out at
-# every turn and no dead worker's job came back. A rescue that times out is tried again with
-# twice the time, up to RESCUE_TIMEOUT_MAX_S, and one that succeeds starts over.
-RESCUE_TIMEOUT_MAX_S = 640.0
 
 
 async def rescue_loop(
     pool: asyncpg.Pool, settings: WorkerSettings, timeout_s: float = store.STATEMENT_TIMEOUT_S
 ) -> None:
     """Every poll interval, puts back the jobs of workers whose lease expired: a dead worker's
-    jobs are back in the queue within its lease plus one poll."""
+    jobs are back in the queue within its lease plus one poll.
+
+    The rescue is one statement for every dead worker's jobs, and a job it ends in `error` (its
+    last attempt) cancels its graph children in it too, ~35 µs each: a parent of 300,000
+    children outlasts the usual timeout. With that timeout fixed, the same rescue timed out at
+    every turn and no dead worker's job came back; one that times out is tried again with twice
+    the time (store.longer_timeout), and one that succeeds starts over."""
     allowed_s = timeout_s
     while True:
         try:
@@ -41,7 +41,7 @@ async def rescue_loop(
                     ", ".join(str(i) for i in rescued[:10]),
                 )
         except TimeoutError:
-            allowed_s = min(2 * allowed_s, RESCUE_TIMEOUT_MAX_S)
+            allowed_s = store.longer_timeout(allowed_s)
             log.warning("the rescue took too long; trying again with %gs", allowed_s)
         except DB_ERRORS as exc:
             log.debug("rescue skipped: %s", exc)

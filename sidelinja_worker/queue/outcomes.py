@@ -30,8 +30,7 @@ FLUSH_TIMEOUT_S = 60.0  # a flush that takes longer is treated as a lost connect
 # parent of 300,000 children outlasts the statements' usual timeout. With that timeout fixed,
 # its completion failed at every try, every outcome buffered behind it waited for ever, and the
 # worker's heartbeat kept its jobs from the rescue. A flush that times out is tried again with
-# twice the time, up to OUTCOME_TIMEOUT_MAX_S, and the next flush that succeeds starts over.
-OUTCOME_TIMEOUT_MAX_S = 640.0
+# twice the time (store.longer_timeout), and the next flush that succeeds starts over.
 
 
 class OutcomeWriter:
@@ -128,7 +127,7 @@ class OutcomeWriter:
                 delay, self._timeout_s = RETRY_FIRST_S, self._base_timeout_s
             except DB_ERRORS as exc:
                 if isinstance(exc, TimeoutError):
-                    self._timeout_s = min(2 * self._timeout_s, OUTCOME_TIMEOUT_MAX_S)
+                    self._timeout_s = store.longer_timeout(self._timeout_s)
                 log.warning(
                     "writing %d job outcomes failed (%s); retrying in %.2fs with %gs a statement",
                     self.pending(),

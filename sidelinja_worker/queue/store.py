@@ -21,6 +21,15 @@ from sidelinja_worker.queue.queries import QUERIES as Q
 # writer. The pools' release is bounded too (db.RELEASE_TIMEOUT_S), so such a connection is
 # terminated, not returned to the pool. The engine's statements take milliseconds.
 STATEMENT_TIMEOUT_S = 10.0
+# Outcomes and the rescue also settle their jobs' graph children, ~35 µs each, so their
+# statements may outlast STATEMENT_TIMEOUT_S; one that timed out is tried again with twice the
+# time (longer_timeout), up to this.
+STATEMENT_TIMEOUT_MAX_S = 640.0
+
+
+def longer_timeout(timeout_s: float) -> float:
+    """The time a statement that timed out after `timeout_s` gets at its next try."""
+    return min(2 * timeout_s, STATEMENT_TIMEOUT_MAX_S)
 
 
 @dataclass(frozen=True, slots=True)
