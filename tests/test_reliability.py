@@ -178,6 +178,39 @@ async def test_a_live_worker_keeps_its_jobs_past_the_lease(
     runner = Worker(
         pool, db_url, Registry([job_type("noop", _sleepy)]), WorkerSettings(burst=True, **settings)
     )
+    await _run_beside_a_rescuer(runner, pool, db_url, settings)
+    row = await pool.fetchrow("SELECT status::text, attempts, errors FROM job_queue")
+    assert tuple(row) == ("completed", 1, [])
+
+
+async def test_handlers_holding_every_shared_connection_do_not_cost_the_lease(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """Handlers that hold every connection of the worker's shared pool for 3 s, under a 1 s
+    lease, with a second worker rescuing every 50 ms: the heartbeat still renews the lease, so
+    no job is taken from the worker that runs it."""
+    await insert_jobs(pool, workspace, 3, job_type_name="hog")
+
+    async def hog(ctx: JobContext, payload: Any) -> None:
+        await ctx.services.pool.execute("SELECT pg_sleep(3)")
+
+    settings: dict[str, Any] = {"lease_s": 1.0, "poll_interval_s": 0.05}
+    shared = await create_pool(db_url, max_size=3)
+    try:
+        runner = Worker(
+            shared, db_url, Registry([job_type("hog", hog)]), WorkerSettings(burst=True, **settings)
+        )
+        await _run_beside_a_rescuer(runner, pool, db_url, settings)
+    finally:
+        await shared.close()
+    rows = await pool.fetch("SELECT status::text, attempts, errors FROM job_queue")
+    assert [tuple(r) for r in rows] == [("completed", 1, [])] * 3
+
+
+async def _run_beside_a_rescuer(
+    runner: Worker, pool: asyncpg.Pool, db_url: str, settings: dict[str, Any]
+) -> None:
+    """Runs `runner` to its end while a second worker with `settings` rescues beside it."""
     rescuer = Worker(pool, db_url, Registry([job_type("other", _echo)]), WorkerSettings(**settings))
     rescuing = asyncio.create_task(rescuer.run())
     try:
@@ -185,8 +218,6 @@ async def test_a_live_worker_keeps_its_jobs_past_the_lease(
     finally:
         rescuer.request_stop()
         await rescuing
-    row = await pool.fetchrow("SELECT status::text, attempts, errors FROM job_queue")
-    assert tuple(row) == ("completed", 1, [])
 
 
 async def test_sigterm_waits_for_grace_then_gives_jobs_back(

@@ -104,6 +104,16 @@ async def open_claim_pool(url: str, job_types: Sequence[str]) -> asyncpg.Pool:
     )
 
 
+async def open_lease_pool(url: str) -> asyncpg.Pool:
+    """The connection for the worker's own bookkeeping: registration, heartbeats, the rows read
+    for cancels and reconciliation, giving jobs back. Handlers never take it: on the shared
+    pool, handlers holding every connection (long writes of stats or knowledge) kept the
+    heartbeat waiting past the lease, so other workers rescued jobs that were running
+    healthily, again and again until they ended in `error`. Its statements are short (each
+    bounded by store.STATEMENT_TIMEOUT_S), so one connection serves them in turn."""
+    return await create_pool(url, min_size=1, max_size=1)
+
+
 class Worker:
     """Runs jobs of `settings.job_types` (default: all of `registry`) until stopped, or, in
     burst mode, until no due job is left."""
@@ -145,9 +155,11 @@ class Worker:
         # Held while a claim is in flight and its jobs are being started, so the heartbeat's
         # reconciliation never mistakes a job on its way here for a lost one.
         self._claim_lock = asyncio.Lock()
-        # Claims and outcome writes run on a pool of their own (`run` opens it) with generic
-        # plans; handlers, leases and maintenance use `pool`.
+        # Claims and outcome writes run on a pool of their own with generic plans, and the
+        # lease's bookkeeping on a connection of its own (`run` opens both); handlers and
+        # maintenance use `pool`.
         self._queue_pool = pool
+        self._lease_pool = pool
         self._writer = OutcomeWriter(pool, self.id)
         self._limits = LimitsCache(pool)
         self._config = config or ServiceConfig.from_env()
@@ -210,6 +222,10 @@ class Worker:
         except UserError as exc:  # the shared pool works: go on with it, plans left to choose
             log.warning("no pool for claims (%s); using the shared one", exc)
         self._writer.use_pool(self._queue_pool)
+        try:
+            self._lease_pool = await open_lease_pool(self._url)
+        except UserError as exc:  # go on; handlers holding every connection delay heartbeats
+            log.warning("no connection for the lease (%s); using the shared pool", exc)
         tracing.start(_version())  # off unless OTEL_* variables ask for traces
         try:
             await self._run()
@@ -219,8 +235,9 @@ class Worker:
             with contextlib.suppress(*metrics.MINUTE_ERRORS):
                 await asyncio.wait_for(metrics.flush_minutes(self._pool), 1.0)
             await self._services.aclose()
-            if self._queue_pool is not self._pool:
-                await self._queue_pool.close()
+            for own in (self._queue_pool, self._lease_pool):
+                if own is not self._pool:
+                    await own.close()
 
     async def _run(self) -> None:
         await self._register()
@@ -318,9 +335,9 @@ class Worker:
                 if writer is not None and not writer.done():
                     await self._writer.drain(DIE_WITHIN_S / 4)
                 if ready:
-                    await store.release(self._pool, self.id, ready)
+                    await store.release(self._lease_pool, self.id, ready)
                 abandoned = await store.abandon_worker(
-                    self._pool, self.id, clean_text(str(self._fatal), 500)
+                    self._lease_pool, self.id, clean_text(str(self._fatal), 500)
                 )
                 if abandoned:
                     log.warning("handed %d running jobs to the rescue", len(abandoned))
@@ -405,7 +422,7 @@ class Worker:
         """Burst mode's end: no due job, or due jobs that nothing running will ever free (a cap
         of 0, say: seen twice in a row, so a slot freed between our claim and this look is
         not mistaken for one). Due jobs behind a cap held by a running job are waited for."""
-        due, running = await store.queue_state(self._pool, self.job_types)
+        due, running = await store.queue_state(self._lease_pool, self.job_types)
         if due and not running:
             self._blocked_checks += 1
             return self._blocked_checks >= 2
@@ -541,7 +558,7 @@ class Worker:
             sent = loop.time()
             try:
                 await store.register_worker(
-                    self._pool,
+                    self._lease_pool,
                     self.id,
                     socket.gethostname(),
                     os.getpid(),
@@ -571,7 +588,7 @@ class Worker:
             await asyncio.sleep(self.settings.heartbeat_interval_s)
             sent = loop.time()
             try:
-                drain = await store.heartbeat(self._pool, self.id, self.settings.lease_s)
+                drain = await store.heartbeat(self._lease_pool, self.id, self.settings.lease_s)
                 if drain is None:
                     await self._declared_dead()
                     continue
@@ -614,14 +631,14 @@ class Worker:
         """Releases held-but-unknown jobs. Returns how many, and the jobs still held (with
         whether their cancellation was requested)."""
         async with self._claim_lock:
-            held = await store.held_jobs(self._pool, self.id)
+            held = await store.held_jobs(self._lease_pool, self.id)
             known = self._running.keys() | {j.id for j in self._ready} | self._writer.owned_ids()
             lost = [job_id for job_id in held if job_id not in known]
             if lost:
                 log.warning(
                     "giving back %d jobs claimed for this worker that never reached it", len(lost)
                 )
-                await store.release(self._pool, self.id, [Release(j, None) for j in lost])
+                await store.release(self._lease_pool, self.id, [Release(j, None) for j in lost])
         return len(lost), {job_id: c for job_id, c in held.items() if job_id not in lost}
 
     async def _declared_dead(self) -> None:
@@ -666,7 +683,7 @@ class Worker:
         try:
             while True:
                 self._cancel_again.discard(job_id)
-                if await store.cancel_requested(self._pool, job_id, self.id):
+                if await store.cancel_requested(self._lease_pool, job_id, self.id):
                     self._cancel(job_id)
                     return
                 await asyncio.sleep(CANCEL_RECHECK_S)
@@ -736,12 +753,12 @@ class Worker:
             )
             return
         try:
-            lost = await store.release_held(self._pool, self.id)
+            lost = await store.release_held(self._lease_pool, self.id)
             if lost:
                 log.warning(
                     "gave back %d jobs claimed for this worker that never reached it", len(lost)
                 )
-            await store.unregister_worker(self._pool, self.id)
+            await store.unregister_worker(self._lease_pool, self.id)
         except DB_ERRORS as exc:
             log.warning("could not unregister (%s); the lease will expire on its own", exc)
 
