@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -218,6 +220,48 @@ async def _run_beside_a_rescuer(
     finally:
         rescuer.request_stop()
         await rescuing
+
+
+async def test_jobs_holding_threads_do_not_keep_another_job_s_thread_work_waiting(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """As many jobs as asyncio's default pool has threads each block one: another job's thread
+    work (a service answer parsed, say) still runs at once."""
+    blockers = min(32, (os.cpu_count() or 1) + 4)
+    loop = asyncio.get_running_loop()
+    gate = threading.Event()
+    in_threads: list[None] = []
+    all_in = asyncio.Event()
+    quick_done = asyncio.Event()
+
+    def one_more_in() -> None:
+        in_threads.append(None)
+        if len(in_threads) == blockers:
+            all_in.set()
+
+    def blocked() -> None:
+        loop.call_soon_threadsafe(one_more_in)
+        gate.wait(30)
+
+    async def block(ctx: JobContext, payload: Any) -> None:
+        await asyncio.to_thread(blocked)
+
+    async def quick(ctx: JobContext, payload: Any) -> None:
+        await asyncio.to_thread(int, "1")
+        quick_done.set()
+
+    await insert_jobs(pool, workspace, blockers, job_type_name="block")
+    registry = Registry([job_type("block", block), job_type("quick", quick)])
+    async with running_worker(
+        pool, db_url, registry, max_concurrent=blockers + 1, poll_interval_s=0.05
+    ):
+        try:
+            await asyncio.wait_for(all_in.wait(), 10)
+            await insert_jobs(pool, workspace, 1, job_type_name="quick")
+            await asyncio.wait_for(quick_done.wait(), 5)
+        finally:
+            gate.set()
+    assert await statuses(pool) == {"completed": blockers + 1}
 
 
 async def test_sigterm_waits_for_grace_then_gives_jobs_back(

@@ -16,7 +16,7 @@ from uuid import UUID, uuid4
 
 import asyncpg
 
-from sidelinja_worker.queue import executor, metrics, store, tracing
+from sidelinja_worker.queue import executor, metrics, store, threads, tracing
 from sidelinja_worker.queue.analyze import analyze_loop
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.context import Services, clean_text
@@ -208,6 +208,7 @@ class Worker:
         return len(self._running)
 
     async def run(self) -> None:
+        threads.size_default_pool(self.settings.max_concurrent)
         try:
             await self._limits.load()
         except DB_ERRORS as exc:  # the limits loop reads them again shortly
