@@ -20,7 +20,7 @@ from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.worker import EXIT_WORKER_DIED, Worker, WorkerDied
-from tests.helpers import insert_jobs, job_type
+from tests.helpers import insert_jobs, job_type, wait_for
 
 
 async def _quick(ctx: JobContext, payload: Any) -> dict[str, bool]:
@@ -166,3 +166,47 @@ async def test_demo_reports_a_dead_task(pool: asyncpg.Pool, db_url: str) -> None
     assert proc.returncode == EXIT_WORKER_DIED, proc.stderr
     assert "SAMPLE" in proc.stdout  # where every sample got to
     assert "The worker stopped early: internal task 'rescue' died" in proc.stdout
+
+
+async def test_a_prune_that_postgresql_refuses_does_not_end_the_worker(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A trigger of the web app's that refuses every delete from job_queue: the prune fails at
+    every turn. It ended the worker, and, as every worker prunes when it starts, each restart:
+    no job ran any more. Now each refusal is one error line, and jobs run."""
+    await pool.execute(
+        """
+        CREATE SEQUENCE prune_refusals;
+        CREATE FUNCTION refuse_deletes() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM nextval('prune_refusals');
+            RAISE EXCEPTION 'jobs are kept for the auditors';
+        END $$;
+        CREATE TRIGGER refuse_deletes BEFORE DELETE ON job_queue
+            FOR EACH ROW EXECUTE FUNCTION refuse_deletes();
+        """
+    )
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, completed_at)"
+        " VALUES ($1, 'quick', '{}', 'completed', now() - interval '30 days')",
+        workspace,
+    )
+    worker = Worker(
+        pool,
+        db_url,
+        Registry([job_type("quick", _quick)]),
+        WorkerSettings(poll_interval_s=0.05, prune_interval_s=0.05, keep_completed_s=86400),
+    )
+    running = asyncio.create_task(worker.run())
+    try:
+        await wait_for(lambda: pool.fetchval("SELECT last_value >= 3 FROM prune_refusals"))
+        await insert_jobs(pool, workspace, 1, job_type_name="quick")
+        await wait_for(
+            lambda: pool.fetchval("SELECT count(*) = 2 FROM job_queue WHERE status = 'completed'")
+        )
+        assert not running.done()
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(running, 10)
+    refused = [r for r in caplog.records if r.getMessage().startswith("prune refused")]
+    assert refused and "jobs are kept for the auditors" in refused[0].getMessage()

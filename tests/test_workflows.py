@@ -808,6 +808,49 @@ async def test_a_graph_kept_whole_does_not_stop_the_pruning_of_others(
     assert sorted(await by_name(pool)) == sorted([*parents, "late", "join"])
 
 
+async def test_the_prune_keeps_jobs_another_table_references_and_their_graphs(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """A web app's table that references jobs by a foreign key ON DELETE NO ACTION (the
+    default) or RESTRICT made the prune's DELETE fail whole: no job was pruned any more. Such a
+    job now stays, with its graph; a key ON DELETE SET NULL keeps nothing."""
+    names = ["a", "b", "c", "p", "q", "x", "y"]
+    await pool.execute(graph_sql(workspace, names, [("p", "q"), ("x", "y")]))
+    await pool.execute(
+        "UPDATE job_queue SET status = 'completed', completed_at = now() - interval '2 days'"
+    )
+    ids = {name: row["id"] for name, row in (await by_name(pool)).items()}
+    await pool.execute(
+        """
+        CREATE TABLE "Episode jobs" ("Job" uuid REFERENCES job_queue (id));
+        CREATE TABLE clips (job uuid REFERENCES job_queue (id) ON DELETE RESTRICT);
+        CREATE TABLE notes (job uuid REFERENCES job_queue (id) ON DELETE SET NULL);
+        """
+    )
+    await pool.execute('INSERT INTO "Episode jobs" VALUES ($1)', ids["a"])
+    await pool.execute("INSERT INTO clips VALUES ($1)", ids["q"])
+    await pool.execute("INSERT INTO notes VALUES ($1), ($2)", ids["b"], ids["y"])
+    assert await maintenance.prune_past_retention(pool, 86400, 86400, batch=2) == 4
+    assert sorted(await by_name(pool)) == ["a", "p", "q"]
+    assert await pool.fetchval("SELECT count(*) FROM notes WHERE job IS NULL") == 2
+
+
+async def test_a_prune_that_cannot_read_a_referencing_table_says_so_and_deletes_nothing(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, completed_at)"
+        " VALUES ($1, 'noop', '{\"name\": \"a\"}', 'completed', now() - interval '2 days')",
+        workspace,
+    )
+    await pool.execute("CREATE TABLE private_refs (job uuid REFERENCES job_queue (id))")
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL ROLE sidelinja_platform_admin")
+        with pytest.raises(store.PruneBlocked, match="private_refs.*grant it SELECT"):
+            await maintenance.prune_past_retention(conn, 86400, 86400)
+    assert sorted(await by_name(pool)) == ["a"]
+
+
 async def test_an_edge_must_name_existing_jobs(pool: asyncpg.Pool, workspace: UUID) -> None:
     await pool.execute(graph_sql(workspace, ["a", "b"], [("a", "b")]))
     a = (await by_name(pool))["a"]["id"]

@@ -49,12 +49,19 @@ async def rescue_loop(
 
 
 async def prune_loop(pool: asyncpg.Pool, settings: WorkerSettings) -> None:
-    """Deletes finished jobs past retention in small batches, so the table stays small."""
+    """Deletes finished jobs past retention in small batches, so the table stays small.
+
+    A prune that PostgreSQL refuses (a trigger or rule of the web app's on job_queue, a
+    referencing table this role may not read) is logged and tried again next interval: it
+    never ends the worker. Every worker prunes as it starts, so a refusal that ended the worker
+    ended its restart too, and no job of the queue ran any more."""
     while True:
         try:
             await prune_past_retention(pool, settings.keep_completed_s, settings.keep_errors_s)
         except DB_ERRORS as exc:
             log.debug("prune skipped: %s", exc)
+        except (asyncpg.PostgresError, store.PruneBlocked) as exc:
+            log.error("prune refused, trying again in %gs: %s", settings.prune_interval_s, exc)
         await asyncio.sleep(settings.prune_interval_s)
 
 
@@ -70,14 +77,17 @@ async def prune_past_retention(
     (on a pool, its own transaction): jobs in graphs go only with their whole graph (the prune
     statement's rule). Each batch takes the graph jobs after those of the one before, so graphs
     that must stay whole are passed over, not taken again; it runs until a batch deletes
-    nothing and no graph job is left after the last one taken. Returns how many it deleted;
+    nothing and no graph job is left after the last one taken. A job that another table
+    references through a foreign key forbidding its deletion is kept, with its graph
+    (store.prune_guard). Returns how many it deleted;
     `on_batch` gets each batch's count (the CLI's progress bar)."""
     deleted = 0
     after: store.PruneCursor | None = None
     kept: set[UUID] = set()  # graphs found kept whole: later batches pass over their jobs
+    guard = await store.prune_guard(conn)
     while True:
         count, last, also_kept = await store.prune(
-            conn, keep_completed_s, keep_errors_s, batch, after, kept
+            conn, keep_completed_s, keep_errors_s, batch, after, kept, guard
         )
         kept.update(also_kept)
         if count == 0 and last is None:

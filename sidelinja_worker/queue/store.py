@@ -12,6 +12,7 @@ from uuid import UUID
 import asyncpg
 
 from sidelinja_worker.queue.db import Conn
+from sidelinja_worker.queue.errors import UserError
 from sidelinja_worker.queue.jobs import ClaimedJob
 from sidelinja_worker.queue.queries import QUERIES as Q
 
@@ -354,6 +355,26 @@ class PruneBatch(NamedTuple):
     kept: list[UUID]  # the jobs of graphs the batch found kept whole
 
 
+class PruneBlocked(UserError):
+    """Another table references jobs through a foreign key that forbids their deletion, and
+    this role may not read it, so the prune cannot tell which jobs to leave."""
+
+
+async def prune_guard(conn: Conn) -> str:
+    """The prune's condition that a job is referenced by no row of another table through a
+    foreign key whose ON DELETE forbids deleting it (see `prune_guard` in queries.sql); empty
+    when no such key exists. Read anew by each prune, so a key added meanwhile is seen."""
+    row = await conn.fetchrow(Q["prune_guard"], timeout=STATEMENT_TIMEOUT_S)
+    assert row is not None  # an aggregate always answers one row
+    if not row["readable"]:
+        raise PruneBlocked(
+            f"finished jobs are referenced from {row['tables']} (a foreign key ON DELETE NO"
+            " ACTION or RESTRICT), which this role may not read: grant it SELECT there, or"
+            " declare the key ON DELETE SET NULL or CASCADE; nothing is pruned until then"
+        )
+    return row["clause"] or ""
+
+
 async def prune(
     conn: Conn,
     completed_after_s: float,
@@ -361,11 +382,12 @@ async def prune(
     batch: int,
     after: PruneCursor | None = None,
     passed_over: Collection[UUID] = (),
+    guard: str = "",
 ) -> PruneBatch:
     """Deletes one batch of finished jobs past retention, taking graph jobs after `after` and
-    not in `passed_over` (graphs an earlier batch found kept)."""
+    not in `passed_over` (graphs an earlier batch found kept); `guard` is `prune_guard`'s."""
     row = await conn.fetchrow(
-        Q["prune"],
+        Q["prune"].replace("/* unreferenced */", guard),
         completed_after_s,
         error_after_s,
         batch,

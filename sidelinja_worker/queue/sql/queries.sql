@@ -704,11 +704,14 @@ RETURNING j.id;
 -- $6: jobs of graphs an earlier batch of this prune found kept, which this batch passes over,
 -- and the kept graphs' jobs come back: a kept graph of 100,000 finished jobs was walked whole
 -- again by each of the hundred batches that took its jobs (103 s a prune, deleting nothing).
+-- /* unreferenced */ stands for the prune_guard below (store.prune fills it in): a job another
+-- table still references counts as not past retention, so it and its graph stay.
 WITH old AS NOT MATERIALIZED (
-    SELECT id, has_children, completed_at FROM job_queue
+    SELECT id, has_children, completed_at FROM job_queue j
     WHERE status IN ('completed', 'error', 'cancelled')
       AND completed_at < now() - make_interval(secs => $1)
       AND (status <> 'error' OR completed_at < now() - make_interval(secs => $2))
+      /* unreferenced */
 ), batch AS (  -- jobs outside graphs: never held up behind graph jobs that must stay
     SELECT id FROM old o
     WHERE NOT o.has_children
@@ -728,7 +731,8 @@ WITH old AS NOT MATERIALIZED (
         SELECT g.id FROM graph g JOIN job_queue j ON j.id = g.id
         WHERE (j.status IN ('completed', 'error', 'cancelled')
                AND j.completed_at < now() - make_interval(secs => $1)
-               AND (j.status <> 'error' OR j.completed_at < now() - make_interval(secs => $2)))
+               AND (j.status <> 'error' OR j.completed_at < now() - make_interval(secs => $2))
+               /* unreferenced */)
               IS NOT TRUE)) AS k(id)
 ), gone AS (
     DELETE FROM job_queue
@@ -745,6 +749,25 @@ SELECT (SELECT count(*) FROM gone) AS deleted,
        (SELECT completed_at FROM last) AS last_at,
        (SELECT id FROM last) AS last_id,
        ARRAY(SELECT id FROM kept) AS kept;
+
+-- name: prune_guard
+-- What keeps a job of alias j from the prune: a row of another table that references it
+-- through a foreign key whose ON DELETE is NO ACTION or RESTRICT (a web app's table, say).
+-- Deleting such a job fails the whole DELETE, and a prune that failed at every turn kept every
+-- job past retention. One "AND NOT EXISTS (...)" per such key, names quoted by PostgreSQL;
+-- NULL when there is none. `readable`: whether this role may read every referencing table.
+SELECT string_agg(format(
+           'AND NOT EXISTS (SELECT 1 FROM %s r WHERE %s)',
+           c.conrelid::regclass,
+           (SELECT string_agg(format('r.%I = j.%I', a.attname, fa.attname), ' AND ')
+            FROM unnest(c.conkey, c.confkey) AS k(ck, fk)
+            JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.ck
+            JOIN pg_attribute fa ON fa.attrelid = c.confrelid AND fa.attnum = k.fk)),
+           ' ' ORDER BY c.oid) AS clause,
+       coalesce(bool_and(has_table_privilege(c.conrelid, 'SELECT')), true) AS readable,
+       string_agg(c.conrelid::regclass::text, ', ' ORDER BY c.oid) AS tables
+FROM pg_constraint c
+WHERE c.contype = 'f' AND c.confrelid = 'job_queue'::regclass AND c.confdeltype IN ('a', 'r');
 
 -- name: request_cancel
 -- Cancel: a queued job is cancelled at once; a running one is flagged and its worker notified.
