@@ -165,6 +165,38 @@ async def test_a_job_cannot_name_a_model_its_workspace_does_not_allow(
     assert {r.body["model"] for r in ai_gateway.requests} == {"pricey/model"}
 
 
+@pytest.mark.parametrize(
+    ("settings", "error"),
+    [
+        (
+            {"ai": {"names": ["x" * 1000] * 30_000}},
+            "the workspace's settings are 30,120,019 bytes of JSON, over the cap of 1,048,576:"
+            " keep big lists elsewhere",
+        ),
+        (["ai"], "the workspace's settings are an array in JSON, not an object"),
+        (7, "the workspace's settings are a number in JSON, not an object"),
+    ],
+)
+async def test_workspace_settings_that_are_huge_or_no_object_fail_the_job_for_good(
+    pool: asyncpg.Pool,
+    db_url: str,
+    ai_gateway: FakeAiGateway,
+    settings: Any,
+    error: str,
+) -> None:
+    """The web app writes a workspace's settings, and every job of most types reads them:
+    30 MB were decoded on the event loop at each read; a number failed each attempt with a
+    TypeError, retried until its attempts ran out, and an array of two-letter strings was read
+    as pairs. Each ends the job at once, saying why."""
+    ws = await pool.fetchval(
+        "INSERT INTO workspaces (name, settings) VALUES ('big', $1) RETURNING id", settings
+    )
+    job = await client.enqueue(pool, ws, "prompt_eval", {**EVAL, "models": [DEFAULT_MODEL]})
+    await run_burst(pool, db_url, config=_ai(ai_gateway))
+    assert await _outcome(pool, job) == ("error", 1, error)
+    assert ai_gateway.requests == []
+
+
 async def test_a_model_from_the_workspaces_own_settings_is_allowed_by_default(
     pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
 ) -> None:

@@ -34,6 +34,11 @@ MAX_FOLLOW_UPS = 10_000
 # join's parents may be thousands, each result up to the executor's cap, and any plain-SQL
 # writer can make one bigger. Over it, the asking job fails permanently, naming the sum.
 MAX_PARENT_RESULTS_BYTES = 64 * 1024 * 1024
+# The most bytes of JSON a workspace's settings may hold: prompts, name lists and limits fit in
+# a few kilobytes, and every job of most types reads them, decoded on the event loop (1 MB:
+# about 5 ms here). Over it, the job fails permanently, naming the size.
+MAX_SETTINGS_BYTES = 1024 * 1024
+_JSON_KINDS = {list: "an array", str: "a string", bool: "true or false", int: "a number"}
 
 
 def clean_text(text: object, max_chars: int) -> str:
@@ -175,8 +180,22 @@ class JobContext:
         return found[-1].result
 
     async def workspace_settings(self) -> dict[str, Any]:
-        """`workspaces.settings` of this job's workspace (prompts, name lists, limits)."""
-        return await store.workspace_settings(self.services.pool, self.workspace_id)
+        """`workspaces.settings` of this job's workspace (prompts, name lists, limits): a JSON
+        object of at most MAX_SETTINGS_BYTES, else a PermanentError saying what is wrong."""
+        size, settings = await store.workspace_settings(
+            self.services.pool, self.workspace_id, MAX_SETTINGS_BYTES
+        )
+        if size > MAX_SETTINGS_BYTES:
+            raise PermanentError(
+                f"the workspace's settings are {size:,} bytes of JSON, over the cap of"
+                f" {MAX_SETTINGS_BYTES:,}: keep big lists elsewhere"
+            )
+        if settings is None:
+            return {}
+        if not isinstance(settings, dict):
+            kind = _JSON_KINDS.get(type(settings), "a number")
+            raise PermanentError(f"the workspace's settings are {kind} in JSON, not an object")
+        return settings
 
     async def progress(self, message: str, percent: float | None = None) -> None:
         """Reports progress ("Transkriberer…", 40 %): stored on the job and published on the

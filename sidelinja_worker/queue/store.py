@@ -494,9 +494,13 @@ async def report_progress(
     )
 
 
-async def workspace_settings(conn: Conn, workspace_id: UUID) -> dict[str, Any]:
-    value = await conn.fetchval(Q["workspace_settings"], workspace_id, timeout=STATEMENT_TIMEOUT_S)
-    return dict(value or {})
+async def workspace_settings(conn: Conn, workspace_id: UUID, max_bytes: int) -> tuple[int, Any]:
+    """(size as JSON text, settings or None when over `max_bytes`) of the workspace; (0, None)
+    when it has no row."""
+    row = await conn.fetchrow(
+        Q["workspace_settings"], workspace_id, max_bytes, timeout=STATEMENT_TIMEOUT_S
+    )
+    return (0, None) if row is None else (row["size"], row["settings"])
 
 
 async def why_facts(conn: Conn, job_id: UUID) -> asyncpg.Record | None:

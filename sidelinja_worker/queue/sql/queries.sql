@@ -470,7 +470,16 @@ SELECT pg_notify('sidelinja_job_events', jsonb_build_object(
 FROM updated;
 
 -- name: workspace_settings
-SELECT settings FROM workspaces WHERE id = $1;
+-- The workspace's settings: their size as JSON text, and the settings only when that size is
+-- within $2, as job_payload does. Every job of most types reads them, some twice, and the web
+-- app writes them: settings of 100 MB were decoded on the worker's event loop for each read.
+SELECT s.size, CASE WHEN s.size <= $2 THEN w.settings END AS settings
+FROM workspaces w
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN pg_column_size(w.settings) > $2 THEN pg_column_size(w.settings)::bigint
+                ELSE octet_length(w.settings::text)::bigint END AS size
+) s
+WHERE w.id = $1;
 
 -- name: complete
 -- Batched success. The worker_id check drops the outcome of a job that was rescued from this
