@@ -12,6 +12,7 @@ from uuid import UUID
 import asyncpg
 import httpx
 from starlette.applications import Starlette
+from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import (
     JSONResponse,
@@ -42,6 +43,17 @@ from sidelinja_worker.queue.db import SERVER_SETTINGS, init_connection
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 BULK_LIMIT = 10_000
+# Every form here is a CSRF value and a few short fields (a job filter, a job type and a reason):
+# Starlette's own bounds (1,000 fields of 1 MB, files spooled to disk) let one request make the
+# server hold a gigabyte, and logout reads its form for any cookie, before the session is checked.
+FORM_FIELDS_MAX = 16
+FORM_FIELD_MAX = 64 * 1024
+
+
+async def read_form(request: Request) -> FormData:
+    """The request's form within FORM_FIELDS_MAX and FORM_FIELD_MAX, no file; too big a form is
+    a 400 (Starlette raises it as an HTTPException)."""
+    return await request.form(max_files=0, max_fields=FORM_FIELDS_MAX, max_part_size=FORM_FIELD_MAX)
 
 
 class Denied(Exception):
@@ -197,7 +209,7 @@ async def operator_form(request: Request) -> tuple[Scope, dict[str, str]]:
     """The form of a queue-wide action: a platform admin's, with its CSRF value; Denied or
     Forbidden otherwise (a workspace token steers its own jobs, never the whole queue)."""
     scope, token = await session(request)
-    form = await request.form()
+    form = await read_form(request)
     if not auth.csrf_ok(request, token, str(form.get("csrf") or "")):
         raise Forbidden("bad CSRF token or origin")
     if scope.workspace_id is not None:
@@ -261,7 +273,7 @@ async def drain_action(request: Request) -> Response:
 
 async def job_action(request: Request) -> Response:
     scope, token = await session(request)
-    form = await request.form()
+    form = await read_form(request)
     if not auth.csrf_ok(request, token, str(form.get("csrf") or "")):
         return PlainTextResponse("bad CSRF token or origin", status_code=403)
     job_id, action = parse_job_id(request.path_params["job_id"]), request.path_params["action"]
@@ -293,7 +305,7 @@ async def run_action(conn: asyncpg.Connection, action: str, job_id: UUID) -> UUI
 
 async def bulk_retry(request: Request) -> Response:
     scope, token = await session(request)
-    form = await request.form()
+    form = await read_form(request)
     if not auth.csrf_ok(request, token, str(form.get("csrf") or "")):
         return PlainTextResponse("bad CSRF token or origin", status_code=403)
     f = job_filter(form, scope)
@@ -364,7 +376,7 @@ async def logout(request: Request) -> Response:
     value: no other page can log a user out."""
     credential = auth.presented(request)
     if credential is not None and credential.is_session:
-        form = await request.form()
+        form = await read_form(request)
         if not auth.csrf_ok(request, credential.secret, str(form.get("csrf") or "")):
             return PlainTextResponse("bad CSRF token or origin", status_code=403)
         await store.delete_session(request.app.state.pool, auth.digest(credential.secret))
