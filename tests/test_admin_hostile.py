@@ -4,6 +4,8 @@ page of unbounded size or a process that holds unbounded memory."""
 
 from __future__ import annotations
 
+import re
+
 import asyncpg
 import httpx
 
@@ -44,3 +46,34 @@ async def test_every_form_is_read_only_up_to_a_few_short_fields(
             "/admin/logout", files={"csrf": ("c", b"x")}, headers={"cookie": f"{auth.COOKIE}=x"}
         )
         assert upload.status_code == 400, upload.status_code
+
+
+async def test_a_payload_search_for_any_number_is_a_page_never_a_500(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A number in the payload search became a Python float: 400 digits became inf, sent to the
+    database as `Infinity`, which is no JSON (a 500, on the list and on a bulk retry alike). A
+    number is searched for as typed (jsonb compares numbers of any size exactly); one longer
+    than forms.NUMBER_MAX characters, which PostgreSQL's numeric may not hold, or digits other
+    than 0-9, as text."""
+    a, _b, _ = await seed(pool)
+    huge = "1" + "0" * 400 + ".5"
+    wanted = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status)"
+        " VALUES ($1, 'noop', jsonb_build_object('n', $2::numeric), 'error') RETURNING id",
+        a,
+        huge,
+    )
+    headers = {**workspace_bearer(db_url, a), "sec-fetch-site": "same-origin"}
+    csrf = auth.csrf_for(headers["authorization"].removeprefix("Bearer "))
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        for value, listed in ((huge, [str(wanted)]), ("\u0663", []), ("-0.5", [])):
+            page = await http.get("/admin/jobs", params={"status": "all", "payload": f"n={value}"})
+            assert page.status_code == 200, (value[:20], page.status_code)
+            assert re.findall(r'<tr data-job="([0-9a-f-]{36})"', page.text) == listed
+            assert 'id="next"' not in page.text
+        for value, retried in (("1." + "1" * 20_000, 0), (huge, 1)):
+            form = {"csrf": csrf, "status": "error", "payload": f"n={value}"}
+            sent = await http.post("/admin/jobs/bulk-retry", data=form)
+            assert sent.status_code == 303, (value[:20], sent.status_code)
+            assert f"retried={retried}" in sent.headers["location"]
