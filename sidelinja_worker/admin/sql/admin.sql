@@ -297,10 +297,20 @@ GROUP BY job_type;
 
 -- name: dashboard_depth
 -- Waiting jobs by type, and how many are due: the pending index's rows only. Types that share
--- their first 512 characters are counted together (no worker runs such a type).
-SELECT left(job_type, 512) AS job_type, count(*) AS waiting,
-       count(*) FILTER (WHERE scheduled_for <= now()) AS due
-FROM job_queue
-WHERE status IN ('pending', 'retry')
+-- their first 512 characters are counted together (no worker runs such a type). Any plain-SQL
+-- writer may enqueue jobs of as many types as it likes: past the $1 types with the most waiting
+-- jobs, the rest are one row under a NULL type, so the dashboard has a bounded number of rows.
+WITH by_type AS (
+    SELECT left(job_type, 512) AS job_type, count(*) AS waiting,
+           count(*) FILTER (WHERE scheduled_for <= now()) AS due
+    FROM job_queue
+    WHERE status IN ('pending', 'retry')
+    GROUP BY 1
+), ranked AS (
+    SELECT *, row_number() OVER (ORDER BY waiting DESC, job_type) AS place FROM by_type
+)
+SELECT CASE WHEN place <= $1 THEN job_type END AS job_type, sum(waiting)::bigint AS waiting,
+       sum(due)::bigint AS due
+FROM ranked
 GROUP BY 1
 ORDER BY 1;
