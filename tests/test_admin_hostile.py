@@ -4,19 +4,25 @@ page of unbounded size or a process that holds unbounded memory."""
 
 from __future__ import annotations
 
+import contextlib
 import re
+from uuid import uuid4
 
 import asyncpg
 import httpx
+import pytest
 
 from sidelinja_worker.admin import app as admin_app
-from sidelinja_worker.admin import auth, dashboard
+from sidelinja_worker.admin import auth, dashboard, events
+from sidelinja_worker.admin.events import EventHub
+from sidelinja_worker.admin.store import Scope
 from sidelinja_worker.queue.store import OTHER_TYPES
 from tests.admin_fixtures import (  # noqa: F401 (fixture)
     admin_fixture,
     seed,
     workspace_bearer,
 )
+from tests.helpers import wait_for
 
 
 async def test_every_form_is_read_only_up_to_a_few_short_fields(
@@ -101,3 +107,54 @@ async def test_the_dashboard_names_only_the_most_numerous_waiting_job_types(
     assert 'data-type="busy"' in page.text and f'data-type="{OTHER_TYPES}"' in page.text
     assert page.text.count("<tr data-type=") == dashboard.TYPES_MAX + 1
     assert '<strong id="depth">2003</strong>' in page.text
+
+
+async def test_one_token_opens_a_bounded_number_of_live_streams(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """Each open stream holds a connection, checks its token every 2 s and confirms every event
+    with a query of its own, and there was no bound: 6,000 idle streams of one token kept every
+    page of every token waiting 1.5-2.9 s (8-40 ms before), and more exhaust the process's
+    file descriptors. A token opens at most events.STREAMS_PER_TOKEN (429 past that; another
+    token still gets its own), and a closed stream gives its place back."""
+    a, b, _ = await seed(pool)
+    mine, theirs = workspace_bearer(db_url, a), workspace_bearer(db_url, b)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=admin, limits=limits, timeout=30) as http:
+        async with contextlib.AsyncExitStack() as open_streams:
+            for _ in range(events.STREAMS_PER_TOKEN):
+                opened = await open_streams.enter_async_context(
+                    http.stream("GET", "/admin/events", headers=mine)
+                )
+                assert opened.status_code == 200
+            async with http.stream("GET", "/admin/events", headers=mine) as refused:
+                assert refused.status_code == 429, refused.status_code
+            async with http.stream("GET", "/admin/events", headers=theirs) as other:
+                assert other.status_code == 200
+            page = await http.get("/admin/jobs", headers=mine)
+            assert page.status_code == 200
+
+        async def reopens() -> bool:
+            async with http.stream("GET", "/admin/events", headers=mine) as again:
+                return again.status_code == 200
+
+        await wait_for(reopens, 10, "a closed stream's place is given back")
+
+
+async def test_the_app_opens_a_bounded_number_of_live_streams(
+    pool: asyncpg.Pool, db_url: str
+) -> None:
+    """However many tokens ask, the hub holds at most events.STREAMS_MAX streams (503 past it);
+    one that ends gives its place back."""
+    hub = EventHub(db_url, pool)
+    queues = [hub.subscribe(Scope(uuid4(), None)) for _ in range(events.STREAMS_MAX)]
+    with pytest.raises(events.TooManyStreams) as refused:
+        hub.subscribe(Scope(uuid4(), None))
+    assert refused.value.status_code == 503
+    hub.unsubscribe(queues.pop())
+    never_read = hub.stream(Scope(uuid4(), None))
+    assert (await anext(never_read)).startswith(b"retry:")
+    with pytest.raises(events.TooManyStreams):
+        hub.subscribe(Scope(uuid4(), None))
+    await never_read.aclose()
+    hub.subscribe(Scope(uuid4(), None))

@@ -24,9 +24,11 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import Receive, Send
+from starlette.types import Scope as AsgiScope
 
 from sidelinja_worker.admin import auth, dashboard, metrics_view, store, workflow
-from sidelinja_worker.admin.events import EventHub
+from sidelinja_worker.admin.events import EventHub, Subscription, TooManyStreams
 from sidelinja_worker.admin.forms import (
     BadField,
     job_filter,
@@ -320,18 +322,33 @@ async def bulk_retry(request: Request) -> Response:
     )
 
 
+class EventStream(StreamingResponse):
+    """The live stream's response. It gives the stream's place in the hub back however it ends,
+    also before its first frame (a client gone at once), when the frames never start."""
+
+    def __init__(self, hub: EventHub, queue: Subscription, frames: AsyncIterator[bytes]) -> None:
+        super().__init__(
+            frames, media_type="text/event-stream", headers={"x-accel-buffering": "no"}
+        )
+        self._hub, self._queue = hub, queue
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._hub.unsubscribe(self._queue)
+
+
 async def events(request: Request) -> Response:
     scope, _secret = await session(request)
     pool, credential = request.app.state.pool, auth.presented(request)
+    hub: EventHub = request.app.state.hub
 
     async def still_valid() -> bool:
         return await auth.scope_for(pool, credential) == scope
 
-    return StreamingResponse(
-        request.app.state.hub.stream(scope, still_valid),
-        media_type="text/event-stream",
-        headers={"x-accel-buffering": "no"},
-    )
+    queue = hub.subscribe(scope)  # TooManyStreams past the caps
+    return EventStream(hub, queue, hub.frames(queue, scope, still_valid))
 
 
 async def login_page(request: Request) -> Response:
@@ -419,6 +436,11 @@ async def bad_field(_request: Request, exc: Exception) -> Response:
     return PlainTextResponse(str(exc), status_code=400)
 
 
+async def too_many_streams(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, TooManyStreams)
+    return PlainTextResponse(str(exc), status_code=exc.status_code)
+
+
 @contextlib.asynccontextmanager
 async def forwarding(hub: EventHub, target: SpacetimeTarget | None) -> AsyncIterator[None]:
     """Forwards the hub's payloads to SpacetimeDB while the app runs, if a target is set."""
@@ -484,7 +506,12 @@ def create_app(database_url: str, spacetime: SpacetimeTarget | None = None) -> S
     app = Starlette(
         routes=ROUTES,
         lifespan=lifespan,
-        exception_handlers={Denied: denied, Forbidden: forbidden, BadField: bad_field},
+        exception_handlers={
+            Denied: denied,
+            Forbidden: forbidden,
+            BadField: bad_field,
+            TooManyStreams: too_many_streams,
+        },
     )
     app.add_middleware(auth.SecurityHeaders)
     return app

@@ -21,7 +21,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeAlias
 from uuid import UUID
 
 import asyncpg
@@ -45,6 +45,24 @@ BATCH_MAX = 500  # events confirmed with one query
 LEASE_S = 30.0
 LEASE_RENEW_S = 10.0
 LEASE_LABEL = "admin"
+# Open streams: each holds a connection, checks its token every REVALIDATE_S and confirms what it
+# is offered with queries of its own. Unbounded, 6,000 idle streams of one token kept every page
+# waiting 1.5-2.9 s. A person has a stream per open page; a token shared by a team, some dozens.
+STREAMS_PER_TOKEN = 50
+STREAMS_MAX = 500
+
+
+# A stream's place in the hub: the queue its events arrive on.
+Subscription: TypeAlias = asyncio.Queue[dict[str, Any]]
+
+
+class TooManyStreams(Exception):
+    """A stream refused: its token (429), or the app as a whole (503), has as many open as it
+    may."""
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
 
 
 def explode(payload: str) -> list[dict[str, Any]]:
@@ -153,7 +171,7 @@ class EventHub:
         self._url = url
         self._pool = pool  # the privileged pool; confirmations run scoped (store.scoped)
         self._conn: asyncpg.Connection | None = None
-        self._subscribers: dict[asyncio.Queue[dict[str, Any]], Scope] = {}
+        self._subscribers: dict[Subscription, Scope] = {}
         # Called with each payload the database confirms (the SpacetimeDB forwarder); must not
         # block. What they get is rebuilt from the confirmed rows (as_payloads).
         self.payload_listeners: list[Callable[[str], None]] = []
@@ -252,38 +270,64 @@ class EventHub:
                 out.append(event)
         return out
 
+    def subscribe(self, scope: Scope) -> Subscription:
+        """A new stream's queue, counted against STREAMS_MAX and STREAMS_PER_TOKEN until
+        unsubscribe(queue); TooManyStreams past either."""
+        if len(self._subscribers) >= STREAMS_MAX:
+            raise TooManyStreams(f"{STREAMS_MAX} live streams are open; try again later", 503)
+        if (
+            sum(s.token_id == scope.token_id for s in self._subscribers.values())
+            >= STREAMS_PER_TOKEN
+        ):
+            raise TooManyStreams(f"this token has {STREAMS_PER_TOKEN} live streams open", 429)
+        queue: Subscription = asyncio.Queue(QUEUE_MAX)
+        self._subscribers[queue] = scope
+        return queue
+
+    def unsubscribe(self, queue: Subscription) -> None:
+        self._subscribers.pop(queue, None)
+
     async def stream(
         self, scope: Scope, still_valid: Callable[[], Awaitable[bool]] | None = None
     ) -> AsyncIterator[bytes]:
+        """frames() of a queue of its own, given back when the stream ends."""
+        queue = self.subscribe(scope)
+        try:
+            async for frame in self.frames(queue, scope, still_valid):
+                yield frame
+        finally:
+            self.unsubscribe(queue)
+
+    async def frames(
+        self,
+        queue: Subscription,
+        scope: Scope,
+        still_valid: Callable[[], Awaitable[bool]] | None = None,
+    ) -> AsyncIterator[bytes]:
         """SSE frames for one page until it goes away, or its token is revoked (checked every
         REVALIDATE_S, busy or idle); a comment now and then keeps proxies from closing an idle
-        stream."""
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(QUEUE_MAX)
-        self._subscribers[queue] = scope
-        try:
-            yield b"retry: 2000\n: connected\n\n"
+        stream. `queue` is the page's, from subscribe()."""
+        yield b"retry: 2000\n: connected\n\n"
+        now = time.monotonic()
+        check_at, keepalive_at = now + REVALIDATE_S, now + KEEPALIVE_S
+        while True:
             now = time.monotonic()
-            check_at, keepalive_at = now + REVALIDATE_S, now + KEEPALIVE_S
-            while True:
-                now = time.monotonic()
-                if now >= check_at:
-                    if still_valid is not None and not await still_valid():
-                        return
-                    check_at = time.monotonic() + REVALIDATE_S
-                if now >= keepalive_at:
-                    yield b": keepalive\n\n"
-                    keepalive_at = time.monotonic() + KEEPALIVE_S
-                try:
-                    first = await asyncio.wait_for(
-                        queue.get(), max(0.0, min(check_at, keepalive_at) - time.monotonic())
-                    )
-                except TimeoutError:
-                    continue
-                claims = [first]
-                while len(claims) < BATCH_MAX and not queue.empty():
-                    claims.append(queue.get_nowait())
-                for event in await self.confirm(scope, claims):
-                    yield b"data: " + orjson.dumps(event) + b"\n\n"
-                    keepalive_at = time.monotonic() + KEEPALIVE_S
-        finally:
-            del self._subscribers[queue]
+            if now >= check_at:
+                if still_valid is not None and not await still_valid():
+                    return
+                check_at = time.monotonic() + REVALIDATE_S
+            if now >= keepalive_at:
+                yield b": keepalive\n\n"
+                keepalive_at = time.monotonic() + KEEPALIVE_S
+            try:
+                first = await asyncio.wait_for(
+                    queue.get(), max(0.0, min(check_at, keepalive_at) - time.monotonic())
+                )
+            except TimeoutError:
+                continue
+            claims = [first]
+            while len(claims) < BATCH_MAX and not queue.empty():
+                claims.append(queue.get_nowait())
+            for event in await self.confirm(scope, claims):
+                yield b"data: " + orjson.dumps(event) + b"\n\n"
+                keepalive_at = time.monotonic() + KEEPALIVE_S
