@@ -15,7 +15,7 @@ import pytest
 from sidelinja_worker.admin import app as admin_app
 from sidelinja_worker.admin import auth, dashboard, events
 from sidelinja_worker.admin.events import EventHub
-from sidelinja_worker.admin.store import Scope
+from sidelinja_worker.admin.store import SHOW_MAX_BYTES, Scope, jobs_for_events
 from sidelinja_worker.queue.store import OTHER_TYPES
 from tests.admin_fixtures import (  # noqa: F401 (fixture)
     admin_fixture,
@@ -158,3 +158,52 @@ async def test_the_app_opens_a_bounded_number_of_live_streams(
         hub.subscribe(Scope(uuid4(), None))
     await never_read.aclose()
     hub.subscribe(Scope(uuid4(), None))
+
+
+async def test_a_job_page_measures_a_compressed_payload_by_its_json_text(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """The job page showed a payload, result or error history stored in at most
+    admin_store.SHOW_MAX_BYTES, and a progress report in 4 kB, counting compressed bytes: 10 MB
+    of one letter is 115 kB compressed, so the page was 26 MB, and each live stream read a
+    progress report of 300 kB with every event of such a job (the query that confirms the
+    event reads the row's progress). Each is now shown only if its JSON text is within
+    the bound too (measured only once the stored size is). A JSON null, which the page took for
+    a value too big to show, is shown."""
+    a, _b, _ = await seed(pool)
+    job = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, status, payload, result, errors, progress)"
+        " VALUES ($1, 'noop', 'error', jsonb_build_object('x', repeat('a', 10000000)),"
+        "  (SELECT jsonb_agg(jsonb_build_object('k', 'v')) FROM generate_series(1, 300000)),"
+        "  (SELECT jsonb_agg(jsonb_build_object('attempt', 1, 'message', 'm'))"
+        "   FROM generate_series(1, 150000)),"
+        "  jsonb_build_object('message', repeat('p', 300000)))"
+        " RETURNING id",
+        a,
+    )
+    stored = await pool.fetchrow(
+        "SELECT pg_column_size(payload) AS payload, pg_column_size(result) AS result,"
+        " pg_column_size(errors) AS errors, pg_column_size(progress) AS progress"
+        " FROM job_queue WHERE id = $1",
+        job,
+    )
+    assert max(stored["payload"], stored["result"], stored["errors"]) <= SHOW_MAX_BYTES
+    assert stored["progress"] <= 4096, stored  # compressed: each is small as stored
+    nothing = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, result, errors)"
+        " VALUES ($1, 'noop', 'null', 'null', 'null') RETURNING id",
+        a,
+    )
+    async with httpx.AsyncClient(base_url=admin, headers=workspace_bearer(db_url, a)) as http:
+        page = await http.get(f"/admin/jobs/{job}")
+        nulls = await http.get(f"/admin/jobs/{nothing}")
+    # A JSON null is shown as one, not called too big.
+    assert nulls.status_code == 200 and "too big" not in nulls.text
+    assert '<pre id="payload">null</pre>' in nulls.text
+    assert page.status_code == 200
+    assert len(page.content) < 100_000, len(page.content)
+    for what in ("payload", "result", "error history"):
+        assert re.search(rf"The {what} is [\d,]+ bytes as JSON text: too big to show", page.text)
+    async with pool.acquire() as conn:
+        (event,) = await jobs_for_events(conn, [job])
+    assert event["progress"] is None
