@@ -4,9 +4,10 @@ page of unbounded size or a process that holds unbounded memory."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import asyncpg
 import httpx
@@ -14,6 +15,7 @@ import pytest
 
 from sidelinja_worker.admin import app as admin_app
 from sidelinja_worker.admin import auth, dashboard, events
+from sidelinja_worker.admin import store as admin_store
 from sidelinja_worker.admin.events import EventHub
 from sidelinja_worker.admin.store import SHOW_MAX_BYTES, Scope, jobs_for_events
 from sidelinja_worker.queue.store import OTHER_TYPES
@@ -22,7 +24,7 @@ from tests.admin_fixtures import (  # noqa: F401 (fixture)
     seed,
     workspace_bearer,
 )
-from tests.helpers import wait_for
+from tests.helpers import insert_jobs, make_workspace, wait_for
 
 
 async def test_every_form_is_read_only_up_to_a_few_short_fields(
@@ -207,3 +209,37 @@ async def test_a_job_page_measures_a_compressed_payload_by_its_json_text(
     async with pool.acquire() as conn:
         (event,) = await jobs_for_events(conn, [job])
     assert event["progress"] is None
+
+
+async def test_a_notification_is_confirmed_once_whatever_the_number_of_streams(
+    pool: asyncpg.Pool, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each open stream confirmed every notification with a query of its own, and any role may
+    NOTIFY as fast as it likes: a flood of forged notifications (120,000 a second from one
+    client) kept 50 streams querying back to back, and pages waited 5-13 s (7 ms before the
+    flood). The hub confirms what arrives once per workspace its streams watch, however many
+    streams watch it."""
+    a = await make_workspace(pool, "A")
+    queries = 0
+    read_rows = admin_store.jobs_for_events
+
+    async def counted(conn: asyncpg.Connection, ids: list[UUID]) -> list[asyncpg.Record]:
+        nonlocal queries
+        queries += 1
+        return await read_rows(conn, ids)
+
+    monkeypatch.setattr(admin_store, "jobs_for_events", counted)
+    hub = EventHub(db_url, pool)
+    await hub.start()
+    streams = [hub.stream(Scope(uuid4(), a)) for _ in range(20)]
+    try:
+        for s in streams:
+            assert b"connected" in await anext(s)
+        await insert_jobs(pool, a, 1)
+        frames = [await asyncio.wait_for(anext(s), 5) for s in streams]
+    finally:
+        for s in streams:
+            await s.aclose()
+        await hub.stop()
+    assert all(f.startswith(b"data: ") for f in frames)
+    assert queries == 1, queries

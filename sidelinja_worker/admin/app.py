@@ -348,7 +348,7 @@ async def events(request: Request) -> Response:
         return await auth.scope_for(pool, credential) == scope
 
     queue = hub.subscribe(scope)  # TooManyStreams past the caps
-    return EventStream(hub, queue, hub.frames(queue, scope, still_valid))
+    return EventStream(hub, queue, hub.frames(queue, still_valid))
 
 
 async def login_page(request: Request) -> Response:

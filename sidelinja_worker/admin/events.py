@@ -2,10 +2,13 @@
 (Server-Sent Events), each page getting only the workspaces its token may see.
 
 Any role may NOTIFY any channel, so a notification is a hint, never the news itself: before a
-page gets an event, its stream reads the job again under the token's scope (row-level security)
-and sends the row's values only if the row exists there and agrees with what the notification
-claims (status, attempts, progress, type). A forged notification naming an unknown job, another
-workspace's job or a state the job is not in shows nothing.
+page gets an event, the hub reads the job again under the page's scope, its token's workspace or
+the whole queue (row-level security), and sends the row's values only if the row exists there
+and agrees with what the notification claims (status, attempts, progress, type). A forged
+notification naming an unknown job, another workspace's job or a state the job is not in shows
+nothing. Any role may also NOTIFY as fast as it likes: a notification costs the listener a
+place in a bounded queue, and the hub confirms what arrives once per scope its pages watch
+(a query per BATCH_MAX claims), however many pages watch it.
 
 PostgreSQL publishes status events only while some listener holds a lease (queue setting
 `job_events` = "auto", the default), so the hub registers its LISTEN as one: on start, renewed every
@@ -29,6 +32,7 @@ import orjson
 
 from sidelinja_worker.admin import store
 from sidelinja_worker.admin.store import Scope
+from sidelinja_worker.queue.db import DB_ERRORS
 
 log = logging.getLogger("sidelinja_worker.admin")
 CHANNEL = "sidelinja_job_events"
@@ -40,6 +44,7 @@ QUEUE_MAX = 1000
 # Any role may send junk on the channel: one warning line per this many seconds, with a count.
 MALFORMED_LOG_S = 60.0
 FORWARD_MAX = 10_000  # raw payloads waiting for confirmation before forwarding; more dropped
+INCOMING_MAX = 10_000  # raw payloads waiting for confirmation for the streams; more dropped
 BATCH_MAX = 500  # events confirmed with one query
 # The listener lease: renewed three times within it, so one slow or failed renewal loses nothing.
 LEASE_S = 30.0
@@ -177,6 +182,8 @@ class EventHub:
         self.payload_listeners: list[Callable[[str], None]] = []
         self._to_forward: asyncio.Queue[str] = asyncio.Queue(FORWARD_MAX)
         self._forwarder: asyncio.Task[None] | None = None
+        self._incoming: asyncio.Queue[str] = asyncio.Queue(INCOMING_MAX)
+        self._dispatcher: asyncio.Task[None] | None = None
         self._lease_id = uuid.uuid4()
         self._renewer: asyncio.Task[None] | None = None
         self._malformed, self._malformed_logged_at = 0, -MALFORMED_LOG_S
@@ -187,9 +194,10 @@ class EventHub:
         await self._renew_lease(self._conn)
         self._renewer = asyncio.create_task(self._keep_lease(self._conn), name="admin-event-lease")
         self._forwarder = asyncio.create_task(self._forward(), name="admin-event-forwarder")
+        self._dispatcher = asyncio.create_task(self._dispatch(), name="admin-event-dispatcher")
 
     async def stop(self) -> None:
-        for task in (self._renewer, self._forwarder):
+        for task in (self._renewer, self._forwarder, self._dispatcher):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -236,24 +244,50 @@ class EventHub:
                     listener(confirmed_payload)
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        """Queues the payload, no more: any role may NOTIFY as fast as it likes, so the work a
+        notification costs here must not grow with the streams open (a full queue drops it)."""
         if self.payload_listeners and not self._to_forward.full():
             self._to_forward.put_nowait(payload)
+        if self._subscribers and not self._incoming.full():
+            self._incoming.put_nowait(payload)
+
+    async def _dispatch(self) -> None:
+        """Confirms what arrives, up to BATCH_MAX claims at a time, and hands each stream the
+        events its scope confirms."""
+        while True:
+            claims = self._claims(await self._incoming.get())
+            while len(claims) < BATCH_MAX and not self._incoming.empty():
+                claims += self._claims(self._incoming.get_nowait())
+            try:
+                await self._deliver(claims)
+            # Any failure of the database: one task serves every stream, so it goes on.
+            except (*DB_ERRORS, asyncpg.PostgresError) as exc:
+                log.warning("cannot confirm events for the live streams (%s); dropped", exc)
+
+    def _claims(self, payload: str) -> list[dict[str, Any]]:
+        """The payload's claims, one per job; none for a malformed one (counted and logged)."""
         try:
-            events = explode(payload)
+            return [c for c in explode(payload) if isinstance(c, dict)]
         except (ValueError, KeyError, TypeError):
             self._malformed += 1
             now = time.monotonic()
             if now >= self._malformed_logged_at + MALFORMED_LOG_S:
                 log.warning("ignored %d malformed %s payloads", self._malformed, CHANNEL)
                 self._malformed, self._malformed_logged_at = 0, now
-            return
-        # The claimed workspace only narrows which streams look; each stream confirms.
-        for queue, scope in self._subscribers.items():
-            for event in events:
-                if not isinstance(event, dict) or queue.full():
-                    continue
-                if scope.allows(str(event.get("workspace_id", ""))):
-                    queue.put_nowait(event)
+            return []
+
+    async def _deliver(self, claims: list[dict[str, Any]]) -> None:
+        """One confirmation per workspace the streams watch (None: a platform stream's every
+        workspace), however many streams watch it. The claimed workspace only narrows what is
+        asked; the database, under that scope, decides what is sent."""
+        for workspace in {s.workspace_id for s in self._subscribers.values()}:
+            scope = Scope(None, workspace)
+            wanted = [c for c in claims if scope.allows(str(c.get("workspace_id", "")))]
+            events = await self.confirm(scope, wanted) if wanted else []
+            for queue, watcher in list(self._subscribers.items()):
+                if watcher.workspace_id == workspace:
+                    for event in events[: max(0, QUEUE_MAX - queue.qsize())]:
+                        queue.put_nowait(event)
 
     async def confirm(self, scope: Scope, claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The claims the database confirms under the scope, as events built from the rows."""
@@ -293,20 +327,17 @@ class EventHub:
         """frames() of a queue of its own, given back when the stream ends."""
         queue = self.subscribe(scope)
         try:
-            async for frame in self.frames(queue, scope, still_valid):
+            async for frame in self.frames(queue, still_valid):
                 yield frame
         finally:
             self.unsubscribe(queue)
 
     async def frames(
-        self,
-        queue: Subscription,
-        scope: Scope,
-        still_valid: Callable[[], Awaitable[bool]] | None = None,
+        self, queue: Subscription, still_valid: Callable[[], Awaitable[bool]] | None = None
     ) -> AsyncIterator[bytes]:
         """SSE frames for one page until it goes away, or its token is revoked (checked every
         REVALIDATE_S, busy or idle); a comment now and then keeps proxies from closing an idle
-        stream. `queue` is the page's, from subscribe()."""
+        stream. `queue` is the page's, from subscribe(), holding events the hub confirmed."""
         yield b"retry: 2000\n: connected\n\n"
         now = time.monotonic()
         check_at, keepalive_at = now + REVALIDATE_S, now + KEEPALIVE_S
@@ -320,14 +351,10 @@ class EventHub:
                 yield b": keepalive\n\n"
                 keepalive_at = time.monotonic() + KEEPALIVE_S
             try:
-                first = await asyncio.wait_for(
+                event = await asyncio.wait_for(
                     queue.get(), max(0.0, min(check_at, keepalive_at) - time.monotonic())
                 )
             except TimeoutError:
                 continue
-            claims = [first]
-            while len(claims) < BATCH_MAX and not queue.empty():
-                claims.append(queue.get_nowait())
-            for event in await self.confirm(scope, claims):
-                yield b"data: " + orjson.dumps(event) + b"\n\n"
-                keepalive_at = time.monotonic() + KEEPALIVE_S
+            yield b"data: " + orjson.dumps(event) + b"\n\n"
+            keepalive_at = time.monotonic() + KEEPALIVE_S
