@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from sidelinja_worker.admin import app as admin_app
-from sidelinja_worker.admin import auth, dashboard, events
+from sidelinja_worker.admin import auth, dashboard, events, gate
 from sidelinja_worker.admin import store as admin_store
 from sidelinja_worker.admin.events import EventHub
 from sidelinja_worker.admin.store import SHOW_MAX_BYTES, Scope, jobs_for_events
@@ -243,3 +243,45 @@ async def test_a_notification_is_confirmed_once_whatever_the_number_of_streams(
         await hub.stop()
     assert all(f.startswith(b"data: ") for f in frames)
     assert queries == 1, queries
+
+
+async def test_job_lists_leave_the_pool_to_the_other_pages(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A job list may read a status's whole index (a payload search over all time, a small
+    workspace's completed jobs under row-level security: 0.5 s at 1,000,000 jobs, growing with
+    the table), and there was no bound on how many ran: 16 such searches at once held every
+    connection of the pool, and a job page waited 3-7 s. At most gate.LISTS_MAX lists run at
+    once (the rest wait without a connection) and a token runs at most gate.LISTS_PER_TOKEN
+    (429 past that). Here the lists are held by a lock on job_queue."""
+    a, b, _ = await seed(pool)
+    tokens = [workspace_bearer(db_url, ws) for ws in (a, b) for _ in range(3)]
+    async with httpx.AsyncClient(base_url=admin, timeout=60) as http, pool.acquire() as lock:
+        tx = lock.transaction()
+        await tx.start()
+        await lock.execute("LOCK TABLE job_queue IN ACCESS EXCLUSIVE MODE")
+        lists = [
+            asyncio.create_task(http.get("/admin/jobs?status=all", headers=headers))
+            for headers in tokens
+            for _ in range(gate.LISTS_PER_TOKEN)
+        ]
+        try:
+
+            async def waiting() -> bool:
+                return bool(
+                    await pool.fetchval(
+                        "SELECT count(*) >= $1 FROM pg_stat_activity"
+                        " WHERE wait_event_type = 'Lock' AND application_name = 'sidelinja-admin'",
+                        gate.LISTS_MAX,
+                    )
+                )
+
+            await wait_for(waiting, 30, "the lists wait on the lock")
+            async with asyncio.timeout(10):
+                refused = await http.get("/admin/jobs?status=all", headers=tokens[0])
+                other_page = await http.get("/admin/jobs/not-a-job", headers=tokens[0])
+            assert refused.status_code == 429, refused.status_code
+            assert other_page.status_code == 404, other_page.status_code
+        finally:
+            await tx.rollback()
+        assert {r.status_code for r in await asyncio.gather(*lists)} == {200}

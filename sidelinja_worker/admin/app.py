@@ -37,6 +37,7 @@ from sidelinja_worker.admin.forms import (
     query_string,
     text_field,
 )
+from sidelinja_worker.admin.gate import Busy, Gate
 from sidelinja_worker.admin.spacetime import SpacetimeForwarder, SpacetimeTarget
 from sidelinja_worker.admin.store import Scope
 from sidelinja_worker.queue import store as worker_store
@@ -91,7 +92,10 @@ def render(
 async def jobs_page(request: Request) -> Response:
     scope, token = await session(request)
     f = job_filter(request.query_params, scope)
-    async with store.scoped(request.app.state.pool, scope) as conn:
+    async with (
+        request.app.state.lists.slot(scope.token_id),
+        store.scoped(request.app.state.pool, scope) as conn,
+    ):
         rows = await store.list_jobs(
             conn, f, page_cursor(request.query_params, f), store.PAGE_SIZE + 1
         )
@@ -312,7 +316,10 @@ async def bulk_retry(request: Request) -> Response:
         return PlainTextResponse("bad CSRF token or origin", status_code=403)
     f = job_filter(form, scope)
     try:
-        async with store.scoped(request.app.state.pool, scope) as conn:
+        async with (
+            request.app.state.lists.slot(scope.token_id),
+            store.scoped(request.app.state.pool, scope) as conn,
+        ):
             ids = await store.bulk_retry(conn, f, BULK_LIMIT)
             await store.audit(conn, scope, "bulk_retry", ids, {"filter": query_string(f, None)})
     except asyncpg.UniqueViolationError:  # a job a retried one brings back (store.KEY_HELD)
@@ -441,6 +448,10 @@ async def too_many_streams(_request: Request, exc: Exception) -> Response:
     return PlainTextResponse(str(exc), status_code=exc.status_code)
 
 
+async def busy(_request: Request, exc: Exception) -> Response:
+    return PlainTextResponse(str(exc), status_code=429)
+
+
 @contextlib.asynccontextmanager
 async def forwarding(hub: EventHub, target: SpacetimeTarget | None) -> AsyncIterator[None]:
     """Forwards the hub's payloads to SpacetimeDB while the app runs, if a target is set."""
@@ -495,6 +506,7 @@ def create_app(database_url: str, spacetime: SpacetimeTarget | None = None) -> S
             database_url, min_size=1, max_size=8, init=init_connection, server_settings=settings
         )
         app.state.hub = EventHub(database_url, app.state.pool)
+        app.state.lists = Gate()
         await app.state.hub.start()
         try:
             async with forwarding(app.state.hub, spacetime):
@@ -511,6 +523,7 @@ def create_app(database_url: str, spacetime: SpacetimeTarget | None = None) -> S
             Forbidden: forbidden,
             BadField: bad_field,
             TooManyStreams: too_many_streams,
+            Busy: busy,
         },
     )
     app.add_middleware(auth.SecurityHeaders)
