@@ -93,7 +93,7 @@ async def jobs_page(request: Request) -> Response:
     scope, token = await session(request)
     f = job_filter(request.query_params, scope)
     async with (
-        request.app.state.lists.slot(scope.token_id),
+        request.app.state.reads.slot(scope.token_id),
         store.scoped(request.app.state.pool, scope) as conn,
     ):
         rows = await store.list_jobs(
@@ -167,7 +167,14 @@ async def workflow_page(request: Request) -> Response:
 
 async def overview_page(request: Request) -> Response:
     scope, token = await session(request)
-    pool = request.app.state.pool
+    async with request.app.state.reads.slot(scope.token_id):
+        figures = await overview_figures(request.app.state.pool, scope)
+    return render(
+        request, "overview.html", token, scope, done=request.query_params.get("done"), **figures
+    )
+
+
+async def overview_figures(pool: asyncpg.Pool, scope: Scope) -> dict[str, Any]:
     # Limits and pauses are queue-wide configuration, read with the privileged pool; a workspace
     # token sees every type and rate limit but no other workspace's cap. The jobs counted beside
     # them are read under the scope below: their own queries count every workspace's.
@@ -191,19 +198,14 @@ async def overview_page(request: Request) -> Response:
             r["running"] = of_type.get(r["name"], none)["running"]
     for p in pauses:
         p["waiting"] = of_type.get(p["job_type"], none)["waiting"]
-    return render(
-        request,
-        "overview.html",
-        token,
-        scope,
-        counts=counts,
-        oldest_due_s=oldest,
-        per_minute=per_minute,
-        finished=sum(r["n"] for r in per_minute),
-        limits=limits,
-        pauses=pauses,
-        done=request.query_params.get("done"),
-    )
+    return {
+        "counts": counts,
+        "oldest_due_s": oldest,
+        "per_minute": per_minute,
+        "finished": sum(r["n"] for r in per_minute),
+        "limits": limits,
+        "pauses": pauses,
+    }
 
 
 def actor(scope: Scope) -> str:
@@ -238,7 +240,10 @@ async def pause_action(request: Request) -> Response:
 
 async def dashboard_page(request: Request) -> Response:
     scope, token = await session(request)
-    async with store.scoped(request.app.state.pool, scope) as conn:
+    async with (
+        request.app.state.reads.slot(scope.token_id),
+        store.scoped(request.app.state.pool, scope) as conn,
+    ):
         figures = await dashboard.load(conn, scope, await conn.fetchval("SELECT now()"))
     paused = {p["job_type"] for p in await worker_store.list_pauses(request.app.state.pool)}
     context: dict[str, Any] = {
@@ -317,7 +322,7 @@ async def bulk_retry(request: Request) -> Response:
     f = job_filter(form, scope)
     try:
         async with (
-            request.app.state.lists.slot(scope.token_id),
+            request.app.state.reads.slot(scope.token_id),
             store.scoped(request.app.state.pool, scope) as conn,
         ):
             ids = await store.bulk_retry(conn, f, BULK_LIMIT)
@@ -413,7 +418,10 @@ async def logout(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     scope, _token = await session(request)
-    async with store.scoped(request.app.state.pool, scope) as conn:
+    async with (
+        request.app.state.reads.slot(scope.token_id),
+        store.scoped(request.app.state.pool, scope) as conn,
+    ):
         body = await metrics_view.render(conn)
     return Response(body, media_type=metrics_view.CONTENT_TYPE)
 
@@ -506,7 +514,7 @@ def create_app(database_url: str, spacetime: SpacetimeTarget | None = None) -> S
             database_url, min_size=1, max_size=8, init=init_connection, server_settings=settings
         )
         app.state.hub = EventHub(database_url, app.state.pool)
-        app.state.lists = Gate()
+        app.state.reads = Gate()
         await app.state.hub.start()
         try:
             async with forwarding(app.state.hub, spacetime):

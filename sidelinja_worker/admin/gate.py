@@ -1,4 +1,5 @@
-"""Bounds on the admin's job lists: how many run at once, in all and per token."""
+"""Bounds on the admin's heavy reads (job lists, bulk retries, the overview, the dashboard,
+/metrics): how many run at once, in all and per token."""
 
 from __future__ import annotations
 
@@ -10,28 +11,30 @@ from uuid import UUID
 
 # A job list may read a status's whole index: a payload search over all time, or a small
 # workspace's completed jobs under row-level security (0.5 s at 1,000,000 jobs, growing with the
-# table). Sixteen at once held every connection of the pool (8) and a job page waited 3-7 s.
-# LISTS_MAX run at once, the rest wait without a connection, leaving the pool to the other
-# pages; a token that asks for more than LISTS_PER_TOKEN at once is refused (429).
-LISTS_MAX = 4
-LISTS_PER_TOKEN = 2
+# table); the overview, dashboard and /metrics count the whole table (0.6-1.0 s there). Sixteen
+# at once held every connection of the pool (8) and a job page waited 3-7 s. READS_MAX run at
+# once, the rest wait without a connection, leaving the pool to the other pages; a token that
+# asks for more than READS_PER_TOKEN at once is refused (429).
+READS_MAX = 4
+READS_PER_TOKEN = 2
 
 
 class Busy(Exception):
-    """The token has LISTS_PER_TOKEN lists running or waiting already."""
+    """The token has READS_PER_TOKEN heavy reads running or waiting already."""
 
 
 class Gate:
-    def __init__(self, total: int = LISTS_MAX, per_token: int = LISTS_PER_TOKEN) -> None:
+    def __init__(self, total: int = READS_MAX, per_token: int = READS_PER_TOKEN) -> None:
         self._slots = asyncio.Semaphore(total)
         self._per_token = per_token
-        self._asked: Counter[UUID | None] = Counter()  # lists running or waiting, per token
+        self._asked: Counter[UUID | None] = Counter()  # reads running or waiting, per token
 
     @asynccontextmanager
     async def slot(self, token_id: UUID | None) -> AsyncIterator[None]:
-        """A place to run one list, waited for; Busy if the token holds its share already."""
+        """A place to run one heavy read, waited for; Busy if the token holds its share
+        already."""
         if self._asked[token_id] >= self._per_token:
-            raise Busy(f"this token has {self._per_token} job lists running; try again")
+            raise Busy(f"this token has {self._per_token} heavy pages loading; try again")
         self._asked[token_id] += 1
         try:
             async with self._slots:
