@@ -50,9 +50,9 @@ BATCH_MAX = 500  # events confirmed with one query
 LEASE_S = 30.0
 LEASE_RENEW_S = 10.0
 LEASE_LABEL = "admin"
-# Open streams: each holds a connection, checks its token every REVALIDATE_S and confirms what it
-# is offered with queries of its own. Unbounded, 6,000 idle streams of one token kept every page
-# waiting 1.5-2.9 s. A person has a stream per open page; a token shared by a team, some dozens.
+# Open streams: each holds a connection and checks its token every REVALIDATE_S. Unbounded, 6,000
+# idle streams of one token kept every page waiting 1.5-2.9 s. A person has a stream per open
+# page; a token shared by a team, some dozens.
 STREAMS_PER_TOKEN = 50
 STREAMS_MAX = 500
 
