@@ -12,6 +12,7 @@ from uuid import UUID
 import asyncpg
 import httpx
 from starlette.applications import Starlette
+from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import (
     JSONResponse,
@@ -23,9 +24,11 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import Receive, Send
+from starlette.types import Scope as AsgiScope
 
 from sidelinja_worker.admin import auth, dashboard, metrics_view, store, workflow
-from sidelinja_worker.admin.events import EventHub
+from sidelinja_worker.admin.events import EventHub, Subscription, TooManyStreams
 from sidelinja_worker.admin.forms import (
     BadField,
     job_filter,
@@ -34,6 +37,7 @@ from sidelinja_worker.admin.forms import (
     query_string,
     text_field,
 )
+from sidelinja_worker.admin.gate import Busy, Gate
 from sidelinja_worker.admin.spacetime import SpacetimeForwarder, SpacetimeTarget
 from sidelinja_worker.admin.store import Scope
 from sidelinja_worker.queue import store as worker_store
@@ -42,6 +46,17 @@ from sidelinja_worker.queue.db import SERVER_SETTINGS, init_connection
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 BULK_LIMIT = 10_000
+# Every form here is a CSRF value and a few short fields (a job filter, a job type and a reason):
+# Starlette's own bounds (1,000 fields of 1 MB, files spooled to disk) let one request make the
+# server hold a gigabyte, and logout reads its form for any cookie, before the session is checked.
+FORM_FIELDS_MAX = 16
+FORM_FIELD_MAX = 64 * 1024
+
+
+async def read_form(request: Request) -> FormData:
+    """The request's form within FORM_FIELDS_MAX and FORM_FIELD_MAX, no file; too big a form is
+    a 400 (Starlette raises it as an HTTPException)."""
+    return await request.form(max_files=0, max_fields=FORM_FIELDS_MAX, max_part_size=FORM_FIELD_MAX)
 
 
 class Denied(Exception):
@@ -77,7 +92,10 @@ def render(
 async def jobs_page(request: Request) -> Response:
     scope, token = await session(request)
     f = job_filter(request.query_params, scope)
-    async with store.scoped(request.app.state.pool, scope) as conn:
+    async with (
+        request.app.state.reads.slot(scope.token_id),
+        store.scoped(request.app.state.pool, scope) as conn,
+    ):
         rows = await store.list_jobs(
             conn, f, page_cursor(request.query_params, f), store.PAGE_SIZE + 1
         )
@@ -149,7 +167,14 @@ async def workflow_page(request: Request) -> Response:
 
 async def overview_page(request: Request) -> Response:
     scope, token = await session(request)
-    pool = request.app.state.pool
+    async with request.app.state.reads.slot(scope.token_id):
+        figures = await overview_figures(request.app.state.pool, scope)
+    return render(
+        request, "overview.html", token, scope, done=request.query_params.get("done"), **figures
+    )
+
+
+async def overview_figures(pool: asyncpg.Pool, scope: Scope) -> dict[str, Any]:
     # Limits and pauses are queue-wide configuration, read with the privileged pool; a workspace
     # token sees every type and rate limit but no other workspace's cap. The jobs counted beside
     # them are read under the scope below: their own queries count every workspace's.
@@ -173,19 +198,14 @@ async def overview_page(request: Request) -> Response:
             r["running"] = of_type.get(r["name"], none)["running"]
     for p in pauses:
         p["waiting"] = of_type.get(p["job_type"], none)["waiting"]
-    return render(
-        request,
-        "overview.html",
-        token,
-        scope,
-        counts=counts,
-        oldest_due_s=oldest,
-        per_minute=per_minute,
-        finished=sum(r["n"] for r in per_minute),
-        limits=limits,
-        pauses=pauses,
-        done=request.query_params.get("done"),
-    )
+    return {
+        "counts": counts,
+        "oldest_due_s": oldest,
+        "per_minute": per_minute,
+        "finished": sum(r["n"] for r in per_minute),
+        "limits": limits,
+        "pauses": pauses,
+    }
 
 
 def actor(scope: Scope) -> str:
@@ -197,7 +217,7 @@ async def operator_form(request: Request) -> tuple[Scope, dict[str, str]]:
     """The form of a queue-wide action: a platform admin's, with its CSRF value; Denied or
     Forbidden otherwise (a workspace token steers its own jobs, never the whole queue)."""
     scope, token = await session(request)
-    form = await request.form()
+    form = await read_form(request)
     if not auth.csrf_ok(request, token, str(form.get("csrf") or "")):
         raise Forbidden("bad CSRF token or origin")
     if scope.workspace_id is not None:
@@ -220,7 +240,10 @@ async def pause_action(request: Request) -> Response:
 
 async def dashboard_page(request: Request) -> Response:
     scope, token = await session(request)
-    async with store.scoped(request.app.state.pool, scope) as conn:
+    async with (
+        request.app.state.reads.slot(scope.token_id),
+        store.scoped(request.app.state.pool, scope) as conn,
+    ):
         figures = await dashboard.load(conn, scope, await conn.fetchval("SELECT now()"))
     paused = {p["job_type"] for p in await worker_store.list_pauses(request.app.state.pool)}
     context: dict[str, Any] = {
@@ -261,7 +284,7 @@ async def drain_action(request: Request) -> Response:
 
 async def job_action(request: Request) -> Response:
     scope, token = await session(request)
-    form = await request.form()
+    form = await read_form(request)
     if not auth.csrf_ok(request, token, str(form.get("csrf") or "")):
         return PlainTextResponse("bad CSRF token or origin", status_code=403)
     job_id, action = parse_job_id(request.path_params["job_id"]), request.path_params["action"]
@@ -293,12 +316,15 @@ async def run_action(conn: asyncpg.Connection, action: str, job_id: UUID) -> UUI
 
 async def bulk_retry(request: Request) -> Response:
     scope, token = await session(request)
-    form = await request.form()
+    form = await read_form(request)
     if not auth.csrf_ok(request, token, str(form.get("csrf") or "")):
         return PlainTextResponse("bad CSRF token or origin", status_code=403)
     f = job_filter(form, scope)
     try:
-        async with store.scoped(request.app.state.pool, scope) as conn:
+        async with (
+            request.app.state.reads.slot(scope.token_id),
+            store.scoped(request.app.state.pool, scope) as conn,
+        ):
             ids = await store.bulk_retry(conn, f, BULK_LIMIT)
             await store.audit(conn, scope, "bulk_retry", ids, {"filter": query_string(f, None)})
     except asyncpg.UniqueViolationError:  # a job a retried one brings back (store.KEY_HELD)
@@ -308,18 +334,33 @@ async def bulk_retry(request: Request) -> Response:
     )
 
 
+class EventStream(StreamingResponse):
+    """The live stream's response. It gives the stream's place in the hub back however it ends,
+    also before its first frame (a client gone at once), when the frames never start."""
+
+    def __init__(self, hub: EventHub, queue: Subscription, frames: AsyncIterator[bytes]) -> None:
+        super().__init__(
+            frames, media_type="text/event-stream", headers={"x-accel-buffering": "no"}
+        )
+        self._hub, self._queue = hub, queue
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._hub.unsubscribe(self._queue)
+
+
 async def events(request: Request) -> Response:
     scope, _secret = await session(request)
     pool, credential = request.app.state.pool, auth.presented(request)
+    hub: EventHub = request.app.state.hub
 
     async def still_valid() -> bool:
         return await auth.scope_for(pool, credential) == scope
 
-    return StreamingResponse(
-        request.app.state.hub.stream(scope, still_valid),
-        media_type="text/event-stream",
-        headers={"x-accel-buffering": "no"},
-    )
+    queue = hub.subscribe(scope)  # TooManyStreams past the caps
+    return EventStream(hub, queue, hub.frames(queue, still_valid))
 
 
 async def login_page(request: Request) -> Response:
@@ -364,7 +405,7 @@ async def logout(request: Request) -> Response:
     value: no other page can log a user out."""
     credential = auth.presented(request)
     if credential is not None and credential.is_session:
-        form = await request.form()
+        form = await read_form(request)
         if not auth.csrf_ok(request, credential.secret, str(form.get("csrf") or "")):
             return PlainTextResponse("bad CSRF token or origin", status_code=403)
         await store.delete_session(request.app.state.pool, auth.digest(credential.secret))
@@ -377,7 +418,10 @@ async def logout(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     scope, _token = await session(request)
-    async with store.scoped(request.app.state.pool, scope) as conn:
+    async with (
+        request.app.state.reads.slot(scope.token_id),
+        store.scoped(request.app.state.pool, scope) as conn,
+    ):
         body = await metrics_view.render(conn)
     return Response(body, media_type=metrics_view.CONTENT_TYPE)
 
@@ -405,6 +449,15 @@ async def forbidden(_request: Request, exc: Exception) -> Response:
 
 async def bad_field(_request: Request, exc: Exception) -> Response:
     return PlainTextResponse(str(exc), status_code=400)
+
+
+async def too_many_streams(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, TooManyStreams)
+    return PlainTextResponse(str(exc), status_code=exc.status_code)
+
+
+async def busy(_request: Request, exc: Exception) -> Response:
+    return PlainTextResponse(str(exc), status_code=429)
 
 
 @contextlib.asynccontextmanager
@@ -461,6 +514,7 @@ def create_app(database_url: str, spacetime: SpacetimeTarget | None = None) -> S
             database_url, min_size=1, max_size=8, init=init_connection, server_settings=settings
         )
         app.state.hub = EventHub(database_url, app.state.pool)
+        app.state.reads = Gate()
         await app.state.hub.start()
         try:
             async with forwarding(app.state.hub, spacetime):
@@ -472,7 +526,13 @@ def create_app(database_url: str, spacetime: SpacetimeTarget | None = None) -> S
     app = Starlette(
         routes=ROUTES,
         lifespan=lifespan,
-        exception_handlers={Denied: denied, Forbidden: forbidden, BadField: bad_field},
+        exception_handlers={
+            Denied: denied,
+            Forbidden: forbidden,
+            BadField: bad_field,
+            TooManyStreams: too_many_streams,
+            Busy: busy,
+        },
     )
     app.add_middleware(auth.SecurityHeaders)
     return app

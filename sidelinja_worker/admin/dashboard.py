@@ -17,6 +17,9 @@ from sidelinja_worker.queue.metrics import ALL_WORKSPACES, MINUTE_BOUNDS_S
 
 HOUR = 60
 DAY = 1440
+# Waiting job types the dashboard names, those with the most waiting jobs; the rest are one row
+# (worker_store.OTHER_TYPES). Each row holds a day of per-minute figures and a chart.
+TYPES_MAX = 100
 
 
 @dataclass
@@ -78,8 +81,9 @@ async def load(conn: asyncpg.Connection, scope: Scope, now: datetime) -> Dashboa
         figs = types.setdefault(r["job_type"], Figures(r["job_type"]))
         figs.buckets = list(r["buckets"])
         total.buckets = [a + b for a, b in zip(total.buckets, r["buckets"], strict=False)]
-    for d in await store.dashboard_depth(conn):
-        figs = types.setdefault(d["job_type"], Figures(d["job_type"]))
+    for d in await store.dashboard_depth(conn, TYPES_MAX):
+        name = d["job_type"] if d["job_type"] is not None else worker_store.OTHER_TYPES
+        figs = types.setdefault(name, Figures(name))
         figs.waiting, figs.due = d["waiting"], d["due"]
         total.waiting += d["waiting"]
         total.due += d["due"]

@@ -2,10 +2,13 @@
 (Server-Sent Events), each page getting only the workspaces its token may see.
 
 Any role may NOTIFY any channel, so a notification is a hint, never the news itself: before a
-page gets an event, its stream reads the job again under the token's scope (row-level security)
-and sends the row's values only if the row exists there and agrees with what the notification
-claims (status, attempts, progress, type). A forged notification naming an unknown job, another
-workspace's job or a state the job is not in shows nothing.
+page gets an event, the hub reads the job again under the page's scope, its token's workspace or
+the whole queue (row-level security), and sends the row's values only if the row exists there
+and agrees with what the notification claims (status, attempts, progress, type). A forged
+notification naming an unknown job, another workspace's job or a state the job is not in shows
+nothing. Any role may also NOTIFY as fast as it likes: a notification costs the listener a
+place in a bounded queue, and the hub confirms what arrives once per scope its pages watch
+(a query per BATCH_MAX claims), however many pages watch it.
 
 PostgreSQL publishes status events only while some listener holds a lease (queue setting
 `job_events` = "auto", the default), so the hub registers its LISTEN as one: on start, renewed every
@@ -21,7 +24,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeAlias
 from uuid import UUID
 
 import asyncpg
@@ -29,6 +32,7 @@ import orjson
 
 from sidelinja_worker.admin import store
 from sidelinja_worker.admin.store import Scope
+from sidelinja_worker.queue.db import DB_ERRORS
 
 log = logging.getLogger("sidelinja_worker.admin")
 CHANNEL = "sidelinja_job_events"
@@ -40,11 +44,30 @@ QUEUE_MAX = 1000
 # Any role may send junk on the channel: one warning line per this many seconds, with a count.
 MALFORMED_LOG_S = 60.0
 FORWARD_MAX = 10_000  # raw payloads waiting for confirmation before forwarding; more dropped
+INCOMING_MAX = 10_000  # raw payloads waiting for confirmation for the streams; more dropped
 BATCH_MAX = 500  # events confirmed with one query
 # The listener lease: renewed three times within it, so one slow or failed renewal loses nothing.
 LEASE_S = 30.0
 LEASE_RENEW_S = 10.0
 LEASE_LABEL = "admin"
+# Open streams: each holds a connection and checks its token every REVALIDATE_S. Unbounded, 6,000
+# idle streams of one token kept every page waiting 1.5-2.9 s. A person has a stream per open
+# page; a token shared by a team, some dozens.
+STREAMS_PER_TOKEN = 50
+STREAMS_MAX = 500
+
+
+# A stream's place in the hub: the queue its events arrive on.
+Subscription: TypeAlias = asyncio.Queue[dict[str, Any]]
+
+
+class TooManyStreams(Exception):
+    """A stream refused: its token (429), or the app as a whole (503), has as many open as it
+    may."""
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
 
 
 def explode(payload: str) -> list[dict[str, Any]]:
@@ -153,12 +176,14 @@ class EventHub:
         self._url = url
         self._pool = pool  # the privileged pool; confirmations run scoped (store.scoped)
         self._conn: asyncpg.Connection | None = None
-        self._subscribers: dict[asyncio.Queue[dict[str, Any]], Scope] = {}
+        self._subscribers: dict[Subscription, Scope] = {}
         # Called with each payload the database confirms (the SpacetimeDB forwarder); must not
         # block. What they get is rebuilt from the confirmed rows (as_payloads).
         self.payload_listeners: list[Callable[[str], None]] = []
         self._to_forward: asyncio.Queue[str] = asyncio.Queue(FORWARD_MAX)
         self._forwarder: asyncio.Task[None] | None = None
+        self._incoming: asyncio.Queue[str] = asyncio.Queue(INCOMING_MAX)
+        self._dispatcher: asyncio.Task[None] | None = None
         self._lease_id = uuid.uuid4()
         self._renewer: asyncio.Task[None] | None = None
         self._malformed, self._malformed_logged_at = 0, -MALFORMED_LOG_S
@@ -169,9 +194,10 @@ class EventHub:
         await self._renew_lease(self._conn)
         self._renewer = asyncio.create_task(self._keep_lease(self._conn), name="admin-event-lease")
         self._forwarder = asyncio.create_task(self._forward(), name="admin-event-forwarder")
+        self._dispatcher = asyncio.create_task(self._dispatch(), name="admin-event-dispatcher")
 
     async def stop(self) -> None:
-        for task in (self._renewer, self._forwarder):
+        for task in (self._renewer, self._forwarder, self._dispatcher):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -218,24 +244,50 @@ class EventHub:
                     listener(confirmed_payload)
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        """Queues the payload, no more: any role may NOTIFY as fast as it likes, so the work a
+        notification costs here must not grow with the streams open (a full queue drops it)."""
         if self.payload_listeners and not self._to_forward.full():
             self._to_forward.put_nowait(payload)
+        if self._subscribers and not self._incoming.full():
+            self._incoming.put_nowait(payload)
+
+    async def _dispatch(self) -> None:
+        """Confirms what arrives, up to BATCH_MAX claims at a time, and hands each stream the
+        events its scope confirms."""
+        while True:
+            claims = self._claims(await self._incoming.get())
+            while len(claims) < BATCH_MAX and not self._incoming.empty():
+                claims += self._claims(self._incoming.get_nowait())
+            try:
+                await self._deliver(claims)
+            # Any failure of the database: one task serves every stream, so it goes on.
+            except (*DB_ERRORS, asyncpg.PostgresError) as exc:
+                log.warning("cannot confirm events for the live streams (%s); dropped", exc)
+
+    def _claims(self, payload: str) -> list[dict[str, Any]]:
+        """The payload's claims, one per job; none for a malformed one (counted and logged)."""
         try:
-            events = explode(payload)
+            return [c for c in explode(payload) if isinstance(c, dict)]
         except (ValueError, KeyError, TypeError):
             self._malformed += 1
             now = time.monotonic()
             if now >= self._malformed_logged_at + MALFORMED_LOG_S:
                 log.warning("ignored %d malformed %s payloads", self._malformed, CHANNEL)
                 self._malformed, self._malformed_logged_at = 0, now
-            return
-        # The claimed workspace only narrows which streams look; each stream confirms.
-        for queue, scope in self._subscribers.items():
-            for event in events:
-                if not isinstance(event, dict) or queue.full():
-                    continue
-                if scope.allows(str(event.get("workspace_id", ""))):
-                    queue.put_nowait(event)
+            return []
+
+    async def _deliver(self, claims: list[dict[str, Any]]) -> None:
+        """One confirmation per workspace the streams watch (None: a platform stream's every
+        workspace), however many streams watch it. The claimed workspace only narrows what is
+        asked; the database, under that scope, decides what is sent."""
+        for workspace in {s.workspace_id for s in self._subscribers.values()}:
+            scope = Scope(None, workspace)
+            wanted = [c for c in claims if scope.allows(str(c.get("workspace_id", "")))]
+            events = await self.confirm(scope, wanted) if wanted else []
+            for queue, watcher in list(self._subscribers.items()):
+                if watcher.workspace_id == workspace:
+                    for event in events[: max(0, QUEUE_MAX - queue.qsize())]:
+                        queue.put_nowait(event)
 
     async def confirm(self, scope: Scope, claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The claims the database confirms under the scope, as events built from the rows."""
@@ -252,38 +304,57 @@ class EventHub:
                 out.append(event)
         return out
 
+    def subscribe(self, scope: Scope) -> Subscription:
+        """A new stream's queue, counted against STREAMS_MAX and STREAMS_PER_TOKEN until
+        unsubscribe(queue); TooManyStreams past either."""
+        if len(self._subscribers) >= STREAMS_MAX:
+            raise TooManyStreams(f"{STREAMS_MAX} live streams are open; try again later", 503)
+        if (
+            sum(s.token_id == scope.token_id for s in self._subscribers.values())
+            >= STREAMS_PER_TOKEN
+        ):
+            raise TooManyStreams(f"this token has {STREAMS_PER_TOKEN} live streams open", 429)
+        queue: Subscription = asyncio.Queue(QUEUE_MAX)
+        self._subscribers[queue] = scope
+        return queue
+
+    def unsubscribe(self, queue: Subscription) -> None:
+        self._subscribers.pop(queue, None)
+
     async def stream(
         self, scope: Scope, still_valid: Callable[[], Awaitable[bool]] | None = None
     ) -> AsyncIterator[bytes]:
+        """frames() of a queue of its own, given back when the stream ends."""
+        queue = self.subscribe(scope)
+        try:
+            async for frame in self.frames(queue, still_valid):
+                yield frame
+        finally:
+            self.unsubscribe(queue)
+
+    async def frames(
+        self, queue: Subscription, still_valid: Callable[[], Awaitable[bool]] | None = None
+    ) -> AsyncIterator[bytes]:
         """SSE frames for one page until it goes away, or its token is revoked (checked every
         REVALIDATE_S, busy or idle); a comment now and then keeps proxies from closing an idle
-        stream."""
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(QUEUE_MAX)
-        self._subscribers[queue] = scope
-        try:
-            yield b"retry: 2000\n: connected\n\n"
+        stream. `queue` is the page's, from subscribe(), holding events the hub confirmed."""
+        yield b"retry: 2000\n: connected\n\n"
+        now = time.monotonic()
+        check_at, keepalive_at = now + REVALIDATE_S, now + KEEPALIVE_S
+        while True:
             now = time.monotonic()
-            check_at, keepalive_at = now + REVALIDATE_S, now + KEEPALIVE_S
-            while True:
-                now = time.monotonic()
-                if now >= check_at:
-                    if still_valid is not None and not await still_valid():
-                        return
-                    check_at = time.monotonic() + REVALIDATE_S
-                if now >= keepalive_at:
-                    yield b": keepalive\n\n"
-                    keepalive_at = time.monotonic() + KEEPALIVE_S
-                try:
-                    first = await asyncio.wait_for(
-                        queue.get(), max(0.0, min(check_at, keepalive_at) - time.monotonic())
-                    )
-                except TimeoutError:
-                    continue
-                claims = [first]
-                while len(claims) < BATCH_MAX and not queue.empty():
-                    claims.append(queue.get_nowait())
-                for event in await self.confirm(scope, claims):
-                    yield b"data: " + orjson.dumps(event) + b"\n\n"
-                    keepalive_at = time.monotonic() + KEEPALIVE_S
-        finally:
-            del self._subscribers[queue]
+            if now >= check_at:
+                if still_valid is not None and not await still_valid():
+                    return
+                check_at = time.monotonic() + REVALIDATE_S
+            if now >= keepalive_at:
+                yield b": keepalive\n\n"
+                keepalive_at = time.monotonic() + KEEPALIVE_S
+            try:
+                event = await asyncio.wait_for(
+                    queue.get(), max(0.0, min(check_at, keepalive_at) - time.monotonic())
+                )
+            except TimeoutError:
+                continue
+            yield b"data: " + orjson.dumps(event) + b"\n\n"
+            keepalive_at = time.monotonic() + KEEPALIVE_S

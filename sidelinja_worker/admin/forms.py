@@ -18,6 +18,10 @@ DEFAULT_STATUS = "error"  # the seed's use: failed jobs first
 # it reads the rows of the window (see list_jobs in admin.sql).
 PAYLOAD_WINDOW = timedelta(days=1)
 EARLIEST = datetime.min.replace(tzinfo=UTC)
+# A number is searched for as typed, never through a float (400 digits are inf, which is no
+# JSON): jsonb compares numbers of any size exactly. Past this many characters it is text, as
+# PostgreSQL's numeric holds at most 16,383 digits after the point.
+NUMBER_MAX = 1000
 
 
 class BadField(ValueError):
@@ -82,19 +86,24 @@ def id_prefix(text: str) -> str | None:
 def payload_filter(text: str) -> str | None:
     """`episode_id=42, lang=nb` as the JSON object a payload must contain (a number where the
     value is one, else a string), or None when nothing usable is given."""
-    fields: dict[str, Any] = {}
+    fields: dict[str, str] = {}  # each key's value as JSON text
     for part in text.split(","):
         key, sep, value = part.partition("=")
         if not sep or not key.strip():
             continue
         value = value.strip()
-        try:
-            fields[key.strip()] = (
-                json.loads(value) if re.fullmatch(r"-?\d+(\.\d+)?", value) else value
-            )
-        except ValueError:
-            fields[key.strip()] = value
-    return json.dumps(fields) if fields else None
+        fields[key.strip()] = value if is_number(value) else json.dumps(value)
+    if not fields:
+        return None
+    return "{" + ", ".join(f"{json.dumps(k)}: {v}" for k, v in fields.items()) + "}"
+
+
+def is_number(value: str) -> bool:
+    """In JSON's own number syntax, without an exponent, and at most NUMBER_MAX characters."""
+    return (
+        len(value) <= NUMBER_MAX
+        and re.fullmatch(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?", value) is not None
+    )
 
 
 def page_cursor(params: Mapping[str, Any], f: JobFilter) -> Cursor | None:
@@ -116,7 +125,7 @@ def query_string(f: JobFilter, last: Mapping[str, Any] | None) -> str:
         "from": f.time_from.isoformat() if f.time_from else "",
         "to": f.time_to.isoformat() if f.time_to else "",
         "id": f.id_prefix or "",
-        "payload": ", ".join(f"{k}={v}" for k, v in json.loads(f.payload).items())
+        "payload": ", ".join(f"{k}={v}" for k, v in payload_fields(f.payload).items())
         if f.payload
         else "",
     }
@@ -127,3 +136,9 @@ def query_string(f: JobFilter, last: Mapping[str, Any] | None) -> str:
             after_id=str(last["id"]),
         )
     return urlencode({k: v for k, v in fields.items() if v})
+
+
+def payload_fields(payload: str) -> dict[str, str]:
+    """A payload filter's fields as typed (numbers as their digits, never parsed)."""
+    fields: dict[str, str] = json.loads(payload, parse_int=str, parse_float=str)
+    return fields

@@ -245,5 +245,7 @@ async def dashboard_buckets(
     return await conn.fetch(Q["dashboard_buckets"], workspace_id, since)
 
 
-async def dashboard_depth(conn: asyncpg.Connection) -> list[asyncpg.Record]:
-    return await conn.fetch(Q["dashboard_depth"])
+async def dashboard_depth(conn: asyncpg.Connection, max_types: int) -> list[asyncpg.Record]:
+    """Waiting and due jobs of the max_types types with the most waiting, and of the rest
+    together under a job_type of None."""
+    return await conn.fetch(Q["dashboard_depth"], max_types)

@@ -100,22 +100,29 @@ ORDER BY completed_at DESC, id DESC
 LIMIT $8;
 
 -- name: get_job
--- The payload, result and error history are shown only when each is stored in at most $2
--- bytes (NULL otherwise, with its stored size beside it), and progress in at most 4 kB as in
--- jobs_for_events: any plain-SQL writer of the row can make them hundreds of megabytes (or
--- compressed from that), and a job page must stay a page.
+-- The payload, result and error history are shown only when each is at most $2 bytes, both
+-- as stored and as JSON text (NULL otherwise, with the size that was too big beside it), and
+-- progress at most 4 kB as in jobs_for_events: any plain-SQL writer of the row can make them
+-- hundreds of megabytes, and a job page must stay a page. The stored size may be compressed
+-- (10 MB of one letter is 115 kB), so the text is measured too, but only once the stored size
+-- is within the bound: a CASE inside the CASE, so a giant value is never turned into text.
+-- `*_hidden` says which were left out (a JSON null is shown; it is no giant).
 SELECT j.id, j.workspace_id, left(j.job_type, 512) AS job_type,
-       CASE WHEN pg_column_size(j.payload) <= $2 THEN j.payload END AS payload,
-       pg_column_size(j.payload) AS payload_bytes,
+       CASE WHEN p.text_bytes <= $2 THEN j.payload END AS payload,
+       coalesce(p.text_bytes > $2, true) AS payload_hidden,
+       pg_column_size(j.payload) AS payload_bytes, p.text_bytes AS payload_text_bytes,
        j.status::text AS status, j.priority,
-       CASE WHEN pg_column_size(j.result) <= $2 THEN j.result END AS result,
-       pg_column_size(j.result) AS result_bytes,
+       CASE WHEN r.text_bytes <= $2 THEN j.result END AS result,
+       j.result IS NOT NULL AND coalesce(r.text_bytes > $2, true) AS result_hidden,
+       pg_column_size(j.result) AS result_bytes, r.text_bytes AS result_text_bytes,
        left(j.error_msg, 20000) AS error_msg,  -- the worker writes at most 4,000 characters
-       CASE WHEN pg_column_size(j.errors) <= $2 THEN j.errors END AS errors,
-       pg_column_size(j.errors) AS errors_bytes,
+       CASE WHEN e.text_bytes <= $2 THEN j.errors END AS errors,
+       coalesce(e.text_bytes > $2, true) AS errors_hidden,
+       pg_column_size(j.errors) AS errors_bytes, e.text_bytes AS errors_text_bytes,
        j.attempts, j.max_attempts, j.created_at, j.started_at,
        j.completed_at, j.scheduled_for, j.worker_id,
-       CASE WHEN pg_column_size(j.progress) <= 4096 THEN j.progress END AS progress,
+       CASE WHEN pg_column_size(j.progress) <= 4096 THEN
+           CASE WHEN octet_length(j.progress::text) <= 4096 THEN j.progress END END AS progress,
        left(j.unique_key, 512) AS unique_key, j.timeout_s,
        j.cancel_requested_at, w.hostname AS worker_host, w.pid AS worker_pid,
        w.expires_at AS lease_expires_at, j.cancelled_by,
@@ -123,6 +130,12 @@ SELECT j.id, j.workspace_id, left(j.job_type, 512) AS job_type,
                                    WHERE d.child_id = j.id LIMIT 1), false) AS in_graph
 FROM job_queue j
 LEFT JOIN job_workers w ON w.id = j.worker_id
+CROSS JOIN LATERAL (SELECT CASE WHEN pg_column_size(j.payload) <= $2
+                                THEN octet_length(j.payload::text) END) p(text_bytes)
+CROSS JOIN LATERAL (SELECT CASE WHEN pg_column_size(j.result) <= $2
+                                THEN octet_length(j.result::text) END) r(text_bytes)
+CROSS JOIN LATERAL (SELECT CASE WHEN pg_column_size(j.errors) <= $2
+                                THEN octet_length(j.errors::text) END) e(text_bytes)
 WHERE j.id = $1;
 
 -- name: retry_job
@@ -248,9 +261,13 @@ SELECT id, name FROM workspaces ORDER BY name, id;
 -- name: jobs_for_events
 -- What a live stream sends: the rows a notification names, read again under the token's scope.
 -- A progress report is a line for a page (the worker writes at most 500 characters); one a
--- plain-SQL writer made bigger than 4 kB as stored is left out, not sent to every page.
+-- plain-SQL writer made bigger than 4 kB, as stored or as JSON text (300 kB of one letter is
+-- 3 kB compressed), is left out, not sent to every page. The text is measured only once the
+-- stored size is within the bound.
 SELECT id, workspace_id, left(job_type, 512) AS job_type, status::text AS status, attempts,
-       max_attempts, CASE WHEN pg_column_size(progress) <= 4096 THEN progress END AS progress
+       max_attempts,
+       CASE WHEN pg_column_size(progress) <= 4096 THEN
+           CASE WHEN octet_length(progress::text) <= 4096 THEN progress END END AS progress
 FROM job_queue
 WHERE id = ANY($1::uuid[]);
 
@@ -297,10 +314,20 @@ GROUP BY job_type;
 
 -- name: dashboard_depth
 -- Waiting jobs by type, and how many are due: the pending index's rows only. Types that share
--- their first 512 characters are counted together (no worker runs such a type).
-SELECT left(job_type, 512) AS job_type, count(*) AS waiting,
-       count(*) FILTER (WHERE scheduled_for <= now()) AS due
-FROM job_queue
-WHERE status IN ('pending', 'retry')
+-- their first 512 characters are counted together (no worker runs such a type). Any plain-SQL
+-- writer may enqueue jobs of as many types as it likes: past the $1 types with the most waiting
+-- jobs, the rest are one row under a NULL type, so the dashboard has a bounded number of rows.
+WITH by_type AS (
+    SELECT left(job_type, 512) AS job_type, count(*) AS waiting,
+           count(*) FILTER (WHERE scheduled_for <= now()) AS due
+    FROM job_queue
+    WHERE status IN ('pending', 'retry')
+    GROUP BY 1
+), ranked AS (
+    SELECT *, row_number() OVER (ORDER BY waiting DESC, job_type) AS place FROM by_type
+)
+SELECT CASE WHEN place <= $1 THEN job_type END AS job_type, sum(waiting)::bigint AS waiting,
+       sum(due)::bigint AS due
+FROM ranked
 GROUP BY 1
 ORDER BY 1;

@@ -1,0 +1,45 @@
+"""Bounds on the admin's heavy reads (job lists, bulk retries, the overview, the dashboard,
+/metrics): how many run at once, in all and per token."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from uuid import UUID
+
+# A job list may read a status's whole index: a payload search over all time, or a small
+# workspace's completed jobs under row-level security (0.5 s at 1,000,000 jobs, growing with the
+# table); the overview, dashboard and /metrics count the whole table (0.6-1.0 s there). Sixteen
+# at once held every connection of the pool (8) and a job page waited 3-7 s. READS_MAX run at
+# once, the rest wait without a connection, leaving the pool to the other pages; a token that
+# asks for more than READS_PER_TOKEN at once is refused (429).
+READS_MAX = 4
+READS_PER_TOKEN = 2
+
+
+class Busy(Exception):
+    """The token has READS_PER_TOKEN heavy reads running or waiting already."""
+
+
+class Gate:
+    def __init__(self, total: int = READS_MAX, per_token: int = READS_PER_TOKEN) -> None:
+        self._slots = asyncio.Semaphore(total)
+        self._per_token = per_token
+        self._asked: Counter[UUID | None] = Counter()  # reads running or waiting, per token
+
+    @asynccontextmanager
+    async def slot(self, token_id: UUID | None) -> AsyncIterator[None]:
+        """A place to run one heavy read, waited for; Busy if the token holds its share
+        already."""
+        if self._asked[token_id] >= self._per_token:
+            raise Busy(f"this token has {self._per_token} heavy pages loading; try again")
+        self._asked[token_id] += 1
+        try:
+            async with self._slots:
+                yield
+        finally:
+            self._asked[token_id] -= 1
+            if not self._asked[token_id]:
+                del self._asked[token_id]

@@ -1,0 +1,289 @@
+"""The admin app against one hostile or absurd value: a form, a query parameter, a row written by
+plain SQL, many stream clients. Each must get a clear 4xx or a bounded answer, never a 500, a
+page of unbounded size or a process that holds unbounded memory."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from uuid import UUID, uuid4
+
+import asyncpg
+import httpx
+import pytest
+
+from sidelinja_worker.admin import app as admin_app
+from sidelinja_worker.admin import auth, dashboard, events, gate
+from sidelinja_worker.admin import store as admin_store
+from sidelinja_worker.admin.events import EventHub
+from sidelinja_worker.admin.store import SHOW_MAX_BYTES, Scope, jobs_for_events
+from sidelinja_worker.queue.store import OTHER_TYPES
+from tests.admin_fixtures import (  # noqa: F401 (fixture)
+    admin_fixture,
+    seed,
+    workspace_bearer,
+)
+from tests.helpers import insert_jobs, make_workspace, wait_for
+
+
+async def test_every_form_is_read_only_up_to_a_few_short_fields(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """Every form was read with Starlette's own bounds (1,000 fields of 1 MB, files spooled to
+    disk), logout's for any cookie whatever its value, before any check: one such request made
+    the server hold a gigabyte. A form is a CSRF value and a few short fields: a field over
+    admin_app.FORM_FIELD_MAX bytes, more than admin_app.FORM_FIELDS_MAX fields, or a file is a
+    400, from anyone."""
+    a, _b, _ = await seed(pool)
+    job = await pool.fetchval("SELECT id FROM job_queue WHERE workspace_id = $1 LIMIT 1", a)
+    headers = workspace_bearer(db_url, a)
+    forms = (
+        {"csrf": "x", "f": "x" * (admin_app.FORM_FIELD_MAX + 1)},
+        {f"f{i}": "x" for i in range(admin_app.FORM_FIELDS_MAX + 1)},
+    )
+    async with httpx.AsyncClient(base_url=admin) as http:
+        for form in forms:
+            junk_cookie = await http.post(
+                "/admin/logout", data=form, headers={"cookie": f"{auth.COOKIE}=x"}
+            )
+            assert junk_cookie.status_code == 400, junk_cookie.status_code
+            for path in (f"/admin/jobs/{job}/retry", "/admin/jobs/bulk-retry", "/admin/pauses/x"):
+                refused = await http.post(path, data=form, headers=headers)
+                assert refused.status_code == 400, (path, refused.status_code)
+        upload = await http.post(
+            "/admin/logout", files={"csrf": ("c", b"x")}, headers={"cookie": f"{auth.COOKIE}=x"}
+        )
+        assert upload.status_code == 400, upload.status_code
+
+
+async def test_a_payload_search_for_any_number_is_a_page_never_a_500(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A number in the payload search became a Python float: 400 digits became inf, sent to the
+    database as `Infinity`, which is no JSON (a 500, on the list and on a bulk retry alike). A
+    number is searched for as typed (jsonb compares numbers of any size exactly); one longer
+    than forms.NUMBER_MAX characters, which PostgreSQL's numeric may not hold, or digits other
+    than 0-9, as text."""
+    a, _b, _ = await seed(pool)
+    huge = "1" + "0" * 400 + ".5"
+    wanted = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status)"
+        " VALUES ($1, 'noop', jsonb_build_object('n', $2::numeric), 'error') RETURNING id",
+        a,
+        huge,
+    )
+    headers = {**workspace_bearer(db_url, a), "sec-fetch-site": "same-origin"}
+    csrf = auth.csrf_for(headers["authorization"].removeprefix("Bearer "))
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        for value, listed in ((huge, [str(wanted)]), ("\u0663", []), ("-0.5", [])):
+            page = await http.get("/admin/jobs", params={"status": "all", "payload": f"n={value}"})
+            assert page.status_code == 200, (value[:20], page.status_code)
+            assert re.findall(r'<tr data-job="([0-9a-f-]{36})"', page.text) == listed
+            assert 'id="next"' not in page.text
+        for value, retried in (("1." + "1" * 20_000, 0), (huge, 1)):
+            form = {"csrf": csrf, "status": "error", "payload": f"n={value}"}
+            sent = await http.post("/admin/jobs/bulk-retry", data=form)
+            assert sent.status_code == 303, (value[:20], sent.status_code)
+            assert f"retried={retried}" in sent.headers["location"]
+
+
+async def test_the_dashboard_names_only_the_most_numerous_waiting_job_types(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """The dashboard gave each waiting job type a row, a day of per-minute figures and a chart:
+    20,000 waiting jobs of as many types (any plain-SQL writer may enqueue them) made it 36 MB,
+    7.5 s and 540 MB of the admin process's memory. Past the dashboard.TYPES_MAX types with
+    the most waiting jobs, the rest are one row, counted together."""
+    a, _b, _ = await seed(pool)
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload)"
+        " SELECT $1::uuid, 'type-' || g, '{}'::jsonb FROM generate_series(1, 2000) g"
+        " UNION ALL SELECT $1::uuid, 'busy', '{}'::jsonb FROM generate_series(1, 3)",
+        a,
+    )
+    async with httpx.AsyncClient(base_url=admin, headers=workspace_bearer(db_url, a)) as http:
+        page = await http.get("/admin/dashboard")
+    assert page.status_code == 200
+    assert len(page.content) < 400_000, len(page.content)
+    assert 'data-type="busy"' in page.text and f'data-type="{OTHER_TYPES}"' in page.text
+    assert page.text.count("<tr data-type=") == dashboard.TYPES_MAX + 1
+    assert '<strong id="depth">2003</strong>' in page.text
+
+
+async def test_one_token_opens_a_bounded_number_of_live_streams(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """Each open stream holds a connection, checks its token every 2 s and confirms every event
+    with a query of its own, and there was no bound: 6,000 idle streams of one token kept every
+    page of every token waiting 1.5-2.9 s (8-40 ms before), and more exhaust the process's
+    file descriptors. A token opens at most events.STREAMS_PER_TOKEN (429 past that; another
+    token still gets its own), and a closed stream gives its place back."""
+    a, b, _ = await seed(pool)
+    mine, theirs = workspace_bearer(db_url, a), workspace_bearer(db_url, b)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=admin, limits=limits, timeout=30) as http:
+        async with contextlib.AsyncExitStack() as open_streams:
+            for _ in range(events.STREAMS_PER_TOKEN):
+                opened = await open_streams.enter_async_context(
+                    http.stream("GET", "/admin/events", headers=mine)
+                )
+                assert opened.status_code == 200
+            async with http.stream("GET", "/admin/events", headers=mine) as refused:
+                assert refused.status_code == 429, refused.status_code
+            async with http.stream("GET", "/admin/events", headers=theirs) as other:
+                assert other.status_code == 200
+            page = await http.get("/admin/jobs", headers=mine)
+            assert page.status_code == 200
+
+        async def reopens() -> bool:
+            async with http.stream("GET", "/admin/events", headers=mine) as again:
+                return again.status_code == 200
+
+        await wait_for(reopens, 10, "a closed stream's place is given back")
+
+
+async def test_the_app_opens_a_bounded_number_of_live_streams(
+    pool: asyncpg.Pool, db_url: str
+) -> None:
+    """However many tokens ask, the hub holds at most events.STREAMS_MAX streams (503 past it);
+    one that ends gives its place back."""
+    hub = EventHub(db_url, pool)
+    queues = [hub.subscribe(Scope(uuid4(), None)) for _ in range(events.STREAMS_MAX)]
+    with pytest.raises(events.TooManyStreams) as refused:
+        hub.subscribe(Scope(uuid4(), None))
+    assert refused.value.status_code == 503
+    hub.unsubscribe(queues.pop())
+    never_read = hub.stream(Scope(uuid4(), None))
+    assert (await anext(never_read)).startswith(b"retry:")
+    with pytest.raises(events.TooManyStreams):
+        hub.subscribe(Scope(uuid4(), None))
+    await never_read.aclose()
+    hub.subscribe(Scope(uuid4(), None))
+
+
+async def test_a_job_page_measures_a_compressed_payload_by_its_json_text(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """The job page showed a payload, result or error history stored in at most
+    admin_store.SHOW_MAX_BYTES, and a progress report in 4 kB, counting compressed bytes: 10 MB
+    of one letter is 115 kB compressed, so the page was 26 MB, and each live stream read a
+    progress report of 300 kB with every event of such a job (the query that confirms the
+    event reads the row's progress). Each is now shown only if its JSON text is within
+    the bound too (measured only once the stored size is). A JSON null, which the page took for
+    a value too big to show, is shown."""
+    a, _b, _ = await seed(pool)
+    job = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, status, payload, result, errors, progress)"
+        " VALUES ($1, 'noop', 'error', jsonb_build_object('x', repeat('a', 10000000)),"
+        "  (SELECT jsonb_agg(jsonb_build_object('k', 'v')) FROM generate_series(1, 300000)),"
+        "  (SELECT jsonb_agg(jsonb_build_object('attempt', 1, 'message', 'm'))"
+        "   FROM generate_series(1, 150000)),"
+        "  jsonb_build_object('message', repeat('p', 300000)))"
+        " RETURNING id",
+        a,
+    )
+    stored = await pool.fetchrow(
+        "SELECT pg_column_size(payload) AS payload, pg_column_size(result) AS result,"
+        " pg_column_size(errors) AS errors, pg_column_size(progress) AS progress"
+        " FROM job_queue WHERE id = $1",
+        job,
+    )
+    assert max(stored["payload"], stored["result"], stored["errors"]) <= SHOW_MAX_BYTES
+    assert stored["progress"] <= 4096, stored  # compressed: each is small as stored
+    nothing = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, result, errors)"
+        " VALUES ($1, 'noop', 'null', 'null', 'null') RETURNING id",
+        a,
+    )
+    async with httpx.AsyncClient(base_url=admin, headers=workspace_bearer(db_url, a)) as http:
+        page = await http.get(f"/admin/jobs/{job}")
+        nulls = await http.get(f"/admin/jobs/{nothing}")
+    # A JSON null is shown as one, not called too big.
+    assert nulls.status_code == 200 and "too big" not in nulls.text
+    assert '<pre id="payload">null</pre>' in nulls.text
+    assert page.status_code == 200
+    assert len(page.content) < 100_000, len(page.content)
+    for what in ("payload", "result", "error history"):
+        assert re.search(rf"The {what} is [\d,]+ bytes as JSON text: too big to show", page.text)
+    async with pool.acquire() as conn:
+        (event,) = await jobs_for_events(conn, [job])
+    assert event["progress"] is None
+
+
+async def test_a_notification_is_confirmed_once_whatever_the_number_of_streams(
+    pool: asyncpg.Pool, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each open stream confirmed every notification with a query of its own, and any role may
+    NOTIFY as fast as it likes: a flood of forged notifications (120,000 a second from one
+    client) kept 50 streams querying back to back, and pages waited 5-13 s (7 ms before the
+    flood). The hub confirms what arrives once per workspace its streams watch, however many
+    streams watch it."""
+    a = await make_workspace(pool, "A")
+    queries = 0
+    read_rows = admin_store.jobs_for_events
+
+    async def counted(conn: asyncpg.Connection, ids: list[UUID]) -> list[asyncpg.Record]:
+        nonlocal queries
+        queries += 1
+        return await read_rows(conn, ids)
+
+    monkeypatch.setattr(admin_store, "jobs_for_events", counted)
+    hub = EventHub(db_url, pool)
+    await hub.start()
+    streams = [hub.stream(Scope(uuid4(), a)) for _ in range(20)]
+    try:
+        for s in streams:
+            assert b"connected" in await anext(s)
+        await insert_jobs(pool, a, 1)
+        frames = [await asyncio.wait_for(anext(s), 5) for s in streams]
+    finally:
+        for s in streams:
+            await s.aclose()
+        await hub.stop()
+    assert all(f.startswith(b"data: ") for f in frames)
+    assert queries == 1, queries
+
+
+@pytest.mark.parametrize("path", ["/admin/jobs?status=all", "/admin", "/metrics"])
+async def test_heavy_reads_leave_the_pool_to_the_other_pages(
+    pool: asyncpg.Pool, db_url: str, admin: str, path: str
+) -> None:
+    """A job list may read a status's whole index (a payload search over all time, a small
+    workspace's completed jobs under row-level security: 0.5 s at 1,000,000 jobs, growing with
+    the table), the overview, dashboard and /metrics count the whole table (0.6-1.0 s there),
+    and there was no bound on how many ran: 16 such searches at once held every connection of
+    the pool, and a job page waited 3-7 s. At most gate.READS_MAX of them run at once (the
+    rest wait without a connection) and a token runs at most gate.READS_PER_TOKEN (429 past
+    that). Here they are held by a lock on job_queue."""
+    a, b, _ = await seed(pool)
+    tokens = [workspace_bearer(db_url, ws) for ws in (a, b) for _ in range(3)]
+    async with httpx.AsyncClient(base_url=admin, timeout=60) as http, pool.acquire() as lock:
+        tx = lock.transaction()
+        await tx.start()
+        await lock.execute("LOCK TABLE job_queue IN ACCESS EXCLUSIVE MODE")
+        lists = [
+            asyncio.create_task(http.get(path, headers=headers))
+            for headers in tokens
+            for _ in range(gate.READS_PER_TOKEN)
+        ]
+        try:
+
+            async def waiting() -> bool:
+                return bool(
+                    await pool.fetchval(
+                        "SELECT count(*) >= $1 FROM pg_stat_activity"
+                        " WHERE wait_event_type = 'Lock' AND application_name = 'sidelinja-admin'",
+                        gate.READS_MAX,
+                    )
+                )
+
+            await wait_for(waiting, 30, "the lists wait on the lock")
+            async with asyncio.timeout(10):
+                refused = await http.get(path, headers=tokens[0])
+                other_page = await http.get("/admin/jobs/not-a-job", headers=tokens[0])
+            assert refused.status_code == 429, refused.status_code
+            assert other_page.status_code == 404, other_page.status_code
+        finally:
+            await tx.rollback()
+        assert {r.status_code for r in await asyncio.gather(*lists)} == {200}
