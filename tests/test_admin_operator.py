@@ -253,3 +253,25 @@ async def test_a_retry_whose_unique_key_another_queued_job_holds_is_refused_or_l
     out = cli("jobs", "retry", str(held), url=db_url)
     assert out.returncode != 0 and "unique key" in out.stderr, out.stderr
     assert await pool.fetchval("SELECT status::text FROM job_queue WHERE id = $1", held) == "error"
+
+
+async def test_the_workers_page_counts_a_worker_s_jobs_and_names_five(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A worker holds up to its prefetch (thousands of short jobs): the page counts them and
+    links the first five, and the other ids never leave the database."""
+    a, _, _ = await seed(pool)
+    worker_id = uuid4()
+    await store.register_worker(pool, worker_id, "host-1", 4242, ["noop"], 60, "9.9.9", 7)
+    await insert_jobs(pool, a, 1234, job_type_name="held")
+    await pool.execute(
+        "UPDATE job_queue SET status = 'running', worker_id = $1, started_at = now()"
+        " WHERE job_type = 'held'",
+        worker_id,
+    )
+    workers = await store.list_workers(pool)
+    assert [(w["running_count"], len(w["running"])) for w in workers] == [(1234, 5)]
+    platform = {"authorization": f"Bearer {token_for(db_url, '--all')}", **SAME_SITE}
+    async with httpx.AsyncClient(base_url=admin, headers=platform) as http:
+        page = (await http.get("/admin/workers")).text
+    assert "<td>1234 " in page and page.count('href="/admin/jobs/') == 5

@@ -84,7 +84,7 @@ async def view(pool: asyncpg.Pool) -> Group:
             plain(w["version"] or ""),
             plain(",".join(w["job_types"] or ["all"])),
             str(w["concurrency"] or ""),
-            str(len(w["running"])),
+            str(w["running_count"]),
             f"{w['last_heartbeat_at']:%H:%M:%S}" if w["last_heartbeat_at"] else "",
         )
     waiting = sum(r["waiting"] for r in depth.values())

@@ -973,12 +973,16 @@ RETURNING id;
 
 -- name: list_workers
 -- Every worker with a row (a dead one keeps it until a rescue deletes it and frees its jobs),
--- and the jobs each runs now.
+-- how many jobs each holds now, and the first five of them: a worker holds up to its prefetch
+-- (thousands of short jobs) and a page or `top` shows five, so the rest never leave the server.
 SELECT w.id, w.hostname, w.pid, w.version, w.job_types, w.concurrency, w.started_at,
        w.last_heartbeat_at, w.expires_at, w.expires_at > now() AS alive,
        w.drain_requested_at, w.drain_requested_by,
-       coalesce((SELECT array_agg(j.id ORDER BY j.started_at) FROM job_queue j
-                 WHERE j.worker_id = w.id AND j.status = 'running'), '{}') AS running
+       (SELECT count(*) FROM job_queue j
+        WHERE j.worker_id = w.id AND j.status = 'running') AS running_count,
+       ARRAY(SELECT j.id FROM job_queue j
+             WHERE j.worker_id = w.id AND j.status = 'running'
+             ORDER BY j.started_at, j.id LIMIT 5) AS running
 FROM job_workers w
 ORDER BY w.hostname, w.started_at, w.id;
 
