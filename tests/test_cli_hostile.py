@@ -3,8 +3,13 @@ traceback, a hang or memory that grows with the input."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 from uuid import UUID
 
 import asyncpg
@@ -97,3 +102,70 @@ async def test_an_absurd_number_is_one_clear_error(db_url: str, args: tuple[str,
     out = cli(*args, url=db_url)
     one_line_error(out)
     assert out.returncode == 2
+
+
+# Runs a command and writes the peak memory of it alone (in KiB) to the file named first. A
+# child's peak counts the memory of the process that forked it, so a small parent measures it.
+PEAK_OF = (
+    "import resource, subprocess, sys; rc = subprocess.call(sys.argv[2:]); "
+    "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)); "
+    "sys.exit(rc)"
+)
+
+
+def _enqueue_from(db_url: str, workspace: UUID, stdin: IO[bytes], *more: str) -> Finished:
+    """`enqueue noop --file - ...` reading `stdin`, as a real process; its own peak memory."""
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"} | {"DATABASE_URL": db_url}
+    args = [sys.executable, "-m", "sidelinja_worker", "enqueue", "noop", "--file", "-", *more]
+    with tempfile.NamedTemporaryFile("r") as peak:
+        done = subprocess.run(
+            [sys.executable, "-c", PEAK_OF, peak.name, *args, "--workspace", str(workspace)],
+            env=env,
+            stdin=stdin,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        return Finished(done, int(peak.read()) * 1024)
+
+
+@dataclass(frozen=True)
+class Finished:
+    proc: subprocess.CompletedProcess[str]
+    peak_bytes: int
+
+
+async def test_millions_of_bad_lines_are_counted_not_kept(
+    db_url: str, workspace: UUID, tmp_path: Path
+) -> None:
+    few, many = tmp_path / "few.jsonl", tmp_path / "many.jsonl"
+    few.write_bytes(b"x\n" * 100)
+    many.write_bytes(b"x\n" * 1_000_000)
+    with few.open("rb") as f:
+        small = _enqueue_from(db_url, workspace, f, "--skip-bad")
+    with many.open("rb") as f:
+        big = _enqueue_from(db_url, workspace, f, "--skip-bad")
+    assert big.proc.returncode == 1, big.proc.stderr
+    assert big.proc.stdout.endswith("skipped 1000000 bad lines (listed above)\n"), big.proc.stdout
+    assert big.proc.stderr.count("skipped stdin line") == 50
+    # Before, each bad line's name was kept: ~86 MB more for the million.
+    assert big.peak_bytes - small.peak_bytes < 20_000_000, (big.peak_bytes, small.peak_bytes)
+
+
+async def test_a_workspace_per_line_is_looked_up_without_keeping_every_answer(
+    db_url: str, workspace: UUID, tmp_path: Path
+) -> None:
+    few, many = tmp_path / "few.jsonl", tmp_path / "many.jsonl"
+    few.write_bytes(b"x\n" * 100)
+    many.write_text(
+        "".join(f'{{"workspace_id": "{UUID(int=i)}"}}\n' for i in range(1, 200_001)),
+        encoding="utf-8",
+    )
+    with few.open("rb") as f:
+        small = _enqueue_from(db_url, workspace, f, "--skip-bad")
+    with many.open("rb") as f:
+        big = _enqueue_from(db_url, workspace, f, "--skip-bad")
+    assert big.proc.stdout.endswith("skipped 200000 bad lines (listed above)\n"), big.proc.stdout
+    assert "line 200000: no workspace" not in big.proc.stderr  # past the 50 listed
+    # Before, every workspace id's answer was kept: ~36 MB more for 200,000.
+    assert big.peak_bytes - small.peak_bytes < 15_000_000, (big.peak_bytes, small.peak_bytes)

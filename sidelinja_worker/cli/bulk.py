@@ -34,6 +34,8 @@ BATCH = 1000  # jobs per enqueue_many: COPY for plain jobs, one statement each b
 RLS_BATCH = client.COPY_MIN_JOBS - 1
 BAD_LINES_SHOWN = 50  # with --skip-bad, the first this many are listed, then a count
 DRAIN_CHUNK = 1 << 16
+# Workspaces whose existence is remembered; a file may name a new one on every line.
+WORKSPACES_KEPT = 10_000
 
 
 class JobLine(BaseModel):
@@ -96,7 +98,7 @@ async def run(args: argparse.Namespace) -> int:
                     enqueued = await reader.enqueue_all(stream, bar)
     joined = progress.count(reader.joined, "line")
     held = f"; {joined} joined the job holding its unique key" if reader.joined else ""
-    skipped = progress.count(len(reader.bad), "bad line")
+    skipped = progress.count(reader.bad, "bad line")
     skipped = f"; skipped {skipped} (listed above)" if reader.bad else ""
     print(f"enqueued {progress.count(enqueued, 'job')} from {name}{held}{skipped}")
     newjob.warn_missing_settings(args, reader.job_types)
@@ -149,7 +151,7 @@ class Reader:
         self.conn = conn
         self.default_workspace = default_workspace
         self.name = name
-        self.bad: list[str] = []
+        self.bad = 0  # counted, not kept: a file can hold millions
         self.job_types: set[str] = set()
         self._workspaces: dict[UUID, bool] = {}
         self.enqueued = 0
@@ -194,10 +196,10 @@ class Reader:
             where = f"{self.name} line {number}"
             if not self.args.skip_bad:
                 raise UserError(f"{where}: {exc}; nothing was enqueued") from None
-            self.bad.append(where)
-            if len(self.bad) <= BAD_LINES_SHOWN:
+            self.bad += 1
+            if self.bad <= BAD_LINES_SHOWN:
                 print(f"sidelinja-worker: skipped {where}: {exc}", file=sys.stderr)
-            elif len(self.bad) == BAD_LINES_SHOWN + 1:
+            elif self.bad == BAD_LINES_SHOWN + 1:
                 print("sidelinja-worker: (more bad lines: not listed)", file=sys.stderr)
             return None
 
@@ -239,5 +241,7 @@ class Reader:
     async def _workspace_exists(self, workspace: UUID) -> bool:
         known = self._workspaces.get(workspace)
         if known is None:
+            if len(self._workspaces) >= WORKSPACES_KEPT:
+                self._workspaces.clear()
             known = self._workspaces[workspace] = await store.workspace_exists(self.conn, workspace)
         return known
