@@ -3,18 +3,20 @@ traceback, a hang or memory that grows with the input."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 from uuid import UUID
 
 import asyncpg
 import pytest
 
+from sidelinja_worker.cli.bulk import MAX_LINE_BYTES
 from tests.helpers import cli, one_line_error
 
 DEEP = "[" * 100_000
@@ -113,15 +115,16 @@ PEAK_OF = (
 )
 
 
-def _enqueue_from(db_url: str, workspace: UUID, stdin: IO[bytes], *more: str) -> Finished:
-    """`enqueue noop --file - ...` reading `stdin`, as a real process; its own peak memory."""
+def _enqueue_from(db_url: str, workspace: UUID, stdin: Path, *more: str) -> Finished:
+    """`enqueue noop --file - ...` reading the file `stdin`, as a real process; its own peak
+    memory."""
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"} | {"DATABASE_URL": db_url}
     args = [sys.executable, "-m", "sidelinja_worker", "enqueue", "noop", "--file", "-", *more]
-    with tempfile.NamedTemporaryFile("r") as peak:
+    with tempfile.NamedTemporaryFile("r") as peak, stdin.open("rb") as given:
         done = subprocess.run(
             [sys.executable, "-c", PEAK_OF, peak.name, *args, "--workspace", str(workspace)],
             env=env,
-            stdin=stdin,
+            stdin=given,
             capture_output=True,
             text=True,
             timeout=300,
@@ -141,10 +144,8 @@ async def test_millions_of_bad_lines_are_counted_not_kept(
     few, many = tmp_path / "few.jsonl", tmp_path / "many.jsonl"
     few.write_bytes(b"x\n" * 100)
     many.write_bytes(b"x\n" * 1_000_000)
-    with few.open("rb") as f:
-        small = _enqueue_from(db_url, workspace, f, "--skip-bad")
-    with many.open("rb") as f:
-        big = _enqueue_from(db_url, workspace, f, "--skip-bad")
+    small = _enqueue_from(db_url, workspace, few, "--skip-bad")
+    big = _enqueue_from(db_url, workspace, many, "--skip-bad")
     assert big.proc.returncode == 1, big.proc.stderr
     assert big.proc.stdout.endswith("skipped 1000000 bad lines (listed above)\n"), big.proc.stdout
     assert big.proc.stderr.count("skipped stdin line") == 50
@@ -161,11 +162,58 @@ async def test_a_workspace_per_line_is_looked_up_without_keeping_every_answer(
         "".join(f'{{"workspace_id": "{UUID(int=i)}"}}\n' for i in range(1, 200_001)),
         encoding="utf-8",
     )
-    with few.open("rb") as f:
-        small = _enqueue_from(db_url, workspace, f, "--skip-bad")
-    with many.open("rb") as f:
-        big = _enqueue_from(db_url, workspace, f, "--skip-bad")
+    small = _enqueue_from(db_url, workspace, few, "--skip-bad")
+    big = _enqueue_from(db_url, workspace, many, "--skip-bad")
     assert big.proc.stdout.endswith("skipped 200000 bad lines (listed above)\n"), big.proc.stdout
     assert "line 200000: no workspace" not in big.proc.stderr  # past the 50 listed
     # Before, every workspace id's answer was kept: ~36 MB more for 200,000.
     assert big.peak_bytes - small.peak_bytes < 15_000_000, (big.peak_bytes, small.peak_bytes)
+
+
+@pytest.mark.parametrize("skip_bad", [(), ("--skip-bad",)])
+async def test_a_device_that_never_ends_is_refused(
+    db_url: str, pool: asyncpg.Pool, workspace: UUID, skip_bad: tuple[str, ...]
+) -> None:
+    out = cli(
+        *("enqueue", "noop", "--workspace", str(workspace), "--file", "/dev/zero", *skip_bad),
+        url=db_url,
+        timeout_s=30,  # before, it read /dev/zero for ever
+    )
+    await refused(out, "--file: /dev/zero is a device", pool)
+    piped = _enqueue_from(db_url, workspace, Path("/dev/urandom"), *skip_bad)
+    await refused(piped.proc, "--file: stdin is a device", pool)
+
+
+async def test_an_empty_device_is_an_empty_file(db_url: str, workspace: UUID) -> None:
+    out = cli("enqueue", "noop", "--workspace", str(workspace), "--file", "/dev/null", url=db_url)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "enqueued 0 jobs from /dev/null\n"
+
+
+async def test_a_line_too_long_stops_the_command_without_reading_on(
+    db_url: str, pool: asyncpg.Pool, workspace: UUID, tmp_path: Path
+) -> None:
+    fifo = tmp_path / "jobs.fifo"
+    os.mkfifo(fifo)
+    done = threading.Event()
+
+    def write_and_hold() -> None:
+        """One line past the limit, and more of it to come: the pipe is held open."""
+        with fifo.open("wb") as pipe:
+            pipe.write(b"x" * (MAX_LINE_BYTES + 2))
+            pipe.flush()
+            done.wait(120)
+
+    writer = threading.Thread(target=write_and_hold)
+    writer.start()
+    try:
+        out = await asyncio.to_thread(
+            cli,
+            *("enqueue", "noop", "--workspace", str(workspace), "--file", str(fifo)),
+            url=db_url,
+            timeout_s=30,  # before, it waited for the end of the line
+        )
+    finally:
+        done.set()
+        writer.join()
+    await refused(out, f"line 1: longer than {MAX_LINE_BYTES} bytes", pool)
