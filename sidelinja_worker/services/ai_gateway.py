@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Generic, TypeVar
 
 import httpx
+import orjson
 from pydantic import BaseModel, ValidationError
 
 from sidelinja_worker.queue.config import Secret
@@ -43,6 +44,16 @@ MAX_TOKENS_PER_CALL = 100_000_000
 # Statuses that will not change on a retry: bad request, bad key, no
 # credits, moderation. 404/413/422 are bad requests too (unknown model, input too large).
 PERMANENT_STATUSES = frozenset({400, 401, 402, 403, 404, 413, 422})
+# A request body with more characters of text than this is encoded in a thread, a string
+# BODY_PIECE_CHARS characters at a time: one encoder call over a string of millions of
+# characters holds the GIL, and so the event loop, until it is done (json.dumps took 0.10-0.15 s
+# for the 16 M characters of a retry that feeds back an answer of 16 MB). Between pieces the
+# thread gives the GIL back at the interpreter's switch interval.
+OFF_LOOP_BODY_CHARS = 256 * 1024
+BODY_PIECE_CHARS = 64 * 1024
+# The encoded body is handed to the connection this many bytes at a time: given whole, the
+# transport copied 16 MB into its buffer in one step (~20 ms), each piece now waits its turn.
+SEND_PIECE_BYTES = 1 << 20
 # Keywords strict structured outputs reject on some providers (OpenAI lists no string length
 # limits); the answer is still validated against the full pydantic model afterwards.
 _DROPPED_KEYWORDS = frozenset({"title", "default", "minLength", "maxLength"})
@@ -232,6 +243,7 @@ class AiGateway:
     async def _post(
         self, path: str, body: Mapping[str, Any], timeout_s: float, max_bytes: int
     ) -> dict[str, Any]:
+        content = await encoded_body(body)
         await self._limiter.acquire(RATE_KEY)
         try:
             resp = await bounded.send(
@@ -241,8 +253,8 @@ class AiGateway:
                 service="AI gateway",
                 max_bytes=max_bytes,
                 deadline_s=timeout_s + CONNECT_TIMEOUT_S,
-                json=body,
-                headers=self._headers(),
+                content=_in_pieces(content),
+                headers={**self._headers(), "Content-Length": str(len(content))},
                 timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S),
             )
         except httpx.TimeoutException:
@@ -276,12 +288,64 @@ class AiGateway:
         return RetryJob(text, after_s=retry_after_s)
 
     def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._key.reveal()}", "X-Title": "Sidelinja"}
+        return {
+            "Authorization": f"Bearer {self._key.reveal()}",
+            "X-Title": "Sidelinja",
+            "Content-Type": "application/json",
+        }
 
     def _redact(self, text: str) -> str:
         """A gateway or provider may echo the request; the key must never reach error_msg."""
         key = self._key.reveal()
         return text.replace(key, "***") if key else text
+
+
+async def encoded_body(body: Mapping[str, Any]) -> bytes:
+    """`body` as JSON; in a thread, in pieces, when it holds much text (OFF_LOOP_BODY_CHARS)."""
+    if _text_chars(body) < OFF_LOOP_BODY_CHARS:
+        return orjson.dumps(body)
+    return await asyncio.to_thread(lambda: b"".join(_json_pieces(body)))
+
+
+async def _in_pieces(content: bytes) -> AsyncIterator[bytes]:
+    for start in range(0, len(content), SEND_PIECE_BYTES):
+        yield content[start : start + SEND_PIECE_BYTES]
+
+
+def _text_chars(value: Any) -> int:
+    """The characters of every string in a request body (a few dozen values, and the texts)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, Mapping):
+        return sum(len(k) + _text_chars(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return sum(_text_chars(v) for v in value)
+    return 0
+
+
+def _json_pieces(value: Any) -> Iterator[bytes]:
+    """JSON of `value`, a long string BODY_PIECE_CHARS characters per encoder call. A string's
+    escapes are per character, so its pieces' encodings joined are the whole one's."""
+    if isinstance(value, str) and len(value) > BODY_PIECE_CHARS:
+        yield b'"'
+        for start in range(0, len(value), BODY_PIECE_CHARS):
+            yield orjson.dumps(value[start : start + BODY_PIECE_CHARS])[1:-1]
+        yield b'"'
+    elif isinstance(value, Mapping) and _text_chars(value) > BODY_PIECE_CHARS:
+        yield b"{"
+        for i, (key, item) in enumerate(value.items()):
+            yield (b"," if i else b"") + orjson.dumps(key) + b":"
+            yield from _json_pieces(item)
+        yield b"}"
+    elif isinstance(value, list | tuple) and _text_chars(value) > BODY_PIECE_CHARS:
+        yield b"["
+        for i, item in enumerate(value):
+            if i:
+                yield b","
+            yield from _json_pieces(item)
+        yield b"]"
+    else:
+        yield orjson.dumps(value)
 
 
 def _vectors(items: list[Mapping[str, Any]]) -> list[list[float]]:

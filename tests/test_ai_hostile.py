@@ -1,0 +1,94 @@
+"""The AI gateway client and the AI job types against absurd sizes: no step of theirs holds the
+event loop (every other job of the worker, its heartbeat and timeouts) for long."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator
+
+import asyncpg
+import httpx
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidelinja_worker.queue.config import Secret
+from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
+from sidelinja_worker.services import ai_gateway
+from sidelinja_worker.services.ai_gateway import AiGateway
+from tests.fakes.stalls import longest_stall
+
+# An answer of 16 MB fed back in a retry: a request body of ~16 MB (9 M characters as UTF-8).
+HUGE_TEXT = "æøå " * 2_300_000
+ANSWER = orjson.dumps({"choices": [{"message": {"content": "{}"}}]})
+
+
+class Sink(asyncio.Protocol):
+    """A server that counts a request's body away as it comes (the hostile server keeps it, and
+    copying 16 MB would be a stall of the test's own) and answers ANSWER."""
+
+    def __init__(self) -> None:
+        self.head = b""
+        self.left: int | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.left is None:
+            self.head += data
+            head, found, rest = self.head.partition(b"\r\n\r\n")
+            if not found:
+                return
+            length = re.search(rb"(?i)content-length: *(\d+)", head)
+            assert length is not None
+            self.left = int(length[1]) - len(rest)
+        else:
+            self.left -= len(data)
+        if self.left == 0:
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                + f"Content-Length: {len(ANSWER)}\r\n\r\n".encode()
+                + ANSWER
+            )
+            self.transport.close()
+
+
+@contextlib.asynccontextmanager
+async def sink() -> AsyncIterator[str]:
+    server = await asyncio.get_running_loop().create_server(Sink, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+
+
+async def test_a_huge_request_body_is_encoded_off_the_event_loop(pool: asyncpg.Pool) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": HUGE_TEXT}]}
+    async with sink() as url, httpx.AsyncClient() as http:
+        gateway = AiGateway(http, url, Secret("k"), RateLimiter(pool, LimitsCache(pool)))
+        with longest_stall() as longest:
+            content, _usage = await gateway.chat(body)
+    assert content == "{}"
+    # Before, httpx encoded the body with json.dumps on the loop: ~0.1 s.
+    assert longest[0] < 0.05, longest
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=JSON_VALUES)
+def test_a_body_encoded_in_pieces_is_the_body_encoded_whole(value: object) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ai_gateway, "BODY_PIECE_CHARS", 3)  # every string of 4+ characters cut
+        pieces = b"".join(ai_gateway._json_pieces(value))
+    assert pieces == orjson.dumps(value)
