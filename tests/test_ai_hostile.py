@@ -14,11 +14,13 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from sidelinja_worker.queue.config import Secret
 from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
 from sidelinja_worker.services import ai_gateway
 from sidelinja_worker.services.ai_gateway import AiGateway
+from tests.fakes.hostile_server import hostile_server, json_answer
 from tests.fakes.stalls import longest_stall
 
 # An answer of 16 MB fed back in a retry: a request body of ~16 MB (9 M characters as UTF-8).
@@ -92,3 +94,20 @@ def test_a_body_encoded_in_pieces_is_the_body_encoded_whole(value: object) -> No
         patch.setattr(ai_gateway, "BODY_PIECE_CHARS", 3)  # every string of 4+ characters cut
         pieces = b"".join(ai_gateway._json_pieces(value))
     assert pieces == orjson.dumps(value)
+
+
+class Summary(BaseModel):
+    summary: str
+
+
+async def test_an_answer_holding_a_lone_surrogate_is_read_as_text(
+    pool: asyncpg.Pool,
+) -> None:
+    # JSON's \ud800 reads as a lone surrogate, which no UTF-8 encoder takes: the retry that
+    # fed the answer back could not be sent, an unexpected error instead of the job's outcome.
+    answer = rb'{"choices": [{"message": {"content": "{\"summary\": \"x\ud800\"}"}}]}'
+    async with hostile_server(json_answer(answer)) as server, httpx.AsyncClient() as http:
+        gateway = AiGateway(http, server.url, Secret("k"), RateLimiter(pool, LimitsCache(pool)))
+        got = await gateway.structured("m", [{"role": "user", "content": "hei"}], Summary)
+    assert got.value.summary == "x?"  # kept as text, the character no encoder takes replaced
+    assert len(server.requests) == 1

@@ -213,8 +213,7 @@ class AiGateway:
         content = message.get("content") if isinstance(message, Mapping) else None
         if not isinstance(content, str):
             return None, Usage.of(data)
-        # PostgreSQL stores no NUL character in text or jsonb: an answer is kept without them.
-        return content.replace("\x00", ""), Usage.of(data)
+        return await storable_text(content), Usage.of(data)
 
     async def embeddings(
         self, model: str, inputs: Sequence[str], *, dimensions: int | None = None
@@ -298,6 +297,26 @@ class AiGateway:
         """A gateway or provider may echo the request; the key must never reach error_msg."""
         key = self._key.reveal()
         return text.replace(key, "***") if key else text
+
+
+async def storable_text(text: str) -> str:
+    """`text` as PostgreSQL and a JSON encoder take it: without NUL characters (text and jsonb
+    hold none), a lone surrogate (JSON's \\ud800 reads as one; no UTF-8 encoder takes it, and
+    a retry that fed the answer back failed to encode) as '?'. A long text in a thread, in
+    pieces, as each string method holds the GIL for all of the string it is given."""
+    if len(text) < bounded.OFF_LOOP_JSON_BYTES:
+        return _storable(text)
+    return await asyncio.to_thread(
+        lambda: "".join(
+            _storable(text[start : start + BODY_PIECE_CHARS])
+            for start in range(0, len(text), BODY_PIECE_CHARS)
+        )
+    )
+
+
+def _storable(text: str) -> str:
+    text = text.replace("\x00", "")
+    return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
 
 
 async def encoded_body(body: Mapping[str, Any]) -> bytes:
