@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator
+from uuid import UUID
 
 import asyncpg
 import httpx
@@ -16,12 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
+from sidelinja_worker.jobs.ai import store as ai_store
 from sidelinja_worker.queue.config import Secret
 from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
 from sidelinja_worker.services import ai_gateway
 from sidelinja_worker.services.ai_gateway import AiGateway
 from tests.fakes.hostile_server import hostile_server, json_answer
 from tests.fakes.stalls import longest_stall
+from tests.test_ai_jobs import add_transcript
 
 # An answer of 16 MB fed back in a retry: a request body of ~16 MB (9 M characters as UTF-8).
 HUGE_TEXT = "æøå " * 2_300_000
@@ -75,6 +78,7 @@ async def test_a_huge_request_body_is_encoded_off_the_event_loop(pool: asyncpg.P
         gateway = AiGateway(http, url, Secret("k"), RateLimiter(pool, LimitsCache(pool)))
         with longest_stall() as longest:
             content, _usage = await gateway.chat(body)
+            await asyncio.sleep(0)  # the step that got the answer ends inside the block
     assert content == "{}"
     # Before, httpx encoded the body with json.dumps on the loop: ~0.1 s.
     assert longest[0] < 0.05, longest
@@ -111,3 +115,38 @@ async def test_an_answer_holding_a_lone_surrogate_is_read_as_text(
         got = await gateway.structured("m", [{"role": "user", "content": "hei"}], Summary)
     assert got.value.summary == "x?"  # kept as text, the character no encoder takes replaced
     assert len(server.requests) == 1
+
+
+async def test_a_long_transcript_is_read_without_stalling_the_loop(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    await add_transcript(pool, workspace, "ep", [(0, " Hei ")])
+    await pool.execute(
+        "INSERT INTO transcript_segments (workspace_id, transcript_ref, seq, start_ms, end_ms, text)"
+        " SELECT $1, 'ep', i, i * 1500, i * 1500 + 900, ' Hei du og meg, en setning her. '"
+        " FROM generate_series(2, 200000) AS i",
+        workspace,
+    )
+    with longest_stall() as longest:
+        text = await ai_store.transcript_text(pool, workspace, "ep")
+        await asyncio.sleep(0)  # the step that got the text ends inside the block
+    assert text is not None
+    lines = text.splitlines()
+    assert (len(lines), lines[0], lines[-1]) == (
+        200_000,
+        "[0:00:00] Hei",
+        "[83:20:00] Hei du og meg, en setning her.",
+    )
+    # Before, the lines were built on the loop: 0.3-0.4 s for 200,000 segments.
+    assert longest[0] < 0.05, longest
+
+
+async def test_a_transcript_is_read_as_timestamped_lines(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    await add_transcript(
+        pool, workspace, "ep", [(0, " Hei "), (65_900, "Og velkommen\t"), (3_725_900, "Sist")]
+    )
+    assert await ai_store.transcript_text(pool, workspace, "ep") == (
+        "[0:00:00] Hei\n[0:01:05] Og velkommen\n[1:02:05] Sist\n"
+    )
