@@ -54,6 +54,12 @@ BODY_PIECE_CHARS = 64 * 1024
 # The encoded body is handed to the connection this many bytes at a time: given whole, the
 # transport copied 16 MB into its buffer in one step (~20 ms), each piece now waits its turn.
 SEND_PIECE_BYTES = 1 << 20
+# A structured answer longer than twice the request's text plus this is refused unparsed, as a
+# mismatch the model is told about. Validating is one call that holds the GIL, so the event loop,
+# even in a thread, for as long as it takes: 0.46 s for an answer of 300,000 action points. A
+# model's answer is bounded by its output tokens, far below this; a summary is shorter than its
+# text, a cleaned-up dictation about as long.
+MIN_ANSWER_LIMIT_CHARS = 256 * 1024
 # Keywords strict structured outputs reject on some providers (OpenAI lists no string length
 # limits); the answer is still validated against the full pydantic model afterwards.
 _DROPPED_KEYWORDS = frozenset({"title", "default", "minLength", "maxLength"})
@@ -172,9 +178,10 @@ class AiGateway:
         """A chat completion whose answer must validate as `answer`. A mismatch is asked again
         once, with the validation error fed back; a second mismatch fails the job."""
         body = chat_body(model, messages, answer)
+        limit = answer_limit_chars(messages)
         content, usage = await self.chat(body)
         try:
-            return Structured(await _parsed(answer, content), usage)
+            return Structured(await _parsed(answer, content, limit), usage)
         except AnswerMismatch as exc:
             problem = str(exc)
         log.info(
@@ -187,7 +194,7 @@ class AiGateway:
         ]
         content, more = await self.chat(body)
         try:
-            return Structured(await _parsed(answer, content), usage + more)
+            return Structured(await _parsed(answer, content, limit), usage + more)
         except AnswerMismatch as exc:
             raise PermanentError(
                 f"the model's answer did not match the {answer.__name__} "
@@ -416,8 +423,19 @@ def retry_instruction(problem: str) -> str:
     )
 
 
-async def _parsed(answer: type[M], content: str | None) -> M:
-    """`parse_answer`, in a thread for a big answer: validating megabytes of JSON is CPU."""
+def answer_limit_chars(messages: Sequence[Mapping[str, str]]) -> int:
+    """The longest structured answer taken for a request of `messages`."""
+    return 2 * sum(len(m.get("content") or "") for m in messages) + MIN_ANSWER_LIMIT_CHARS
+
+
+async def _parsed(answer: type[M], content: str | None, limit_chars: int) -> M:
+    """`parse_answer`, in a thread for a big answer: validating megabytes of JSON is CPU. An
+    answer over `limit_chars` is a mismatch unparsed (see MIN_ANSWER_LIMIT_CHARS)."""
+    if content is not None and len(content) > limit_chars:
+        raise AnswerMismatch(
+            f"the answer is {len(content)} characters, more than the {limit_chars} allowed "
+            "for this request; answer concisely"
+        )
     if content is not None and len(content) >= bounded.OFF_LOOP_JSON_BYTES:
         return await asyncio.to_thread(parse_answer, answer, content)
     return parse_answer(answer, content)
