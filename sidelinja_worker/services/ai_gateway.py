@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -47,8 +48,9 @@ PERMANENT_STATUSES = frozenset({400, 401, 402, 403, 404, 413, 422})
 # A request body with more characters of text than this is encoded in a thread, a string
 # BODY_PIECE_CHARS characters at a time: one encoder call over a string of millions of
 # characters holds the GIL, and so the event loop, until it is done (json.dumps took 0.10-0.15 s
-# for the 16 M characters of a retry that feeds back an answer of 16 MB). Between pieces the
-# thread gives the GIL back at the interpreter's switch interval.
+# for the 16 M characters of a retry that feeds back an answer of 16 MB). After each piece the
+# thread hands the GIL over (time.sleep(0)): else the loop waits up to the interpreter's switch
+# interval, 5 ms, each time it takes the GIL back after a system call.
 OFF_LOOP_BODY_CHARS = 256 * 1024
 BODY_PIECE_CHARS = 64 * 1024
 # The encoded body is handed to the connection this many bytes at a time: given whole, the
@@ -356,6 +358,7 @@ def _json_pieces(value: Any) -> Iterator[bytes]:
         yield b'"'
         for start in range(0, len(value), BODY_PIECE_CHARS):
             yield orjson.dumps(value[start : start + BODY_PIECE_CHARS])[1:-1]
+            time.sleep(0)
         yield b'"'
     elif isinstance(value, Mapping) and _text_chars(value) > BODY_PIECE_CHARS:
         yield b"{"
