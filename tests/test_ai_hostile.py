@@ -30,8 +30,9 @@ from tests.fakes.hostile_server import hostile_server, json_answer
 from tests.fakes.stalls import longest_stall
 from tests.test_ai_jobs import add_transcript
 
-# An answer of 16 MB fed back in a retry: a request body of ~16 MB (9 M characters as UTF-8).
-HUGE_TEXT = "æøå " * 2_300_000
+# 16 M characters (28 MB as UTF-8): more than a retry that feeds back an answer of 16 MB sends,
+# so that the old step stands clear of the debug mode's own costs.
+HUGE_TEXT = "æøå " * 4_000_000
 ANSWER = orjson.dumps({"choices": [{"message": {"content": "{}"}}]})
 
 
@@ -85,8 +86,7 @@ async def test_a_huge_request_body_is_encoded_off_the_event_loop(pool: asyncpg.P
             content, _usage = await gateway.chat(body)
             await asyncio.sleep(0)  # the step that got the answer ends inside the block
     assert content == "{}"
-    # Before, httpx encoded the body with json.dumps on the loop: ~0.1 s.
-    assert longest[0] < 0.05, longest
+    assert longest[0] < 0.1, longest
 
 
 JSON_VALUES = st.recursive(
@@ -144,7 +144,7 @@ async def test_a_long_transcript_is_read_without_stalling_the_loop(
         "[83:20:00] Hei du og meg, en setning her.",
     )
     # Before, the lines were built on the loop: 0.3-0.4 s for 200,000 segments.
-    assert longest[0] < 0.05, longest
+    assert longest[0] < 0.1, longest
 
 
 async def test_a_transcript_is_read_as_timestamped_lines(
@@ -176,20 +176,20 @@ async def test_an_answer_of_millions_of_items_is_refused_unparsed(pool: asyncpg.
         await asyncio.sleep(0)
     assert "characters, more than the" in str(refused.value)
     assert len(server.requests) == 2  # asked once more, saying why
-    assert longest[0] < 0.05, longest
+    assert longest[0] < 0.1, longest
 
 
 async def test_a_split_dictations_notes_are_merged_off_the_event_loop() -> None:
-    # Ten parts, each answered with 15,000 tasks (each answer within its length limit): merged
-    # on the loop, 0.06-0.16 s.
+    # Forty parts, each answered with 15,000 tasks (each answer within its length limit):
+    # merged on the loop, 0.40-0.42 s.
     notes = [
         Note(title="t", body="b", tasks=[NoteTask(what=f"w{p}-{i}") for i in range(15_000)])
-        for p in range(10)
+        for p in range(40)
     ]
     settings = resolve_settings({}, dictation_cleanup.TASK)
     with longest_stall() as longest:
         await asyncio.sleep(0)  # a new step, timed: this one started before the block
         merged, usage = await combine_answers(None, dictation_cleanup.TASK, settings, notes, "")
         await asyncio.sleep(0)
-    assert (len(merged.tasks), usage.calls) == (150_000, 0)
-    assert longest[0] < 0.05, longest
+    assert (len(merged.tasks), usage.calls) == (600_000, 0)
+    assert longest[0] < 0.1, longest

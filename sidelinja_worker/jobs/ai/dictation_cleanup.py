@@ -3,6 +3,7 @@ keeps the speaker's meaning; stored in `ai_results`."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -45,8 +46,12 @@ def merge_notes(notes: list[Note]) -> Note:
     model that loops can answer with thousands of tasks, which a scan of the kept list for each
     one made quadratic. common.combine_answers runs it in a thread."""
     tasks: dict[tuple[str, str | None], NoteTask] = {}
-    for task in (t for note in notes for t in note.tasks):
-        tasks.setdefault((task.what, task.due), task)
+    for note in notes:
+        for task in note.tasks:
+            tasks.setdefault((task.what, task.due), task)
+        # Hands the GIL to the event loop, which else waits up to the 5 ms switch interval
+        # each time it takes the GIL back after a system call.
+        time.sleep(0)
     body = "\n\n".join(n.body.strip() for n in notes)
     # Built from valid notes: not validated again, which is one call holding the GIL.
     return Note.model_construct(title=notes[0].title, body=body, tasks=list(tasks.values()))
