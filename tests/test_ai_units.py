@@ -13,12 +13,7 @@ from sidelinja_worker.jobs.ai.common import (
 )
 from sidelinja_worker.jobs.ai.dictation_cleanup import Note, NoteTask, merge_notes
 from sidelinja_worker.jobs.ai.meeting_summarize import Minutes
-from sidelinja_worker.jobs.ai.text import (
-    group_for_combine,
-    split_text,
-    timestamp,
-    timestamped_lines,
-)
+from sidelinja_worker.jobs.ai.text import group_for_combine, split_text
 from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.services.ai_gateway import (
     describe_error,
@@ -50,14 +45,6 @@ def test_group_for_combine_always_makes_progress() -> None:
     assert sum(len(g) for g in groups) == 5 and all(len(g) >= 2 for g in groups)
     assert len(groups) < 5
     assert group_for_combine(["a", "b", "c"], 100) == [["a", "b", "c"]]
-
-
-def test_timestamps() -> None:
-    assert timestamp(3725.9) == "1:02:05"
-    assert (
-        timestamped_lines([(0, " Hei "), (65, "Og velkommen")])
-        == "[0:00:00] Hei\n[0:01:05] Og velkommen\n"
-    )
 
 
 def test_strict_schema_inlines_refs_and_requires_every_property() -> None:

@@ -22,6 +22,7 @@ from sidelinja_worker.queue.errors import UserError
 from sidelinja_worker.settings import Settings
 
 ALL = Scope(token_id=None, workspace_id=None)
+MAX_LIST = 100_000  # jobs one `jobs list` prints
 COLUMNS = (
     "id",
     "workspace_id",
@@ -63,7 +64,9 @@ def add_jobs_commands(jsub: argparse._SubParsersAction) -> None:  # type: ignore
     )
     j.add_argument("--type", help="only this job type")
     j.add_argument("--workspace", help="only this workspace")
-    j.add_argument("--limit", type=int, default=50, help="at most this many (50)")
+    j.add_argument(
+        "--limit", type=int, default=50, help=f"at most this many (50; up to {MAX_LIST:,})"
+    )
     j.add_argument("--json", action="store_true", help="one JSON array, for scripts")
     j = jsub.add_parser("retry", help="an error or retry job back to pending, due now")
     j.add_argument("job_id", metavar="ID")
@@ -113,6 +116,8 @@ async def token_command(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
 
 
 async def jobs_list(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
+    if args.limit > MAX_LIST:  # every row is held in memory to print; past 64 bits, a traceback
+        raise UserError(f"--limit: at most {MAX_LIST:,}")
     f = JobFilter(
         status=None if args.status == "all" else _status(args.status),
         job_type=args.type,

@@ -34,6 +34,8 @@ BATCH = 1000  # jobs per enqueue_many: COPY for plain jobs, one statement each b
 RLS_BATCH = client.COPY_MIN_JOBS - 1
 BAD_LINES_SHOWN = 50  # with --skip-bad, the first this many are listed, then a count
 DRAIN_CHUNK = 1 << 16
+# Workspaces whose existence is remembered; a file may name a new one on every line.
+WORKSPACES_KEPT = 10_000
 
 
 class JobLine(BaseModel):
@@ -48,7 +50,7 @@ class JobLine(BaseModel):
     scheduled_for: str | None = None  # ISO 8601, UTC if no zone
     max_attempts: int = newjob.DEFAULT_MAX_ATTEMPTS
     unique_key: str | None = Field(None, min_length=1, max_length=1000)
-    timeout_s: int | None = Field(None, ge=1)
+    timeout_s: int | None = Field(None, ge=1, le=newjob.INT32_MAX)
 
 
 def add_flags(enqueue: argparse.ArgumentParser) -> None:
@@ -82,7 +84,7 @@ async def run(args: argparse.Namespace) -> int:
     name = "stdin" if args.file == "-" else args.file
     with ExitStack() as stack:
         stream = sys.stdin.buffer if args.file == "-" else stack.enter_context(_open(args.file))
-        size = _size(stream)
+        size = _size(stream, name)
         async with opened(args) as (_db, pool), pool.acquire() as conn:
             reader = Reader(args, conn, default_workspace, name)
             with progress.bar(
@@ -96,7 +98,7 @@ async def run(args: argparse.Namespace) -> int:
                     enqueued = await reader.enqueue_all(stream, bar)
     joined = progress.count(reader.joined, "line")
     held = f"; {joined} joined the job holding its unique key" if reader.joined else ""
-    skipped = progress.count(len(reader.bad), "bad line")
+    skipped = progress.count(reader.bad, "bad line")
     skipped = f"; skipped {skipped} (listed above)" if reader.bad else ""
     print(f"enqueued {progress.count(enqueued, 'job')} from {name}{held}{skipped}")
     newjob.warn_missing_settings(args, reader.job_types)
@@ -110,29 +112,54 @@ def _open(path: str) -> IO[bytes]:
         raise UserError(f"--file: cannot read {path}: {exc.strerror}") from None
 
 
-def _size(stream: IO[bytes]) -> int | None:
-    """The bar's total in bytes: a regular file's size; a pipe's is unknown."""
+def _size(stream: IO[bytes], name: str) -> int | None:
+    """The bar's total in bytes: a regular file's size; a pipe's is unknown. A device other
+    than a terminal or /dev/null is refused: /dev/zero and /dev/urandom never end, and were
+    read for ever (with --skip-bad, every line of their noise bad)."""
     try:
         info = os.fstat(stream.fileno())
     except (OSError, ValueError):
         return None
+    if stat.S_ISBLK(info.st_mode) or (
+        stat.S_ISCHR(info.st_mode) and not stream.isatty() and not _is_devnull(info)
+    ):
+        raise UserError(f"--file: {name} is a device, not a file or a pipe")
     return info.st_size if stat.S_ISREG(info.st_mode) else None
 
 
-def lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes | None, int]]:
-    """(line number, the line or None when longer than MAX_LINE_BYTES, bytes consumed). Never
-    holds more than MAX_LINE_BYTES of one line in memory."""
-    number = 0
-    while raw := stream.readline(MAX_LINE_BYTES + 1):
-        number += 1
-        consumed = len(raw)
-        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-            while raw and not raw.endswith(b"\n"):  # drop the rest of the long line
-                raw = stream.readline(DRAIN_CHUNK)
-                consumed += len(raw)
-            yield number, None, consumed
-        else:
-            yield number, raw, consumed
+def _is_devnull(info: os.stat_result) -> bool:
+    try:
+        return os.stat(os.devnull).st_rdev == info.st_rdev
+    except OSError:
+        return False
+
+
+class Lines:
+    """A stream's lines as (line number, the line or None when longer than MAX_LINE_BYTES);
+    `read` counts the bytes consumed so far. Never holds more than MAX_LINE_BYTES of one line
+    in memory, and skips the rest of a long line only when the next line is asked for: the
+    command that stops at the first bad line does not read on to the end of it (a pipe whose
+    writer goes on would have held it for ever)."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self.read = 0
+
+    def __iter__(self) -> Iterator[tuple[int, bytes | None]]:
+        number = 0
+        while raw := self._readline(MAX_LINE_BYTES + 1):
+            number += 1
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                yield number, None
+                while raw and not raw.endswith(b"\n"):  # drop the rest of the long line
+                    raw = self._readline(DRAIN_CHUNK)
+            else:
+                yield number, raw
+
+    def _readline(self, limit: int) -> bytes:
+        raw = self._stream.readline(limit)
+        self.read += len(raw)
+        return raw
 
 
 class Reader:
@@ -149,7 +176,7 @@ class Reader:
         self.conn = conn
         self.default_workspace = default_workspace
         self.name = name
-        self.bad: list[str] = []
+        self.bad = 0  # counted, not kept: a file can hold millions
         self.job_types: set[str] = set()
         self._workspaces: dict[UUID, bool] = {}
         self.enqueued = 0
@@ -161,19 +188,18 @@ class Reader:
         under_rls = await self.conn.fetchval("SELECT row_security_active('job_queue')")
         batch_size = RLS_BATCH if under_rls else BATCH
         batch: list[client.NewJob] = []
-        read = 0
-        for number, raw, consumed in lines(stream):
-            read += consumed
+        lines = Lines(stream)
+        for number, raw in lines:
             job = await self._job(number, raw)
             if job is not None:
                 batch.append(job)
             if len(batch) >= batch_size:
                 await self._enqueue(batch)
                 batch = []
-                bar.update(completed=read, jobs=self.enqueued)
+                bar.update(completed=lines.read, jobs=self.enqueued)
         if batch:
             await self._enqueue(batch)
-        bar.update(total=read, completed=read, jobs=self.enqueued)
+        bar.update(total=lines.read, completed=lines.read, jobs=self.enqueued)
         return self.enqueued
 
     async def _enqueue(self, batch: list[client.NewJob]) -> None:
@@ -194,10 +220,10 @@ class Reader:
             where = f"{self.name} line {number}"
             if not self.args.skip_bad:
                 raise UserError(f"{where}: {exc}; nothing was enqueued") from None
-            self.bad.append(where)
-            if len(self.bad) <= BAD_LINES_SHOWN:
+            self.bad += 1
+            if self.bad <= BAD_LINES_SHOWN:
                 print(f"sidelinja-worker: skipped {where}: {exc}", file=sys.stderr)
-            elif len(self.bad) == BAD_LINES_SHOWN + 1:
+            elif self.bad == BAD_LINES_SHOWN + 1:
                 print("sidelinja-worker: (more bad lines: not listed)", file=sys.stderr)
             return None
 
@@ -239,5 +265,7 @@ class Reader:
     async def _workspace_exists(self, workspace: UUID) -> bool:
         known = self._workspaces.get(workspace)
         if known is None:
+            if len(self._workspaces) >= WORKSPACES_KEPT:
+                self._workspaces.clear()
             known = self._workspaces[workspace] = await store.workspace_exists(self.conn, workspace)
         return known

@@ -74,24 +74,40 @@ async def show(pool: asyncpg.Pool) -> int:
 def _count(text: str) -> int | None:
     if text.lower() == "none":
         return None
-    if not text.isdigit():
-        raise UserError(f"limit {text!r} must be a whole number or none")
-    if int(text) > MAX_COUNT:
-        raise UserError(f"limit {text!r}: at most {MAX_COUNT:,} (or none: no limit)")
+    if not _digits(text):
+        raise UserError(f"limit {_short(text)} must be a whole number or none")
+    if _over_max(text):
+        raise UserError(f"limit {_short(text)}: at most {MAX_COUNT:,} (or none: no limit)")
     return int(text)
+
+
+def _digits(text: str) -> bool:
+    """0-9 only: str.isdigit also says yes to '²', which int() refuses."""
+    return text.isascii() and text.isdigit()
+
+
+def _over_max(digits: str) -> bool:
+    """Past MAX_COUNT, told without int() on thousands of digits (which raises ValueError)."""
+    significant = digits.lstrip("0")
+    return len(significant) > len(str(MAX_COUNT)) or int(significant or "0") > MAX_COUNT
+
+
+def _short(text: str) -> str:
+    """`text` quoted for an error line; thousands of digits are not repeated back."""
+    return repr(text) if len(text) <= 40 else repr(text[:40] + "…")
 
 
 def _rate(text: str) -> tuple[int, float] | None:
     if text.lower() == "none":
         return None
     count, _, window = text.partition("/")
-    if not count.isdigit() or int(count) < 1 or not window:
-        raise UserError(f"rate {text!r} must look like 20/1m (calls per duration) or none")
-    if int(count) > MAX_COUNT:
-        raise UserError(f"rate {text!r}: at most {MAX_COUNT:,} calls per window")
+    if not _digits(count) or not window or not count.strip("0"):
+        raise UserError(f"rate {_short(text)} must look like 20/1m (calls per duration) or none")
+    if _over_max(count):
+        raise UserError(f"rate {_short(text)}: at most {MAX_COUNT:,} calls per window")
     per_s = parse_duration_s(window)
     if per_s <= 0:
-        raise UserError(f"rate {text!r}: the duration must be positive")
+        raise UserError(f"rate {_short(text)}: the duration must be positive")
     if per_s > MAX_WINDOW_S:
-        raise UserError(f"rate {text!r}: the window is at most 366d")
+        raise UserError(f"rate {_short(text)}: the window is at most 366d")
     return int(count), per_s

@@ -6,13 +6,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Generic, TypeVar
 
 import httpx
+import orjson
 from pydantic import BaseModel, ValidationError
 
 from sidelinja_worker.queue.config import Secret
@@ -43,6 +45,23 @@ MAX_TOKENS_PER_CALL = 100_000_000
 # Statuses that will not change on a retry: bad request, bad key, no
 # credits, moderation. 404/413/422 are bad requests too (unknown model, input too large).
 PERMANENT_STATUSES = frozenset({400, 401, 402, 403, 404, 413, 422})
+# A request body with more characters of text than this is encoded in a thread, a string
+# BODY_PIECE_CHARS characters at a time: one encoder call over a string of millions of
+# characters holds the GIL, and so the event loop, until it is done (json.dumps took 0.10-0.15 s
+# for the 16 M characters of a retry that feeds back an answer of 16 MB). After each piece the
+# thread hands the GIL over (time.sleep(0)): else the loop waits up to the interpreter's switch
+# interval, 5 ms, each time it takes the GIL back after a system call.
+OFF_LOOP_BODY_CHARS = 256 * 1024
+BODY_PIECE_CHARS = 64 * 1024
+# The encoded body is handed to the connection this many bytes at a time: given whole, the
+# transport copied 16 MB into its buffer in one step (~20 ms), each piece now waits its turn.
+SEND_PIECE_BYTES = 1 << 20
+# A structured answer longer than twice the request's text plus this is refused unparsed, as a
+# mismatch the model is told about. Validating is one call that holds the GIL, so the event loop,
+# even in a thread, for as long as it takes: 0.46 s for an answer of 300,000 action points. A
+# model's answer is bounded by its output tokens, far below this; a summary is shorter than its
+# text, a cleaned-up dictation about as long.
+MIN_ANSWER_LIMIT_CHARS = 256 * 1024
 # Keywords strict structured outputs reject on some providers (OpenAI lists no string length
 # limits); the answer is still validated against the full pydantic model afterwards.
 _DROPPED_KEYWORDS = frozenset({"title", "default", "minLength", "maxLength"})
@@ -161,9 +180,10 @@ class AiGateway:
         """A chat completion whose answer must validate as `answer`. A mismatch is asked again
         once, with the validation error fed back; a second mismatch fails the job."""
         body = chat_body(model, messages, answer)
+        limit = answer_limit_chars(messages)
         content, usage = await self.chat(body)
         try:
-            return Structured(await _parsed(answer, content), usage)
+            return Structured(await _parsed(answer, content, limit), usage)
         except AnswerMismatch as exc:
             problem = str(exc)
         log.info(
@@ -176,7 +196,7 @@ class AiGateway:
         ]
         content, more = await self.chat(body)
         try:
-            return Structured(await _parsed(answer, content), usage + more)
+            return Structured(await _parsed(answer, content, limit), usage + more)
         except AnswerMismatch as exc:
             raise PermanentError(
                 f"the model's answer did not match the {answer.__name__} "
@@ -202,8 +222,7 @@ class AiGateway:
         content = message.get("content") if isinstance(message, Mapping) else None
         if not isinstance(content, str):
             return None, Usage.of(data)
-        # PostgreSQL stores no NUL character in text or jsonb: an answer is kept without them.
-        return content.replace("\x00", ""), Usage.of(data)
+        return await storable_text(content), Usage.of(data)
 
     async def embeddings(
         self, model: str, inputs: Sequence[str], *, dimensions: int | None = None
@@ -232,6 +251,7 @@ class AiGateway:
     async def _post(
         self, path: str, body: Mapping[str, Any], timeout_s: float, max_bytes: int
     ) -> dict[str, Any]:
+        content = await encoded_body(body)
         await self._limiter.acquire(RATE_KEY)
         try:
             resp = await bounded.send(
@@ -241,8 +261,8 @@ class AiGateway:
                 service="AI gateway",
                 max_bytes=max_bytes,
                 deadline_s=timeout_s + CONNECT_TIMEOUT_S,
-                json=body,
-                headers=self._headers(),
+                content=_in_pieces(content),
+                headers={**self._headers(), "Content-Length": str(len(content))},
                 timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S),
             )
         except httpx.TimeoutException:
@@ -276,12 +296,85 @@ class AiGateway:
         return RetryJob(text, after_s=retry_after_s)
 
     def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._key.reveal()}", "X-Title": "Sidelinja"}
+        return {
+            "Authorization": f"Bearer {self._key.reveal()}",
+            "X-Title": "Sidelinja",
+            "Content-Type": "application/json",
+        }
 
     def _redact(self, text: str) -> str:
         """A gateway or provider may echo the request; the key must never reach error_msg."""
         key = self._key.reveal()
         return text.replace(key, "***") if key else text
+
+
+async def storable_text(text: str) -> str:
+    """`text` as PostgreSQL and a JSON encoder take it: without NUL characters (text and jsonb
+    hold none), a lone surrogate (JSON's \\ud800 reads as one; no UTF-8 encoder takes it, and
+    a retry that fed the answer back failed to encode) as '?'. A long text in a thread, in
+    pieces, as each string method holds the GIL for all of the string it is given."""
+    if len(text) < bounded.OFF_LOOP_JSON_BYTES:
+        return _storable(text)
+    return await asyncio.to_thread(
+        lambda: "".join(
+            _storable(text[start : start + BODY_PIECE_CHARS])
+            for start in range(0, len(text), BODY_PIECE_CHARS)
+        )
+    )
+
+
+def _storable(text: str) -> str:
+    text = text.replace("\x00", "")
+    return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
+
+
+async def encoded_body(body: Mapping[str, Any]) -> bytes:
+    """`body` as JSON; in a thread, in pieces, when it holds much text (OFF_LOOP_BODY_CHARS)."""
+    if _text_chars(body) < OFF_LOOP_BODY_CHARS:
+        return orjson.dumps(body)
+    return await asyncio.to_thread(lambda: b"".join(_json_pieces(body)))
+
+
+async def _in_pieces(content: bytes) -> AsyncIterator[bytes]:
+    for start in range(0, len(content), SEND_PIECE_BYTES):
+        yield content[start : start + SEND_PIECE_BYTES]
+
+
+def _text_chars(value: Any) -> int:
+    """The characters of every string in a request body (a few dozen values, and the texts)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, Mapping):
+        return sum(len(k) + _text_chars(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return sum(_text_chars(v) for v in value)
+    return 0
+
+
+def _json_pieces(value: Any) -> Iterator[bytes]:
+    """JSON of `value`, a long string BODY_PIECE_CHARS characters per encoder call. A string's
+    escapes are per character, so its pieces' encodings joined are the whole one's."""
+    if isinstance(value, str) and len(value) > BODY_PIECE_CHARS:
+        yield b'"'
+        for start in range(0, len(value), BODY_PIECE_CHARS):
+            yield orjson.dumps(value[start : start + BODY_PIECE_CHARS])[1:-1]
+            time.sleep(0)
+        yield b'"'
+    elif isinstance(value, Mapping) and _text_chars(value) > BODY_PIECE_CHARS:
+        yield b"{"
+        for i, (key, item) in enumerate(value.items()):
+            yield (b"," if i else b"") + orjson.dumps(key) + b":"
+            yield from _json_pieces(item)
+        yield b"}"
+    elif isinstance(value, list | tuple) and _text_chars(value) > BODY_PIECE_CHARS:
+        yield b"["
+        for i, item in enumerate(value):
+            if i:
+                yield b","
+            yield from _json_pieces(item)
+        yield b"]"
+    else:
+        yield orjson.dumps(value)
 
 
 def _vectors(items: list[Mapping[str, Any]]) -> list[list[float]]:
@@ -333,8 +426,19 @@ def retry_instruction(problem: str) -> str:
     )
 
 
-async def _parsed(answer: type[M], content: str | None) -> M:
-    """`parse_answer`, in a thread for a big answer: validating megabytes of JSON is CPU."""
+def answer_limit_chars(messages: Sequence[Mapping[str, str]]) -> int:
+    """The longest structured answer taken for a request of `messages`."""
+    return 2 * sum(len(m.get("content") or "") for m in messages) + MIN_ANSWER_LIMIT_CHARS
+
+
+async def _parsed(answer: type[M], content: str | None, limit_chars: int) -> M:
+    """`parse_answer`, in a thread for a big answer: validating megabytes of JSON is CPU. An
+    answer over `limit_chars` is a mismatch unparsed (see MIN_ANSWER_LIMIT_CHARS)."""
+    if content is not None and len(content) > limit_chars:
+        raise AnswerMismatch(
+            f"the answer is {len(content)} characters, more than the {limit_chars} allowed "
+            "for this request; answer concisely"
+        )
     if content is not None and len(content) >= bounded.OFF_LOOP_JSON_BYTES:
         return await asyncio.to_thread(parse_answer, answer, content)
     return parse_answer(answer, content)

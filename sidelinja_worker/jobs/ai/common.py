@@ -179,7 +179,9 @@ async def combine_answers(
     """One answer from the parts' answers: locally with `task.merge`, else by asking the model in
     rounds of groups that fit the budget (a combined answer can itself be over the budget)."""
     if len(answers) > 1 and task.merge is not None:
-        return task.merge(answers), Usage()
+        # Parts answered with thousands of items each: merged on the loop, ten parts of 15,000
+        # tasks held it 0.06-0.16 s. A thread gives the loop the GIL between its steps.
+        return await asyncio.to_thread(task.merge, answers), Usage()
     usage = Usage()
     system = system_message(settings.combine_prompt, settings.names)
     while len(answers) > 1:

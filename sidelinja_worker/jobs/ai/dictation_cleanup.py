@@ -3,6 +3,7 @@ keeps the speaker's meaning; stored in `ai_results`."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -41,14 +42,19 @@ PROMPT = (
 
 def merge_notes(notes: list[Note]) -> Note:
     """A split dictation is joined here, not by the model, so no part's text is summarised away.
-    A task said in several parts is kept once, where it first came. Deduplicated by key: this
-    runs on the event loop, and a model that loops can answer with thousands of tasks, which a
-    scan of the kept list for each one made quadratic."""
+    A task said in several parts is kept once, where it first came. Deduplicated by key: a
+    model that loops can answer with thousands of tasks, which a scan of the kept list for each
+    one made quadratic. common.combine_answers runs it in a thread."""
     tasks: dict[tuple[str, str | None], NoteTask] = {}
-    for task in (t for note in notes for t in note.tasks):
-        tasks.setdefault((task.what, task.due), task)
+    for note in notes:
+        for task in note.tasks:
+            tasks.setdefault((task.what, task.due), task)
+        # Hands the GIL to the event loop, which else waits up to the 5 ms switch interval
+        # each time it takes the GIL back after a system call.
+        time.sleep(0)
     body = "\n\n".join(n.body.strip() for n in notes)
-    return Note(title=notes[0].title, body=body, tasks=list(tasks.values()))
+    # Built from valid notes: not validated again, which is one call holding the GIL.
+    return Note.model_construct(title=notes[0].title, body=body, tasks=list(tasks.values()))
 
 
 TASK = AiTask("dictation_cleanup", Note, PROMPT, "", "Rydder diktat", "note", merge=merge_notes)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from sidelinja_worker.jobs.ai.text import timestamped_lines
 from sidelinja_worker.queue.db import Conn
 from sidelinja_worker.queue.queries import load
 
@@ -31,7 +30,7 @@ async def save_result(
 async def transcript_text(conn: Conn, workspace_id: UUID, transcript_ref: str) -> str | None:
     """The transcript as `[H:MM:SS] text` lines (so chapters can carry times), its plain text if
     it has no segments, or None when this workspace has no such transcript."""
-    rows = await conn.fetch(Q["transcript_segments"], workspace_id, transcript_ref)
-    if rows:
-        return timestamped_lines([(r["start_ms"] / 1000, r["text"]) for r in rows])
+    lines = await conn.fetchval(Q["transcript_lines"], workspace_id, transcript_ref)
+    if lines is not None:
+        return lines
     return await conn.fetchval(Q["transcript_plain_text"], workspace_id, transcript_ref)

@@ -1,5 +1,5 @@
 """Pure text helpers for the AI jobs: the context budget, splitting long inputs without losing a
-character, grouping partial answers for the combine step, transcript timestamps."""
+character, grouping partial answers for the combine step."""
 
 from __future__ import annotations
 
@@ -64,14 +64,3 @@ def group_for_combine(items: Sequence[str], max_chars: int) -> list[list[str]]:
     elif current:
         groups.append(current)
     return groups
-
-
-def timestamp(seconds: float) -> str:
-    """`H:MM:SS`, the form chapters are asked for."""
-    total = int(seconds)
-    return f"{total // 3600}:{total % 3600 // 60:02d}:{total % 60:02d}"
-
-
-def timestamped_lines(segments: Sequence[tuple[float, str]]) -> str:
-    """`[0:01:23] text` per segment, so the model can place chapters in time."""
-    return "".join(f"[{timestamp(start)}] {text.strip()}\n" for start, text in segments)
