@@ -287,7 +287,8 @@ async def test_prune_deletes_exactly_the_jobs_past_retention_and_keeps_graphs_wh
     assert dry.returncode == 0, dry.stderr
     # kept-parent and kept-grandchild are past retention but held by their young middle job.
     assert dry.stdout == (
-        f"would prune {len(gone)} jobs; 2 past retention kept whole with a graph not yet past it\n"
+        f"would prune {len(gone)} jobs; 2 past retention kept (with a graph not yet past it,"
+        " or referenced from another table)\n"
     )
     _plain(dry)
     assert await _names(pool) == gone | kept  # a dry run deletes nothing

@@ -53,7 +53,12 @@ async def run(args: argparse.Namespace) -> int:
                 )
             bar.update(total=deleted, completed=deleted)
     kept = at_most - deleted
-    held = f"; {kept} past retention kept whole with a graph not yet past it" if kept > 0 else ""
+    held = (
+        f"; {kept} past retention kept (with a graph not yet past it, or referenced from"
+        " another table)"
+        if kept > 0
+        else ""
+    )
     said = "would prune" if args.dry_run else "pruned"
     print(f"{said} {progress.count(deleted, 'job')}{held}")
     return 0
