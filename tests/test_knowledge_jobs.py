@@ -186,13 +186,14 @@ async def test_checking_the_quotes_of_a_long_programme_does_not_stall_the_event_
     pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway, tmp_path: Path
 ) -> None:
     """Checking the quotes squashes the whole programme and searches it once per statement:
-    1.1 s for a 17 MB programme and 200 statements, 0.5 s for this one of 4.5 MB. On the event
-    loop it held every other job of the worker, its heartbeat and its timeouts; it runs in a
+    1.1 s for a 17 MB programme and 200 statements, 0.5 s for one of 4.5 MB. On the event loop
+    it held every other job of the worker, its heartbeat and its timeouts; it runs in a
     thread, a piece at a time, as str.split and str.casefold hold the GIL for all of the string
-    they are given (a thread alone left steps of up to 0.24 s here)."""
+    they are given (a thread alone left steps of up to 0.24 s for 4.5 MB). This programme is
+    9 MB, so that the bound stands clear of both and of a slow hour's steps (0.2 s seen)."""
     (tmp_path / str(workspace)).mkdir()  # the workspace's media folder
     line = "Vi vil satse kraftig på havvind i Nordsjøen, og formuesskatten skal bestå.\n"
-    (tmp_path / str(workspace) / "long.txt").write_text(line * 60_000, encoding="utf-8")
+    (tmp_path / str(workspace) / "long.txt").write_text(line * 120_000, encoding="utf-8")
     # Parts of 300,000 characters: each request to the gateway is then a light step.
     await pool.execute(
         "UPDATE workspaces SET settings = $2 WHERE id = $1",
@@ -234,7 +235,7 @@ async def test_checking_the_quotes_of_a_long_programme_does_not_stall_the_event_
     assert row["status"] == "completed", row["error_msg"]
     found = [p["quote_found"] for p in row["result"]["profile"]["positions"]]
     assert found == [True] + [False] * 199
-    assert stall[0] < 0.2, stall[0]
+    assert stall[0] < 0.3, stall[0]
 
 
 @pytest.mark.parametrize(
