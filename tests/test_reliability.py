@@ -6,6 +6,8 @@ import asyncio
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -262,6 +264,63 @@ async def test_jobs_holding_threads_do_not_keep_another_job_s_thread_work_waitin
         finally:
             gate.set()
     assert await statuses(pool) == {"completed": blockers + 1}
+
+
+# In a fresh interpreter (httpx imports its transport on the first client): the longest step
+# of the event loop while the handlers' HTTP client is built, by `prepare_http` or on the loop.
+_HTTP_CLIENT_STEP = """
+import asyncio, sys, time
+from sidelinja_worker.queue.context import Services
+
+async def main():
+    services = Services(None, None, None, None)
+    steps, last = [], time.perf_counter()
+    async def tick():
+        nonlocal last
+        while True:
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            steps.append(now - last)
+            last = now
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.02)
+    steps.clear()
+    if sys.argv[1] == "thread":
+        await services.prepare_http()
+    else:
+        services.http
+    await asyncio.sleep(0.01)
+    ticker.cancel()
+    assert services.http is not None
+    await services.aclose()
+    print(max(steps))
+
+asyncio.run(main())
+"""
+
+
+def _http_client_step(how: str) -> float:
+    done = subprocess.run(
+        [sys.executable, "-c", _HTTP_CLIENT_STEP, how], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return float(done.stdout)
+
+
+async def test_the_handlers_http_client_is_built_off_the_event_loop(
+    pool: asyncpg.Pool, db_url: str
+) -> None:
+    """httpx's first client imports its transport and loads the CA bundle: 40-70 ms here. A
+    worker builds it in a thread as it starts, unasked, so no job's loop waits for it."""
+    async with running_worker(pool, db_url) as worker:
+        await wait_for(
+            lambda: worker._services is not None and worker._services._http is not None,
+            10,
+            "the HTTP client prepared without a job asking",
+        )
+    off_loop = await asyncio.to_thread(_http_client_step, "thread")
+    on_loop = await asyncio.to_thread(_http_client_step, "loop")
+    assert off_loop < 0.03, (off_loop, on_loop)
 
 
 async def test_sigterm_waits_for_grace_then_gives_jobs_back(

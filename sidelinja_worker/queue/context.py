@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -56,8 +58,10 @@ def clean_text(text: object, max_chars: int) -> str:
 
 class Services:
     """Process-wide resources shared by every handler. Outbound HTTP goes through the one
-    `http` client; each service client sets its own timeouts per request. The client is made
-    on first use: a worker that only runs local jobs never pays for TLS set-up."""
+    `http` client; each service client sets its own timeouts per request. The worker builds
+    the client in a thread as it starts (`prepare_http`): built on the event loop, httpx's
+    first client took 40-70 ms (its transport's import and the CA bundle of its TLS context),
+    every running job's loop held that long."""
 
     def __init__(
         self,
@@ -73,15 +77,37 @@ class Services:
 
     @property
     def http(self) -> httpx.AsyncClient:
-        if self._http is None:
-            self._http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0))
-            if tracing.ENABLED:  # each call a child span of the job's, carrying its traceparent
-                tracing.instrument_http(self._http)
+        if self._http is None:  # asked for before `prepare_http` finished: built here
+            self._http = _new_http_client()
         return self._http
+
+    async def prepare_http(self) -> None:
+        """Builds the HTTP client in a thread, unless one is there already."""
+        if self._http is not None:
+            return
+        client = await asyncio.to_thread(_new_http_client)
+        if self._http is None:
+            self._http = client
+        else:  # built on the loop meanwhile; this one never opened a connection
+            await client.aclose()
 
     async def aclose(self) -> None:
         if self._http is not None:
             await self._http.aclose()
+
+
+def _new_http_client() -> httpx.AsyncClient:
+    client = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0), verify=_tls_context())
+    if tracing.ENABLED:  # each call a child span of the job's, carrying its traceparent
+        tracing.instrument_http(client)
+    return client
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """httpx's default verification (certifi's bundle, or SSL_CERT_FILE / SSL_CERT_DIR), loaded
+    once per process: loading the bundle is most of a client's cost."""
+    return httpx.create_ssl_context()
 
 
 def _traced(job: NewJob) -> NewJob:

@@ -213,8 +213,8 @@ class Worker:
             await self._limits.load()
         except DB_ERRORS as exc:  # the limits loop reads them again shortly
             log.warning("limits not read yet (%s)", exc)
-        # One HTTP client for every handler (made on first use): shared connection pools.
-        # Service clients set their own per-request timeouts.
+        # One HTTP client for every handler (built in a thread below): shared connection
+        # pools. Service clients set their own per-request timeouts.
         self._services = Services(
             self._pool, None, self._config, RateLimiter(self._pool, self._limits)
         )
@@ -228,9 +228,11 @@ class Worker:
         except UserError as exc:  # go on; handlers holding every connection delay heartbeats
             log.warning("no connection for the lease (%s); using the shared pool", exc)
         tracing.start(_version())  # off unless OTEL_* variables ask for traces
+        http_ready = asyncio.create_task(self._prepare_http(), name="http-client")
         try:
             await self._run()
         finally:
+            await http_ready  # a thread's few milliseconds; its client must be closed below
             tracing.stop()  # every job's span has ended: send what is queued, bounded
             # The last seconds' counts for the dashboard, if the database answers at once.
             with contextlib.suppress(*metrics.MINUTE_ERRORS):
@@ -239,6 +241,15 @@ class Worker:
             for own in (self._queue_pool, self._lease_pool):
                 if own is not self._pool:
                     await own.close()
+
+    async def _prepare_http(self) -> None:
+        """The handlers' HTTP client, built off the loop; a failure here is logged, and the
+        first handler to ask builds it (and meets the error itself)."""
+        assert self._services is not None
+        try:
+            await self._services.prepare_http()
+        except Exception:
+            log.warning("HTTP client not prepared in advance", exc_info=True)
 
     async def _run(self) -> None:
         await self._register()
