@@ -202,7 +202,9 @@ async def test_kill_9_during_the_outcome_flush(
             "the completion waiting on the lock",
         )
         victim = fleet.procs[0]
-        victim_id = await pool.fetchval("SELECT id FROM job_workers WHERE pid = $1", victim.proc.pid)
+        victim_id = await pool.fetchval(
+            "SELECT id FROM job_workers WHERE pid = $1", victim.proc.pid
+        )
         victim.proc.kill()  # kill -9
         await asyncio.to_thread(victim.proc.wait, 10)
         # Counted once the worker is dead: until then it goes on claiming as its handlers end
