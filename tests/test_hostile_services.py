@@ -283,6 +283,30 @@ async def test_an_embedding_that_is_not_finite_numbers_retries(
     assert str(caught.value) == "AI gateway returned an embedding that is not a list of numbers"
 
 
+async def test_an_embeddings_answer_bigger_than_the_vectors_asked_for_is_refused_unread(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer
+) -> None:
+    # Two vectors of 1,536 numbers may take 214 kB: an answer of 20 MB, far under the 160 MB
+    # any embeddings answer may hold, is refused before a byte of it is parsed (a parse holds
+    # the GIL, in a thread too, and with it every job's event loop).
+    asked = gateway_module.embeddings_answer_bytes(2, 1536)
+    vector = b"[" + b", ".join([b"0.012345678901234567"] * 1536) + b"]"
+    padding = b" " * (20 * 1024 * 1024)
+    items = b", ".join(b'{"index": %d, "embedding": %s}' % (i, vector) for i in range(2))
+    server.answer = json_answer(b'{"data": [' + items + b"]" + padding + b"}")
+    with pytest.raises(PermanentError) as caught:
+        await gateway(http, server.url, pool).embeddings("m", ["a", "b"], dimensions=1536)
+    assert str(caught.value) == (
+        f"AI gateway's answer declares {len(server.answer.body)} bytes, over the limit of {asked} bytes"
+    )
+    server.answer = json_answer(b'{"data": [' + items + b"]}")
+    got = await gateway(http, server.url, pool).embeddings("m", ["a", "b"], dimensions=1536)
+    assert [len(v) for v in got.vectors] == [1536, 1536]
+    # Without `dimensions`, as many numbers as pgvector stores; never past the overall cap.
+    assert gateway_module.embeddings_answer_bytes(64, None) == 64 * 1024 + 64 * (1024 + 16_000 * 48)
+    assert gateway_module.embeddings_answer_bytes(2048, 3072) == gateway_module.MAX_EMBED_BYTES
+
+
 @pytest.mark.parametrize("data", [b"[null, null]", b'[{"index": "0"}, {"index": 1}]', b'"ab"'])
 async def test_an_embeddings_list_of_the_wrong_shape_retries(
     http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, data: bytes

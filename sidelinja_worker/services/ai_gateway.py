@@ -37,6 +37,15 @@ CONNECT_TIMEOUT_S = 10.0
 # batch (64 x 1536) ~2 MB.
 MAX_CHAT_BYTES = 16 * 1024 * 1024
 MAX_EMBED_BYTES = 160 * 1024 * 1024
+# An embeddings answer is also bounded by what was asked: so many vectors of so many numbers,
+# each number at most 48 bytes of JSON (24 characters of a float, a separator and a pretty
+# printer's indent), plus the item's and the answer's own fields. Its size is the time its
+# parse holds the GIL, in a thread too (~6 ms a MB here), and with it every job's event loop:
+# 160 MB was a second. Without `dimensions`, pgvector's most (16,000) is assumed.
+EMBED_NUMBER_BYTES = 48
+EMBED_ITEM_BYTES = 1024
+EMBED_ANSWER_BYTES = 64 * 1024
+MAX_EMBED_DIMENSIONS = 16_000
 # A Retry-After beyond this is not believed: the pause is cut to it.
 MAX_RETRY_AFTER_S = 3600.0
 MAX_MESSAGE_CHARS = 400
@@ -233,7 +242,8 @@ class AiGateway:
             body["dimensions"] = dimensions
         if self.guard is not None:
             self.guard.spend(model)
-        data = await self._post("/embeddings", body, EMBED_TIMEOUT_S, MAX_EMBED_BYTES)
+        max_bytes = embeddings_answer_bytes(len(inputs), dimensions)
+        data = await self._post("/embeddings", body, EMBED_TIMEOUT_S, max_bytes)
         if isinstance(data.get("error"), Mapping):
             raise self._classify(200, data["error"], None)
         items = data.get("data") or []
@@ -375,6 +385,13 @@ def _json_pieces(value: Any) -> Iterator[bytes]:
         yield b"]"
     else:
         yield orjson.dumps(value)
+
+
+def embeddings_answer_bytes(inputs: int, dimensions: int | None) -> int:
+    """The most bytes an answer with `inputs` vectors of `dimensions` numbers may hold."""
+    numbers = min(dimensions or MAX_EMBED_DIMENSIONS, MAX_EMBED_DIMENSIONS)
+    per_item = EMBED_ITEM_BYTES + numbers * EMBED_NUMBER_BYTES
+    return min(MAX_EMBED_BYTES, EMBED_ANSWER_BYTES + inputs * per_item)
 
 
 def _vectors(items: list[Mapping[str, Any]]) -> list[list[float]]:
