@@ -25,6 +25,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, SecretStr, Validati
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from sidelinja_worker.admin.gate import READ_TIMEOUT_S
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.durations import parse_duration_s
 from sidelinja_worker.queue.errors import UserError
@@ -250,6 +251,15 @@ class Settings(BaseSettings):
         flag="--bind",
         section="admin",
     )
+    admin_read_timeout: Duration = _field(
+        READ_TIMEOUT_S,
+        "SIDELINJA_ADMIN_READ_TIMEOUT",
+        "a page's query gives up after this, with a 503 asking for a narrower filter (100ms to 1h)",
+        f"{READ_TIMEOUT_S:g}s",
+        commands=("admin",),
+        flag="--read-timeout",
+        section="admin",
+    )
     spacetimedb_url: str | None = _field(
         None,
         "SPACETIMEDB_URL",
@@ -468,6 +478,7 @@ _BOUNDS: dict[str, tuple[float, float, str]] = {
     "keep_completed": (0.0, CENTURY, "at most 36500d"),
     "keep_errors": (0.0, CENTURY, "at most 36500d"),
     "metrics_port": (1, 65535, "a port, 1 to 65535"),
+    "admin_read_timeout": (0.1, 3600.0, "100ms to 1h"),
 }
 
 

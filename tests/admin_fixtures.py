@@ -21,8 +21,14 @@ def free_port() -> int:
 @pytest.fixture(name="admin")
 async def admin_fixture(db_url: str) -> str:
     """`sidelinja-worker admin` as a real process; its base URL once it answers."""
+    return await serve_admin(db_url)
+
+
+async def serve_admin(db_url: str, env: dict[str, str] | None = None) -> str:
+    """`sidelinja-worker admin` as a real process, with `env` added to its environment; its base
+    URL once it answers."""
     port = free_port()
-    proc = spawn("admin", "--bind", f"127.0.0.1:{port}", url=db_url)
+    proc = spawn("admin", "--bind", f"127.0.0.1:{port}", url=db_url, env=env)
     base = f"http://127.0.0.1:{port}"
 
     async def answers() -> bool:

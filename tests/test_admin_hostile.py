@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -22,6 +23,7 @@ from sidelinja_worker.queue.store import OTHER_TYPES
 from tests.admin_fixtures import (  # noqa: F401 (fixture)
     admin_fixture,
     seed,
+    serve_admin,
     workspace_bearer,
 )
 from tests.helpers import insert_jobs, make_workspace, wait_for
@@ -287,3 +289,155 @@ async def test_heavy_reads_leave_the_pool_to_the_other_pages(
         finally:
             await tx.rollback()
         assert {r.status_code for r in await asyncio.gather(*lists)} == {200}
+
+
+@pytest.fixture(name="quick_admin")
+async def quick_admin_fixture(db_url: str) -> str:
+    """The admin app with a read bound of 1 s (`--read-timeout`), so a read held by a lock gives
+    up within a second."""
+    return await serve_admin(db_url, {"SIDELINJA_ADMIN_READ_TIMEOUT": "1s"})
+
+
+async def test_a_read_held_by_a_lock_ends_at_its_bound_and_its_connection_serves_again(
+    pool: asyncpg.Pool, db_url: str, quick_admin: str
+) -> None:
+    """The admin's reads had no bound: a page held by a lock (here the ACCESS EXCLUSIVE a
+    migration takes on job_queue, in an open transaction) kept its request and a connection of
+    the pool for as long as the lock was held, forever if nobody let go. Each page now gives up
+    at the read bound (1 s here) with a 503 and one line naming it, as an HTML page, JSON or
+    text as the client asks; the connections that waited go back to the pool idle, every page
+    answers 200 once the lock goes, and a live stream open across it all still delivers."""
+    a, _b, _ = await seed(pool)
+    job = await pool.fetchval("SELECT id FROM job_queue WHERE workspace_id = $1 LIMIT 1", a)
+    tokens = [workspace_bearer(db_url, a) for _ in range(2)]
+    # The four heavy reads first, two per token (gate.READS_PER_TOKEN), then the other pages.
+    pages = [
+        ("/admin/jobs?status=all&payload=episode%3D7", "text/html"),
+        ("/admin", "application/json"),
+        ("/admin/dashboard", "*/*"),
+        ("/metrics", "*/*"),
+        (f"/admin/jobs/{job}", "text/html"),
+        (f"/admin/jobs/{job}/graph", "application/json"),
+        ("/admin/workers", "*/*"),
+    ]
+    line = "the database took longer than 1 s for this page; try a narrower filter"
+    held: set[int] = set()  # the admin's connections seen waiting on the lock
+
+    async def timed(path: str, headers: dict[str, str]) -> tuple[httpx.Response, float]:
+        start = time.monotonic()
+        return await http.get(path, headers=headers), time.monotonic() - start
+
+    async with (
+        httpx.AsyncClient(base_url=quick_admin, timeout=30) as http,
+        http.stream("GET", "/admin/events", headers=tokens[0]) as stream,
+        pool.acquire() as lock,
+    ):
+        lines = stream.aiter_lines()
+        assert await anext(lines) == "retry: 2000"
+        tx = lock.transaction()
+        await tx.start()
+        await lock.execute("LOCK TABLE job_queue IN ACCESS EXCLUSIVE MODE")
+        asked = [
+            asyncio.create_task(timed(path, {**tokens[i % 2], "accept": accept}))
+            for i, (path, accept) in enumerate(pages)
+        ]
+        try:
+
+            async def answered() -> bool:
+                held.update(
+                    await pool.fetchval(
+                        "SELECT coalesce(array_agg(pid), '{}') FROM pg_stat_activity"
+                        " WHERE wait_event_type = 'Lock' AND application_name = 'sidelinja-admin'"
+                        " AND datname = current_database()"
+                    )
+                )
+                return all(t.done() for t in asked)
+
+            await wait_for(answered, 10, "every page answers while the lock is held")
+        finally:
+            await tx.rollback()
+            await asyncio.gather(*asked, return_exceptions=True)
+        for (path, accept), task in zip(pages, asked):
+            page, took = task.result()
+            assert page.status_code == 503, (path, page.status_code, page.text[:200])
+            assert took < 5, (path, took)
+            if accept == "text/html":
+                assert page.headers["content-type"].startswith("text/html"), path
+                assert f'<p id="slow">{line}</p>' in page.text, path
+            elif accept == "application/json":
+                assert page.json() == {"error": line}, path
+            else:
+                assert page.text == line, path
+        assert held, "no page was seen waiting on the lock"
+
+        async def idle() -> bool:
+            rows = await pool.fetch(
+                "SELECT state FROM pg_stat_activity WHERE pid = ANY($1::int[])", list(held)
+            )
+            return len(rows) == len(held) and all(r["state"] == "idle" for r in rows)
+
+        await wait_for(idle, 10, "the connections that waited are idle in the pool")
+        for path, accept in pages:
+            page = await http.get(path, headers={**tokens[0], "accept": accept})
+            assert page.status_code == 200, (path, page.status_code, page.text[:200])
+        await insert_jobs(pool, a, 1)
+        async with asyncio.timeout(10):
+            while not (frame := await anext(lines)).startswith("data: "):
+                pass
+        assert '"status":"pending"' in frame, frame
+
+
+async def test_an_action_runs_under_its_own_longer_bound(
+    pool: asyncpg.Pool, db_url: str, quick_admin: str
+) -> None:
+    """A cancel that runs through a large graph, or a bulk retry of up to
+    admin_app.BULK_LIMIT jobs, may rightly take longer than a page: actions run under
+    gate.ACTION_TIMEOUT_S, never the read bound. Here a cancel and a bulk retry wait for
+    longer than the read bound (1 s) on a lock that holds every write to job_queue, and both
+    complete once it goes."""
+    a, _b, _ = await seed(pool)
+    pending = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'noop', '{}')"
+        " RETURNING id",
+        a,
+    )
+    headers = {**workspace_bearer(db_url, a), "sec-fetch-site": "same-origin"}
+    csrf = auth.csrf_for(headers["authorization"].removeprefix("Bearer "))
+    async with (
+        httpx.AsyncClient(base_url=quick_admin, headers=headers, timeout=60) as http,
+        pool.acquire() as lock,
+    ):
+        tx = lock.transaction()
+        await tx.start()
+        await lock.execute("LOCK TABLE job_queue IN SHARE MODE")  # as CREATE INDEX takes
+        sent = [
+            asyncio.create_task(http.post(f"/admin/jobs/{pending}/cancel", data={"csrf": csrf})),
+            asyncio.create_task(
+                http.post(
+                    "/admin/jobs/bulk-retry",
+                    data={"csrf": csrf, "status": "error", "type": "srt_parse"},
+                )
+            ),
+        ]
+        try:
+
+            async def waited_past_the_read_bound() -> bool:
+                # Or one answered already: the asserts below then say what it answered.
+                return any(t.done() for t in sent) or await pool.fetchval(
+                    "SELECT count(*) >= 2 FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND application_name = 'sidelinja-admin'"
+                    " AND datname = current_database()"
+                    " AND clock_timestamp() - query_start > interval '1.5 s'"
+                )
+
+            await wait_for(waited_past_the_read_bound, 30, "both actions wait past 1.5 s")
+        finally:
+            await tx.rollback()
+            await asyncio.gather(*sent, return_exceptions=True)
+        cancel, retry = (t.result() for t in sent)
+    assert cancel.status_code == 303, (cancel.status_code, cancel.text[:200])
+    assert cancel.headers["location"].endswith("?done=cancel")
+    assert retry.status_code == 303, (retry.status_code, retry.text[:200])
+    assert "retried=2" in retry.headers["location"]
+    status = await pool.fetchval("SELECT status::text FROM job_queue WHERE id = $1", pending)
+    assert status == "cancelled"

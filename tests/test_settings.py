@@ -113,7 +113,15 @@ def test_one_rule_for_every_boolean(name: str, monkeypatch: pytest.MonkeyPatch) 
         settings.load()
 
 
-DURATIONS = ["poll_interval", "lease", "grace", "max_timeout", "keep_completed", "keep_errors"]
+DURATIONS = [
+    "poll_interval",
+    "lease",
+    "grace",
+    "max_timeout",
+    "keep_completed",
+    "keep_errors",
+    "admin_read_timeout",
+]
 
 
 @pytest.mark.parametrize("name", DURATIONS)
@@ -134,6 +142,7 @@ def test_lower_bounds_name_the_flag_and_its_variable() -> None:
         ("poll_interval", "1ms", "--poll-interval / SIDELINJA_POLL_INTERVAL must be 10ms to 1h"),
         ("keep_errors", "99999999999999d", "--keep-errors / SIDELINJA_KEEP_ERRORS must be at most"),
         ("metrics_port", "70000", "--metrics-port / SIDELINJA_METRICS_PORT must be a port"),
+        ("admin_read_timeout", "0s", "--read-timeout / SIDELINJA_ADMIN_READ_TIMEOUT must be 100ms"),
         ("log_level", "loud", "--log-level / SIDELINJA_LOG_LEVEL must be one of debug, info"),
     ]:
         with pytest.raises(UserError, match=message):

@@ -37,7 +37,7 @@ from sidelinja_worker.admin.forms import (
     query_string,
     text_field,
 )
-from sidelinja_worker.admin.gate import Busy, Gate
+from sidelinja_worker.admin.gate import ACTION_TIMEOUT_S, READ_TIMEOUT_S, Busy, Gate
 from sidelinja_worker.admin.spacetime import SpacetimeForwarder, SpacetimeTarget
 from sidelinja_worker.admin.store import Scope
 from sidelinja_worker.queue import store as worker_store
@@ -51,6 +51,28 @@ BULK_LIMIT = 10_000
 # server hold a gigabyte, and logout reads its form for any cookie, before the session is checked.
 FORM_FIELDS_MAX = 16
 FORM_FIELD_MAX = 64 * 1024
+# asyncpg's own timeout on the statements of the engine's store (queue/store.py) the admin runs:
+# this much past the database's bound, so PostgreSQL's cancel answers first (a clean error, the
+# transaction rolled back); it ends only a wait on a connection that died without a word.
+CLIENT_GRACE_S = 5.0
+# A statement past its bound: PostgreSQL's statement_timeout (the read bound, or an action's),
+# or, on a connection that no longer answers, asyncpg's timeout a little later.
+TOO_SLOW = (asyncpg.QueryCanceledError, TimeoutError)
+
+
+def read_bound_s(request: Request) -> float:
+    """The client-side timeout of a page's statements of the engine's store."""
+    return float(request.app.state.read_timeout_s) + CLIENT_GRACE_S
+
+
+@contextlib.asynccontextmanager
+async def acting(request: Request, scope: Scope) -> AsyncIterator[asyncpg.Connection]:
+    """store.scoped for an action: its statements run under the action bound, not the read
+    bound, and a timeout names that bound."""
+    bound = request.app.state.action_timeout_s
+    request.state.bound_s = bound
+    async with store.scoped(request.app.state.pool, scope, statement_timeout_s=bound) as conn:
+        yield conn
 
 
 async def read_form(request: Request) -> FormData:
@@ -168,28 +190,29 @@ async def workflow_page(request: Request) -> Response:
 async def overview_page(request: Request) -> Response:
     scope, token = await session(request)
     async with request.app.state.reads.slot(scope.token_id):
-        figures = await overview_figures(request.app.state.pool, scope)
+        figures = await overview_figures(request.app.state.pool, scope, read_bound_s(request))
     return render(
         request, "overview.html", token, scope, done=request.query_params.get("done"), **figures
     )
 
 
-async def overview_figures(pool: asyncpg.Pool, scope: Scope) -> dict[str, Any]:
+async def overview_figures(pool: asyncpg.Pool, scope: Scope, timeout_s: float) -> dict[str, Any]:
+    """timeout_s: asyncpg's, for the engine's statements (read_bound_s)."""
     # Limits and pauses are queue-wide configuration, read with the privileged pool; a workspace
     # token sees every type and rate limit but no other workspace's cap. The jobs counted beside
     # them are read under the scope below: their own queries count every workspace's.
     limits = [
         dict(r)
-        for r in await worker_store.list_limits(pool)
+        for r in await worker_store.list_limits(pool, timeout_s)
         if r["kind"] != "workspace"
         or scope.workspace_id is None
         or r["name"] == str(scope.workspace_id)
     ]
-    pauses = [dict(p) for p in await worker_store.list_pauses(pool)]
+    pauses = [dict(p) for p in await worker_store.list_pauses(pool, timeout_s)]
     types = [r["name"] for r in limits if r["kind"] == "job type"] + [p["job_type"] for p in pauses]
     async with store.scoped(pool, scope) as conn:
-        counts = await worker_store.counts(conn)
-        oldest = await worker_store.oldest_due_s(conn)
+        counts = await worker_store.counts(conn, timeout_s)
+        oldest = await worker_store.oldest_due_s(conn, timeout_s)
         per_minute = await store.throughput(conn)
         of_type = {r["job_type"]: r for r in await store.type_counts(conn, types)}
     none = {"waiting": 0, "running": 0}
@@ -230,11 +253,11 @@ async def pause_action(request: Request) -> Response:
     job_type, reason = form.get("job_type", "").strip(), form.get("reason", "").strip()
     if not job_type or not reason:
         return PlainTextResponse("a job type and a reason are required", status_code=400)
-    pool = request.app.state.pool
+    pool, timeout_s = request.app.state.pool, read_bound_s(request)
     if request.path_params["action"] == "pause":
-        await worker_store.pause_type(pool, job_type, actor(scope), reason)
+        await worker_store.pause_type(pool, job_type, actor(scope), reason, timeout_s)
     else:
-        await worker_store.resume_type(pool, job_type, actor(scope), reason)
+        await worker_store.resume_type(pool, job_type, actor(scope), reason, timeout_s)
     return RedirectResponse(f"/admin?done={request.path_params['action']}", status_code=303)
 
 
@@ -244,8 +267,10 @@ async def dashboard_page(request: Request) -> Response:
         request.app.state.reads.slot(scope.token_id),
         store.scoped(request.app.state.pool, scope) as conn,
     ):
-        figures = await dashboard.load(conn, scope, await conn.fetchval("SELECT now()"))
-    paused = {p["job_type"] for p in await worker_store.list_pauses(request.app.state.pool)}
+        now = await conn.fetchval("SELECT now()")
+        figures = await dashboard.load(conn, scope, now, read_bound_s(request))
+    pauses = await worker_store.list_pauses(request.app.state.pool, read_bound_s(request))
+    paused = {p["job_type"] for p in pauses}
     context: dict[str, Any] = {
         "d": figures,
         "chart": dashboard.chart,
@@ -261,7 +286,7 @@ async def workers_page(request: Request) -> Response:
     scope, token = await session(request)
     # Under the scope: a workspace token sees every worker but only its own jobs on them.
     async with store.scoped(request.app.state.pool, scope) as conn:
-        workers = await worker_store.list_workers(conn)
+        workers = await worker_store.list_workers(conn, read_bound_s(request))
     return render(request, "workers.html", token, scope, workers=workers)
 
 
@@ -270,7 +295,7 @@ async def drain_action(request: Request) -> Response:
     worker_id = parse_job_id(request.path_params["worker_id"])
     drain = form.get("drain") != "0"
     if worker_id is None or not await worker_store.drain_worker(
-        request.app.state.pool, worker_id, actor(scope), drain
+        request.app.state.pool, worker_id, actor(scope), drain, read_bound_s(request)
     ):
         return PlainTextResponse("no such worker", status_code=404)
     await store.audit_queue(
@@ -289,8 +314,9 @@ async def job_action(request: Request) -> Response:
         return PlainTextResponse("bad CSRF token or origin", status_code=403)
     job_id, action = parse_job_id(request.path_params["job_id"]), request.path_params["action"]
     try:
-        async with store.scoped(request.app.state.pool, scope) as conn:
-            target = await run_action(conn, action, job_id) if job_id is not None else None
+        async with acting(request, scope) as conn:
+            timeout_s = request.app.state.action_timeout_s + CLIENT_GRACE_S
+            target = None if job_id is None else await run_action(conn, action, job_id, timeout_s)
             done = target is not None
             if target is not None:
                 # A retry of a node cancelled by its parent puts back the failed ancestor: the
@@ -305,12 +331,16 @@ async def job_action(request: Request) -> Response:
     )
 
 
-async def run_action(conn: asyncpg.Connection, action: str, job_id: UUID) -> UUID | None:
-    """The id of the job the action changed, or None if it changed nothing."""
+async def run_action(
+    conn: asyncpg.Connection, action: str, job_id: UUID, timeout_s: float
+) -> UUID | None:
+    """The id of the job the action changed, or None if it changed nothing. `conn` is
+    acting()'s; timeout_s is asyncpg's for the engine's statement (a cancel runs through the
+    job's graph)."""
     if action == "retry":
         return await store.retry_node(conn, job_id)
     if action == "cancel":
-        return job_id if (await worker_store.request_cancel(conn, job_id))[0] else None
+        return job_id if (await worker_store.request_cancel(conn, job_id, timeout_s))[0] else None
     return None
 
 
@@ -321,10 +351,7 @@ async def bulk_retry(request: Request) -> Response:
         return PlainTextResponse("bad CSRF token or origin", status_code=403)
     f = job_filter(form, scope)
     try:
-        async with (
-            request.app.state.reads.slot(scope.token_id),
-            store.scoped(request.app.state.pool, scope) as conn,
-        ):
+        async with request.app.state.reads.slot(scope.token_id), acting(request, scope) as conn:
             ids = await store.bulk_retry(conn, f, BULK_LIMIT)
             await store.audit(conn, scope, "bulk_retry", ids, {"filter": query_string(f, None)})
     except asyncpg.UniqueViolationError:  # a job a retried one brings back (store.KEY_HELD)
@@ -357,7 +384,12 @@ async def events(request: Request) -> Response:
     hub: EventHub = request.app.state.hub
 
     async def still_valid() -> bool:
-        return await auth.scope_for(pool, credential) == scope
+        """A check the database does not answer within the read bound ends the stream: the
+        page reconnects in 2 s (its `retry`) and is checked afresh."""
+        try:
+            return await auth.scope_for(pool, credential) == scope
+        except TOO_SLOW:
+            return False
 
     queue = hub.subscribe(scope)  # TooManyStreams past the caps
     return EventStream(hub, queue, hub.frames(queue, still_valid))
@@ -422,7 +454,7 @@ async def metrics(request: Request) -> Response:
         request.app.state.reads.slot(scope.token_id),
         store.scoped(request.app.state.pool, scope) as conn,
     ):
-        body = await metrics_view.render(conn)
+        body = await metrics_view.render(conn, read_bound_s(request))
     return Response(body, media_type=metrics_view.CONTENT_TYPE)
 
 
@@ -458,6 +490,23 @@ async def too_many_streams(_request: Request, exc: Exception) -> Response:
 
 async def busy(_request: Request, exc: Exception) -> Response:
     return PlainTextResponse(str(exc), status_code=429)
+
+
+async def too_slow(request: Request, _exc: Exception) -> Response:
+    """503 with one line naming the bound, never a traceback; the connection went back to the
+    pool with its transaction rolled back. A page asked for as HTML gets a page, a client that
+    accepts JSON gets JSON, anything else (/metrics, scripts) the line as text."""
+    bound = getattr(request.state, "bound_s", request.app.state.read_timeout_s)
+    if request.method == "POST":
+        line = f"the database took longer than {bound:g} s for this action; nothing was changed"
+    else:
+        line = f"the database took longer than {bound:g} s for this page; try a narrower filter"
+    accept = request.headers.get("accept", "")
+    if "application/json" in accept:
+        return JSONResponse({"error": line}, status_code=503)
+    if "text/html" in accept or auth.is_browser_navigation(request):
+        return templates.TemplateResponse(request, "slow.html", {"line": line}, status_code=503)
+    return PlainTextResponse(line, status_code=503)
 
 
 @contextlib.asynccontextmanager
@@ -501,15 +550,25 @@ ROUTES = [
 ]
 
 
-def create_app(database_url: str, spacetime: SpacetimeTarget | None = None) -> Starlette:
+def create_app(
+    database_url: str,
+    spacetime: SpacetimeTarget | None = None,
+    read_timeout_s: float = READ_TIMEOUT_S,
+) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # Custom plans: the list query's optional filters need the planner to see the values.
+        # Every statement on the pool gives up at the read bound (gate.READ_TIMEOUT_S); an
+        # action raises it for its own transaction (acting). The event hub's LISTEN has a
+        # connection of its own, outside the pool: an idle stream holds no statement.
         settings = {
             **SERVER_SETTINGS,
             "application_name": "sidelinja-admin",
             "plan_cache_mode": "force_custom_plan",
+            "statement_timeout": str(round(read_timeout_s * 1000)),
         }
+        app.state.read_timeout_s = read_timeout_s
+        app.state.action_timeout_s = max(ACTION_TIMEOUT_S, read_timeout_s)
         app.state.pool = await asyncpg.create_pool(
             database_url, min_size=1, max_size=8, init=init_connection, server_settings=settings
         )
@@ -532,6 +591,8 @@ def create_app(database_url: str, spacetime: SpacetimeTarget | None = None) -> S
             BadField: bad_field,
             TooManyStreams: too_many_streams,
             Busy: busy,
+            asyncpg.QueryCanceledError: too_slow,  # TOO_SLOW
+            TimeoutError: too_slow,
         },
     )
     app.add_middleware(auth.SecurityHeaders)

@@ -62,9 +62,14 @@ class Dashboard:
     oldest_due_s: float
 
 
-async def load(conn: asyncpg.Connection, scope: Scope, now: datetime) -> Dashboard:
+async def load(
+    conn: asyncpg.Connection,
+    scope: Scope,
+    now: datetime,
+    timeout_s: float = worker_store.STATEMENT_TIMEOUT_S,
+) -> Dashboard:
     """`conn` is scoped (row-level security): a workspace token reads its workspace's rows,
-    a platform admin the whole queue's."""
+    a platform admin the whole queue's. timeout_s is asyncpg's for the engine's statement."""
     workspace = scope.workspace_id or ALL_WORKSPACES
     start = now.replace(second=0, microsecond=0) - timedelta(minutes=DAY - 1)
     total, types = Figures("all types"), {}
@@ -87,7 +92,7 @@ async def load(conn: asyncpg.Connection, scope: Scope, now: datetime) -> Dashboa
         figs.waiting, figs.due = d["waiting"], d["due"]
         total.waiting += d["waiting"]
         total.due += d["due"]
-    oldest = await worker_store.oldest_due_s(conn)
+    oldest = await worker_store.oldest_due_s(conn, timeout_s)
     return Dashboard(now, total, [types[k] for k in sorted(types)], oldest)
 
 

@@ -1,5 +1,6 @@
-"""Bounds on the admin's heavy reads (job lists, bulk retries, the overview, the dashboard,
-/metrics): how many run at once, in all and per token."""
+"""Bounds on the admin's reads: how long any of them runs, and how many of the heavy ones (job
+lists, bulk retries, the overview, the dashboard, /metrics) run at once, in all and per
+token."""
 
 from __future__ import annotations
 
@@ -17,6 +18,18 @@ from uuid import UUID
 # asks for more than READS_PER_TOKEN at once is refused (429).
 READS_MAX = 4
 READS_PER_TOKEN = 2
+# Every statement of a page gives up after READ_TIMEOUT_S (`admin --read-timeout`): PostgreSQL's
+# statement_timeout on the admin pool's connections, which counts a wait for a lock too, so no
+# separate lock_timeout. Unbounded, a read held by a lock (a migration's, a long transaction's)
+# kept its request and a connection of the pool for as long as the lock was held. The heavy
+# reads above take 0.5-1.0 s at 1,000,000 jobs: 20 s leaves them room to grow twentyfold, and a
+# page that needs more wants a narrower filter (the page says so, with a 503).
+READ_TIMEOUT_S = 20.0
+# Actions that change rows (retry, cancel, bulk retry) run under their own bound in their own
+# transaction, never below the read bound: a cancel runs through the job's graph, 5.1 s for
+# a head with 100,000 waiting children, 0.5 s for 10,000 (a retry of it brings them back in
+# 3.6 s); a bulk retry of app.BULK_LIMIT jobs takes 0.14 s without graphs.
+ACTION_TIMEOUT_S = 60.0
 
 
 class Busy(Exception):

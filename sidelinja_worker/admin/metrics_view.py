@@ -16,8 +16,11 @@ from sidelinja_worker.queue import store as worker_store
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
-async def render(conn: asyncpg.Connection) -> bytes:
-    """A registry per scrape: the values depend on who asks (RLS), so nothing is shared."""
+async def render(
+    conn: asyncpg.Connection, timeout_s: float = worker_store.STATEMENT_TIMEOUT_S
+) -> bytes:
+    """A registry per scrape: the values depend on who asks (RLS), so nothing is shared.
+    timeout_s is asyncpg's for the engine's statements."""
     registry = CollectorRegistry()
     jobs = Gauge(
         "sidelinja_jobs",
@@ -25,13 +28,13 @@ async def render(conn: asyncpg.Connection) -> bytes:
         ["status", "job_type"],
         registry=registry,
     )
-    for row in await worker_store.counts(conn):
+    for row in await worker_store.counts(conn, timeout_s):
         jobs.labels(row["status"], row["job_type"] or worker_store.OTHER_TYPES).set(row["n"])
     Gauge(
         "sidelinja_oldest_due_job_age_seconds",
         "Age of the oldest job that is due and waiting",
         registry=registry,
-    ).set(await worker_store.oldest_due_s(conn))
+    ).set(await worker_store.oldest_due_s(conn, timeout_s))
     finished = Gauge(
         "sidelinja_jobs_finished_last_hour",
         "Jobs finished in the last hour",

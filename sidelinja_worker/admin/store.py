@@ -69,10 +69,15 @@ class Cursor:
 
 
 @asynccontextmanager
-async def scoped(pool: asyncpg.Pool, scope: Scope) -> AsyncIterator[asyncpg.Connection]:
+async def scoped(
+    pool: asyncpg.Pool, scope: Scope, statement_timeout_s: float | None = None
+) -> AsyncIterator[asyncpg.Connection]:
     """A transaction as sidelinja_app, seeing only the scope's workspace (RLS); a platform
-    admin's as sidelinja_platform_admin."""
+    admin's as sidelinja_platform_admin. With statement_timeout_s, its statements give up after
+    that long instead of the pool's bound (an action's longer one)."""
     async with pool.acquire() as conn, conn.transaction():
+        if statement_timeout_s is not None:
+            await conn.execute(Q["statement_timeout"], str(round(statement_timeout_s * 1000)))
         await conn.execute(Q["scope"], str(scope.workspace_id or ""))
         await conn.execute(Q["enter_app_role" if scope.workspace_id else "enter_platform_role"])
         yield conn

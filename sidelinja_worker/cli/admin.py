@@ -176,7 +176,7 @@ async def serve(args: argparse.Namespace) -> int:
         raise UserError(f"--bind / SIDELINJA_ADMIN_BIND {bind!r} is not HOST:PORT")
     async with opened(args) as (db, _pool):
         config = uvicorn.Config(
-            create_app(db.url, spacetime_target(args.settings)),
+            create_app(db.url, spacetime_target(args.settings), args.settings.admin_read_timeout),
             host=host.strip("[]"),
             port=int(port),
             log_level="warning",

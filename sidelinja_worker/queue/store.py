@@ -400,9 +400,13 @@ async def prune(
     return PruneBatch(int(row["deleted"]), last, list(row["kept"]))
 
 
-async def request_cancel(conn: Conn, job_id: UUID) -> tuple[str | None, str | None]:
-    """(status after, status before); (None, None) when there is no such job."""
-    row = await conn.fetchrow(Q["request_cancel"], job_id, timeout=STATEMENT_TIMEOUT_S)
+async def request_cancel(
+    conn: Conn, job_id: UUID, timeout_s: float = STATEMENT_TIMEOUT_S
+) -> tuple[str | None, str | None]:
+    """(status after, status before); (None, None) when there is no such job. A cancel runs
+    through the job's graph (its waiting descendants are cancelled with it), so a caller that
+    cancels a large graph gives a longer timeout_s (the admin view does)."""
+    row = await conn.fetchrow(Q["request_cancel"], job_id, timeout=timeout_s)
     return (row[0], row[1]) if row else (None, None)
 
 
@@ -482,8 +486,8 @@ async def set_queue_setting(conn: Conn, name: str, value: Any) -> None:
     await conn.execute(Q["set_queue_setting"], name, value, timeout=STATEMENT_TIMEOUT_S)
 
 
-async def list_limits(conn: Conn) -> list[asyncpg.Record]:
-    return await conn.fetch(Q["list_limits"], timeout=STATEMENT_TIMEOUT_S)
+async def list_limits(conn: Conn, timeout_s: float = STATEMENT_TIMEOUT_S) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["list_limits"], timeout=timeout_s)
 
 
 async def report_progress(
@@ -512,15 +516,15 @@ COUNTS_MAX_TYPES = 100
 OTHER_TYPES = "(other types)"  # the gauges' label for that row
 
 
-async def counts(conn: Conn) -> list[asyncpg.Record]:
+async def counts(conn: Conn, timeout_s: float = STATEMENT_TIMEOUT_S) -> list[asyncpg.Record]:
     """Jobs by status and job type (see the query: at most COUNTS_MAX_TYPES named types per
     status, the rest under a job_type of None)."""
-    return await conn.fetch(Q["counts"], COUNTS_MAX_TYPES, timeout=STATEMENT_TIMEOUT_S)
+    return await conn.fetch(Q["counts"], COUNTS_MAX_TYPES, timeout=timeout_s)
 
 
-async def oldest_due_s(conn: Conn) -> float:
+async def oldest_due_s(conn: Conn, timeout_s: float = STATEMENT_TIMEOUT_S) -> float:
     """Seconds the oldest due job has waited (0 with none)."""
-    return float(await conn.fetchval(Q["oldest_due_s"], timeout=STATEMENT_TIMEOUT_S))
+    return float(await conn.fetchval(Q["oldest_due_s"], timeout=timeout_s))
 
 
 async def notify_queue_state(conn: Conn) -> asyncpg.Record:
@@ -547,39 +551,46 @@ async def analyze_queue(conn: asyncpg.Connection, timeout_s: float) -> bool:
     return True
 
 
-async def pause_type(conn: Conn, job_type: str, by: str, reason: str) -> bool:
+async def pause_type(
+    conn: Conn, job_type: str, by: str, reason: str, timeout_s: float = STATEMENT_TIMEOUT_S
+) -> bool:
     """Pauses `job_type` cluster-wide; False if it was paused already."""
-    return (
-        await conn.fetchval(Q["pause_type"], job_type, by, reason, timeout=STATEMENT_TIMEOUT_S)
-        is not None
-    )
+    return await conn.fetchval(Q["pause_type"], job_type, by, reason, timeout=timeout_s) is not None
 
 
 async def resume_type(
-    conn: asyncpg.Connection | asyncpg.Pool, job_type: str, by: str, reason: str
+    conn: asyncpg.Connection | asyncpg.Pool,
+    job_type: str,
+    by: str,
+    reason: str,
+    timeout_s: float = STATEMENT_TIMEOUT_S,
 ) -> bool:
     """Resumes `job_type`; False if it was not paused. One statement, so the settings that name
     who and why (read by the audit trigger) end with its transaction."""
     return (
-        await conn.fetchval(Q["resume_type"], job_type, by, reason, timeout=STATEMENT_TIMEOUT_S)
-        is not None
+        await conn.fetchval(Q["resume_type"], job_type, by, reason, timeout=timeout_s) is not None
     )
 
 
-async def list_pauses(conn: Conn) -> list[asyncpg.Record]:
-    return await conn.fetch(Q["list_pauses"], timeout=STATEMENT_TIMEOUT_S)
+async def list_pauses(conn: Conn, timeout_s: float = STATEMENT_TIMEOUT_S) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["list_pauses"], timeout=timeout_s)
 
 
-async def drain_worker(conn: Conn, worker_id: UUID, by: str, drain: bool = True) -> bool:
+async def drain_worker(
+    conn: Conn,
+    worker_id: UUID,
+    by: str,
+    drain: bool = True,
+    timeout_s: float = STATEMENT_TIMEOUT_S,
+) -> bool:
     """Asks a worker to drain (or, with `drain` False, to claim again); False: no such worker."""
     return (
-        await conn.fetchval(Q["drain_worker"], worker_id, by, drain, timeout=STATEMENT_TIMEOUT_S)
-        is not None
+        await conn.fetchval(Q["drain_worker"], worker_id, by, drain, timeout=timeout_s) is not None
     )
 
 
-async def list_workers(conn: Conn) -> list[asyncpg.Record]:
-    return await conn.fetch(Q["list_workers"], timeout=STATEMENT_TIMEOUT_S)
+async def list_workers(conn: Conn, timeout_s: float = STATEMENT_TIMEOUT_S) -> list[asyncpg.Record]:
+    return await conn.fetch(Q["list_workers"], timeout=timeout_s)
 
 
 async def add_minute_stats(conn: Conn, rows: Sequence[tuple[Any, ...]]) -> None:

@@ -9,6 +9,10 @@
 -- name: scope
 SELECT set_config('sidelinja.workspace_id', $1::text, true);
 
+-- name: statement_timeout
+-- For this transaction only (an action's bound, in milliseconds).
+SELECT set_config('statement_timeout', $1::text, true);
+
 -- name: enter_app_role
 SET LOCAL ROLE sidelinja_app;
 
