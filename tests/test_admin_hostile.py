@@ -275,7 +275,8 @@ async def test_heavy_reads_leave_the_pool_to_the_other_pages(
                 return bool(
                     await pool.fetchval(
                         "SELECT count(*) >= $1 FROM pg_stat_activity"
-                        " WHERE wait_event_type = 'Lock' AND application_name = 'sidelinja-admin'",
+                        " WHERE wait_event_type = 'Lock' AND application_name = 'sidelinja-admin'"
+                        " AND datname = current_database()",
                         gate.READS_MAX,
                     )
                 )
