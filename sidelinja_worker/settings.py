@@ -25,7 +25,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, SecretStr, Validati
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from sidelinja_worker.admin.gate import READ_TIMEOUT_S
+from sidelinja_worker.admin.gate import READ_TIMEOUT_S, REQUEST_ARRIVAL_S
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.durations import parse_duration_s
 from sidelinja_worker.queue.errors import UserError
@@ -260,6 +260,15 @@ class Settings(BaseSettings):
         flag="--read-timeout",
         section="admin",
     )
+    admin_request_timeout: Duration = _field(
+        REQUEST_ARRIVAL_S,
+        "SIDELINJA_ADMIN_REQUEST_TIMEOUT",
+        "a request's head and body must arrive within this, or its connection is closed (100ms to 1h)",
+        f"{REQUEST_ARRIVAL_S:g}s",
+        commands=("admin",),
+        flag="--request-timeout",
+        section="admin",
+    )
     spacetimedb_url: str | None = _field(
         None,
         "SPACETIMEDB_URL",
@@ -479,6 +488,7 @@ _BOUNDS: dict[str, tuple[float, float, str]] = {
     "keep_errors": (0.0, CENTURY, "at most 36500d"),
     "metrics_port": (1, 65535, "a port, 1 to 65535"),
     "admin_read_timeout": (0.1, 3600.0, "100ms to 1h"),
+    "admin_request_timeout": (0.1, 3600.0, "100ms to 1h"),
 }
 
 

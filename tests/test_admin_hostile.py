@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import re
 import time
+from urllib.parse import urlsplit
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -442,3 +443,45 @@ async def test_an_action_runs_under_its_own_longer_bound(
     assert "retried=2" in retry.headers["location"]
     status = await pool.fetchval("SELECT status::text FROM job_queue WHERE id = $1", pending)
     assert status == "cancelled"
+
+
+async def test_a_request_that_does_not_arrive_in_time_loses_its_connection(
+    pool: asyncpg.Pool, db_url: str
+) -> None:
+    """uvicorn bounds only an idle keep-alive connection: a client that opened a connection and
+    sent nothing, or dripped a request's head or body, kept it for as long as it liked, without
+    a token (a file descriptor each, and for a body the handler waiting). A request must now
+    arrive within `--request-timeout` (1 s here) or its connection is closed; a request that
+    arrived, and a live stream that outlasts the bound, are not touched."""
+    a, _, _ = await seed(pool)
+    bearer = workspace_bearer(db_url, a)
+    admin = await serve_admin(db_url, {"SIDELINJA_ADMIN_REQUEST_TIMEOUT": "1s"})
+    where = urlsplit(admin)
+    assert where.hostname is not None and where.port is not None
+    async with (
+        httpx.AsyncClient(base_url=admin, timeout=30) as http,
+        http.stream("GET", "/admin/events", headers=bearer) as stream,
+    ):
+        assert stream.status_code == 200
+        frames = stream.aiter_bytes()
+        assert b": connected" in await anext(frames)
+        silent = await asyncio.open_connection(where.hostname, where.port)
+        head = await asyncio.open_connection(where.hostname, where.port)
+        head[1].write(b"GET /admin/login HTTP/1.1\r\nHost: x\r\n")
+        body = await asyncio.open_connection(where.hostname, where.port)
+        body[1].write(
+            b"POST /admin/login HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/x-www-form-urlencoded\r\n"
+            b"Content-Length: 100\r\n\r\ntoken=ab"
+        )
+        started = time.monotonic()
+        for reader, _writer in (silent, head, body):
+            assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the admin
+        assert time.monotonic() - started >= 0.5
+        for _reader, writer in (silent, head, body):
+            writer.close()
+        assert (await http.get("/admin/login")).status_code == 200
+        await insert_jobs(pool, a, 1)  # the stream, open for longer than the bound, goes on
+        async with asyncio.timeout(10):
+            while b"data: " not in await anext(frames):
+                pass

@@ -13,7 +13,7 @@ import asyncpg
 import httpx
 from starlette.applications import Starlette
 from starlette.datastructures import FormData
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import (
     JSONResponse,
     PlainTextResponse,
@@ -492,6 +492,12 @@ async def busy(_request: Request, exc: Exception) -> Response:
     return PlainTextResponse(str(exc), status_code=429)
 
 
+async def gone(_request: Request, _exc: Exception) -> Response:
+    """The client left (or was cut off, its request overdue: arrival.py) before its body was
+    read: nobody receives this answer, and it is no error of the app's to log."""
+    return Response(status_code=400)
+
+
 async def too_slow(request: Request, _exc: Exception) -> Response:
     """503 with one line naming the bound, never a traceback; the connection went back to the
     pool with its transaction rolled back. A page asked for as HTML gets a page, a client that
@@ -591,6 +597,7 @@ def create_app(
             BadField: bad_field,
             TooManyStreams: too_many_streams,
             Busy: busy,
+            ClientDisconnect: gone,
             asyncpg.QueryCanceledError: too_slow,  # TOO_SLOW
             TimeoutError: too_slow,
         },

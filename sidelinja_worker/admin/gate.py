@@ -1,6 +1,6 @@
-"""Bounds on the admin's reads: how long any of them runs, and how many of the heavy ones (job
-lists, bulk retries, the overview, the dashboard, /metrics) run at once, in all and per
-token."""
+"""Bounds on the admin's requests: how long one may take to arrive, how long any read runs, and
+how many of the heavy ones (job lists, bulk retries, the overview, the dashboard, /metrics) run
+at once, in all and per token."""
 
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ READ_TIMEOUT_S = 20.0
 # a head with 100,000 waiting children, 0.5 s for 10,000 (a retry of it brings them back in
 # 3.6 s); a bulk retry of app.BULK_LIMIT jobs takes 0.14 s without graphs.
 ACTION_TIMEOUT_S = 60.0
+# How long a request's head and body may take to arrive (`admin --request-timeout`; see
+# arrival.py): a form of at most a megabyte arrives in well under a second on any link a person
+# administers a queue from.
+REQUEST_ARRIVAL_S = 15.0
 
 
 class Busy(Exception):

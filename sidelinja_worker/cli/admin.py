@@ -169,6 +169,7 @@ async def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from sidelinja_worker.admin.app import create_app
+    from sidelinja_worker.admin.arrival import bounded_h11
 
     bind = args.settings.admin_bind
     host, _, port = bind.rpartition(":")
@@ -179,6 +180,7 @@ async def serve(args: argparse.Namespace) -> int:
             create_app(db.url, spacetime_target(args.settings), args.settings.admin_read_timeout),
             host=host.strip("[]"),
             port=int(port),
+            http=bounded_h11(args.settings.admin_request_timeout),
             log_level="warning",
             timeout_graceful_shutdown=2,
         )
