@@ -8,6 +8,20 @@ import asyncio
 import contextlib
 import socket
 import struct
+from urllib.parse import parse_qs, urlsplit
+
+
+async def proxy_for(db_url: str) -> tuple[TcpProxy, str]:
+    """A started proxy in front of the server behind `db_url`, and the URL that goes through it."""
+    target = urlsplit(db_url)
+    socket_dir = parse_qs(target.query).get("host", [None])[0]  # the embedded server's
+    proxy = await TcpProxy(
+        socket_dir or target.hostname or "127.0.0.1", target.port or 5432
+    ).start()
+    via_proxy = target._replace(
+        netloc=f"{target.username}@127.0.0.1:{proxy.port}", query=""
+    ).geturl()
+    return proxy, via_proxy
 
 
 class TcpProxy:

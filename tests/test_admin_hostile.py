@@ -28,6 +28,7 @@ from tests.admin_fixtures import (  # noqa: F401 (fixture)
     workspace_bearer,
 )
 from tests.helpers import insert_jobs, make_workspace, wait_for
+from tests.tcp_proxy import proxy_for
 
 
 async def test_every_form_is_read_only_up_to_a_few_short_fields(
@@ -485,3 +486,30 @@ async def test_a_request_that_does_not_arrive_in_time_loses_its_connection(
         async with asyncio.timeout(10):
             while b"data: " not in await anext(frames):
                 pass
+
+
+async def test_pages_on_connections_that_stopped_answering_end_and_the_admin_recovers(
+    pool: asyncpg.Pool, db_url: str
+) -> None:
+    """A dead network path to the database (its connections stay open; nothing answers,
+    nothing resets) kept each page that took such a connection waiting for good: the admin's
+    statements had no bound of asyncpg's own, and the server's statement_timeout never hears of
+    them. Each now ends at the read bound plus 5 s (1 s here) with a 503, and the pool opens new
+    connections: a page answers again."""
+    a, _, _ = await seed(pool)
+    bearer = workspace_bearer(db_url, a)
+    proxy, via_proxy = await proxy_for(db_url)
+    try:
+        admin = await serve_admin(via_proxy, {"SIDELINJA_ADMIN_READ_TIMEOUT": "1s"})
+        async with httpx.AsyncClient(base_url=admin, headers=bearer, timeout=30) as http:
+            assert (await http.get("/admin/jobs")).status_code == 200
+            assert proxy.black_hole() >= 1
+            answers: list[int] = []
+            started = time.monotonic()
+            while not answers or answers[-1] != 200:
+                assert time.monotonic() - started < 120, answers
+                answers.append((await http.get("/admin/jobs")).status_code)  # hung for good
+        assert set(answers) <= {200, 503}, answers
+    finally:
+        proxy.release_held()
+        await proxy.close()

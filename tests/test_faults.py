@@ -14,7 +14,7 @@ import signal
 import subprocess
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 from uuid import UUID
 
 import asyncpg
@@ -30,7 +30,7 @@ from tests.helpers import (
     statuses,
     wait_for,
 )
-from tests.tcp_proxy import TcpProxy
+from tests.tcp_proxy import proxy_for
 
 pytestmark = pytest.mark.timeout(90)  # each case is bounded; each takes well under a minute
 
@@ -135,14 +135,7 @@ async def test_connections_held_half_open_past_the_health_interval(
     """The worker's connections go silent (no reset, no answer: a dead network path) for good;
     new connections work. The statement and release bounds notice it within ~15 s (the listener
     within its 10 s health interval + 5 s), and the worker goes on with new connections."""
-    target = urlsplit(db_url)
-    socket_dir = parse_qs(target.query).get("host", [None])[0]  # the embedded server's
-    proxy = await TcpProxy(
-        socket_dir or target.hostname or "127.0.0.1", target.port or 5432
-    ).start()
-    via_proxy = target._replace(
-        netloc=f"{target.username}@127.0.0.1:{proxy.port}", query=""
-    ).geturl()
+    proxy, via_proxy = await proxy_for(db_url)
     fleet = Fleet(pool, via_proxy, 1)
     try:
         await wait_for(lambda: pool.fetchval("SELECT count(*) = 1 FROM job_workers"), 30, "up")

@@ -51,9 +51,10 @@ BULK_LIMIT = 10_000
 # server hold a gigabyte, and logout reads its form for any cookie, before the session is checked.
 FORM_FIELDS_MAX = 16
 FORM_FIELD_MAX = 64 * 1024
-# asyncpg's own timeout on the statements of the engine's store (queue/store.py) the admin runs:
-# this much past the database's bound, so PostgreSQL's cancel answers first (a clean error, the
-# transaction rolled back); it ends only a wait on a connection that died without a word.
+# asyncpg's own timeout on every statement the admin runs (the pool's command_timeout, or given
+# with the statement): this much past the database's bound, so PostgreSQL's cancel answers first
+# (a clean error, the transaction rolled back); it ends only a wait on a connection that died
+# without a word.
 CLIENT_GRACE_S = 5.0
 # A statement past its bound: PostgreSQL's statement_timeout (the read bound, or an action's),
 # or, on a connection that no longer answers, asyncpg's timeout a little later.
@@ -335,10 +336,10 @@ async def run_action(
     conn: asyncpg.Connection, action: str, job_id: UUID, timeout_s: float
 ) -> UUID | None:
     """The id of the job the action changed, or None if it changed nothing. `conn` is
-    acting()'s; timeout_s is asyncpg's for the engine's statement (a cancel runs through the
-    job's graph)."""
+    acting()'s; timeout_s is asyncpg's for its statements (a cancel runs through the job's
+    graph, a retry may bring a branch back)."""
     if action == "retry":
-        return await store.retry_node(conn, job_id)
+        return await store.retry_node(conn, job_id, timeout_s)
     if action == "cancel":
         return job_id if (await worker_store.request_cancel(conn, job_id, timeout_s))[0] else None
     return None
@@ -352,7 +353,8 @@ async def bulk_retry(request: Request) -> Response:
     f = job_filter(form, scope)
     try:
         async with request.app.state.reads.slot(scope.token_id), acting(request, scope) as conn:
-            ids = await store.bulk_retry(conn, f, BULK_LIMIT)
+            timeout_s = request.app.state.action_timeout_s + CLIENT_GRACE_S
+            ids = await store.bulk_retry(conn, f, BULK_LIMIT, timeout_s)
             await store.audit(conn, scope, "bulk_retry", ids, {"filter": query_string(f, None)})
     except asyncpg.UniqueViolationError:  # a job a retried one brings back (store.KEY_HELD)
         return PlainTextResponse(store.KEY_HELD, status_code=409)
@@ -575,8 +577,17 @@ def create_app(
         }
         app.state.read_timeout_s = read_timeout_s
         app.state.action_timeout_s = max(ACTION_TIMEOUT_S, read_timeout_s)
+        # asyncpg's own bound on every statement, past the database's: it ends only a wait on
+        # a connection that no longer answers (a dead network path: no reset, no answer), which
+        # without it kept each page that took such a connection for good. An action's
+        # statements give their own, past the action bound.
         app.state.pool = await asyncpg.create_pool(
-            database_url, min_size=1, max_size=8, init=init_connection, server_settings=settings
+            database_url,
+            min_size=1,
+            max_size=8,
+            init=init_connection,
+            server_settings=settings,
+            command_timeout=read_timeout_s + CLIENT_GRACE_S,
         )
         app.state.hub = EventHub(database_url, app.state.pool)
         app.state.reads = Gate()

@@ -173,24 +173,27 @@ KEY_HELD = (
 )
 
 
-async def retry_job(conn: asyncpg.Connection, job_id: UUID) -> bool:
-    return await conn.fetchval(Q["retry_job"], job_id) is not None
+async def retry_job(conn: asyncpg.Connection, job_id: UUID, timeout_s: float | None = None) -> bool:
+    return await conn.fetchval(Q["retry_job"], job_id, timeout=timeout_s) is not None
 
 
-async def retry_node(conn: asyncpg.Connection, job_id: UUID) -> UUID | None:
+async def retry_node(
+    conn: asyncpg.Connection, job_id: UUID, timeout_s: float | None = None
+) -> UUID | None:
     """Retry as a graph understands it: a failed job is put back (retry_job); a job cancelled by
     a parent's failure puts back the failed ancestor that cancelled its branch, which brings the
     branch back; a job cancelled by hand is put back and waits again for any unfinished parent.
-    The id of the job put back, or None if there was nothing to retry."""
-    root = await conn.fetchrow(Q["retry_root"], job_id)
+    The id of the job put back, or None if there was nothing to retry. timeout_s: asyncpg's for
+    each statement (None: the connection's default), as a branch brought back may be large."""
+    root = await conn.fetchrow(Q["retry_root"], job_id, timeout=timeout_s)
     if root is None:
         return None
     if root["status"] in ("error", "retry"):
-        return root["id"] if await retry_job(conn, root["id"]) else None
+        return root["id"] if await retry_job(conn, root["id"], timeout_s) else None
     if root["status"] == "cancelled" and root["cancelled_by"] is None:
-        back = await conn.fetchval(Q["retry_cancelled"], root["id"])
+        back = await conn.fetchval(Q["retry_cancelled"], root["id"], timeout=timeout_s)
         if back is not None:
-            await conn.execute(Q["settle"], [back])
+            await conn.execute(Q["settle"], [back], timeout=timeout_s)
         return back
     return None
 
@@ -205,8 +208,11 @@ async def graph_edges(
     return await conn.fetch(Q["graph_edges"], ids, limit)
 
 
-async def bulk_retry(conn: asyncpg.Connection, f: JobFilter, limit: int) -> list[UUID]:
-    return [r[0] for r in await conn.fetch(Q["bulk_retry"], *f.args(), limit, *f.search_args())]
+async def bulk_retry(
+    conn: asyncpg.Connection, f: JobFilter, limit: int, timeout_s: float | None = None
+) -> list[UUID]:
+    rows = await conn.fetch(Q["bulk_retry"], *f.args(), limit, *f.search_args(), timeout=timeout_s)
+    return [r[0] for r in rows]
 
 
 async def audit(
