@@ -66,6 +66,11 @@ def read_bound_s(request: Request) -> float:
     return float(request.app.state.read_timeout_s) + CLIENT_GRACE_S
 
 
+def action_bound_s(request: Request) -> float:
+    """The client-side timeout of an action's statements (see acting)."""
+    return float(request.app.state.action_timeout_s) + CLIENT_GRACE_S
+
+
 @contextlib.asynccontextmanager
 async def acting(request: Request, scope: Scope) -> AsyncIterator[asyncpg.Connection]:
     """store.scoped for an action: its statements run under the action bound, not the read
@@ -316,7 +321,7 @@ async def job_action(request: Request) -> Response:
     job_id, action = parse_job_id(request.path_params["job_id"]), request.path_params["action"]
     try:
         async with acting(request, scope) as conn:
-            timeout_s = request.app.state.action_timeout_s + CLIENT_GRACE_S
+            timeout_s = action_bound_s(request)
             target = None if job_id is None else await run_action(conn, action, job_id, timeout_s)
             done = target is not None
             if target is not None:
@@ -353,8 +358,7 @@ async def bulk_retry(request: Request) -> Response:
     f = job_filter(form, scope)
     try:
         async with request.app.state.reads.slot(scope.token_id), acting(request, scope) as conn:
-            timeout_s = request.app.state.action_timeout_s + CLIENT_GRACE_S
-            ids = await store.bulk_retry(conn, f, BULK_LIMIT, timeout_s)
+            ids = await store.bulk_retry(conn, f, BULK_LIMIT, action_bound_s(request))
             await store.audit(conn, scope, "bulk_retry", ids, {"filter": query_string(f, None)})
     except asyncpg.UniqueViolationError:  # a job a retried one brings back (store.KEY_HELD)
         return PlainTextResponse(store.KEY_HELD, status_code=409)
