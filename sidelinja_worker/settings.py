@@ -254,7 +254,8 @@ class Settings(BaseSettings):
     admin_read_timeout: Duration = _field(
         READ_TIMEOUT_S,
         "SIDELINJA_ADMIN_READ_TIMEOUT",
-        "a page's query gives up after this, with a 503 asking for a narrower filter (100ms to 1h)",
+        "a page's queries give up after this, each and together, with a 503 asking for a narrower"
+        " filter (100ms to 1h)",
         f"{READ_TIMEOUT_S:g}s",
         commands=("admin",),
         flag="--read-timeout",

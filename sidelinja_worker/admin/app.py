@@ -37,7 +37,13 @@ from sidelinja_worker.admin.forms import (
     query_string,
     text_field,
 )
-from sidelinja_worker.admin.gate import ACTION_TIMEOUT_S, READ_TIMEOUT_S, Busy, Gate
+from sidelinja_worker.admin.gate import (
+    ACTION_TIMEOUT_S,
+    READ_TIMEOUT_S,
+    Busy,
+    Gate,
+    within_read_bound,
+)
 from sidelinja_worker.admin.spacetime import SpacetimeForwarder, SpacetimeTarget
 from sidelinja_worker.admin.store import Scope
 from sidelinja_worker.queue import store as worker_store
@@ -543,18 +549,18 @@ async def home(_request: Request) -> Response:
 
 ROUTES = [
     Route("/", home),
-    Route("/admin", overview_page),
-    Route("/admin/jobs", jobs_page),
+    Route("/admin", within_read_bound(overview_page)),
+    Route("/admin/jobs", within_read_bound(jobs_page)),
     Route("/admin/jobs/bulk-retry", bulk_retry, methods=["POST"]),
-    Route("/admin/jobs/{job_id}", job_page),
-    Route("/admin/jobs/{job_id}/graph", workflow_page),
+    Route("/admin/jobs/{job_id}", within_read_bound(job_page)),
+    Route("/admin/jobs/{job_id}/graph", within_read_bound(workflow_page)),
     Route("/admin/jobs/{job_id}/{action:str}", job_action, methods=["POST"]),
     Route("/admin/pauses/{action:str}", pause_action, methods=["POST"]),
-    Route("/admin/dashboard", dashboard_page),
-    Route("/admin/workers", workers_page),
+    Route("/admin/dashboard", within_read_bound(dashboard_page)),
+    Route("/admin/workers", within_read_bound(workers_page)),
     Route("/admin/workers/{worker_id}/drain", drain_action, methods=["POST"]),
     Route("/admin/events", events),
-    Route("/metrics", metrics),
+    Route("/metrics", within_read_bound(metrics)),
     Route("/admin/login", login_page),
     Route("/admin/login", login, methods=["POST"]),
     Route("/admin/logout", logout, methods=["POST"]),

@@ -5,10 +5,14 @@ at once, in all and per token."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from uuid import UUID
+
+from starlette.requests import Request
+from starlette.responses import Response
 
 # A job list may read a status's whole index: a payload search over all time, or a small
 # workspace's completed jobs under row-level security (0.5 s at 1,000,000 jobs, growing with the
@@ -25,6 +29,10 @@ READS_PER_TOKEN = 2
 # reads above take 0.5-1.0 s at 1,000,000 jobs: 20 s leaves them room to grow twentyfold, and a
 # page that needs more wants a narrower filter (the page says so, with a 503).
 READ_TIMEOUT_S = 20.0
+# A page's work as a whole, its wait for a place among the heavy reads included, ends this long
+# past the read bound (see within_read_bound): enough for PostgreSQL's own cancel, cleaner, to
+# answer first when one statement is the slow one.
+PAGE_GRACE_S = 0.5
 # Actions that change rows (retry, cancel, bulk retry) run under their own bound in their own
 # transaction, never below the read bound: a cancel runs through the job's graph, 5.1 s for
 # a head with 100,000 waiting children, 0.5 s for 10,000 (a retry of it brings them back in
@@ -60,3 +68,28 @@ class Gate:
             self._asked[token_id] -= 1
             if not self._asked[token_id]:
                 del self._asked[token_id]
+
+
+Page = Callable[[Request], Awaitable[Response]]
+
+
+def within_read_bound(page: Page) -> Page:
+    """`page` (a read: it changes no row) under one deadline, the read bound plus PAGE_GRACE_S,
+    for all its work. Each statement's own bound is the read bound too, so a page of several
+    statements (the overview runs six, a list of every status up to seven), or one waiting for a
+    place behind the heavy reads, took up to that many times the bound. Past the deadline the
+    page's statement is cancelled and the page is the read bound's 503, naming this bound."""
+
+    @functools.wraps(page)
+    async def bounded(request: Request) -> Response:
+        bound_s = float(request.app.state.read_timeout_s) + PAGE_GRACE_S
+        deadline = asyncio.timeout(bound_s)
+        try:
+            async with deadline:
+                return await page(request)
+        except TimeoutError:
+            if deadline.expired():  # not a statement's own timeout (a dead connection's)
+                request.state.bound_s = bound_s
+            raise
+
+    return bounded
