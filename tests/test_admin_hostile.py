@@ -390,6 +390,42 @@ async def test_a_read_held_by_a_lock_ends_at_its_bound_and_its_connection_serves
         assert '"status":"pending"' in frame, frame
 
 
+async def test_a_stream_whose_token_check_is_held_ends_cleanly_and_a_new_one_delivers(
+    pool: asyncpg.Pool, db_url: str, quick_admin: str
+) -> None:
+    """A live stream checks its token every events.REVALIDATE_S on the pool, under the read
+    bound. A check the database does not answer in time (here admin_tokens is held by a lock)
+    ends the stream as a revoked token does, a complete answer the page reconnects after (its
+    `retry`), never an error that cuts the connection mid-body; once the lock goes, a new
+    stream with the same token delivers events."""
+    a, _b, _ = await seed(pool)
+    headers = workspace_bearer(db_url, a)
+    async with httpx.AsyncClient(base_url=quick_admin, timeout=30) as http:
+        async with (
+            http.stream("GET", "/admin/events", headers=headers) as stream,
+            pool.acquire() as lock,
+        ):
+            lines = stream.aiter_lines()
+            assert await anext(lines) == "retry: 2000"
+            tx = lock.transaction()
+            await tx.start()
+            await lock.execute("LOCK TABLE admin_tokens IN ACCESS EXCLUSIVE MODE")
+            try:
+                async with asyncio.timeout(15):
+                    rest = [line async for line in lines]  # a cut body raises here
+            finally:
+                await tx.rollback()
+        assert not [line for line in rest if line.startswith("data: ")], rest
+        async with http.stream("GET", "/admin/events", headers=headers) as again:
+            lines = again.aiter_lines()
+            assert await anext(lines) == "retry: 2000"
+            await insert_jobs(pool, a, 1)
+            async with asyncio.timeout(10):
+                while not (frame := await anext(lines)).startswith("data: "):
+                    pass
+        assert '"status":"pending"' in frame, frame
+
+
 async def test_a_page_of_slow_statements_ends_at_the_read_bound_as_a_whole(
     pool: asyncpg.Pool, db_url: str
 ) -> None:
