@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import create_database, drop_database
 from sidelinja_worker.admin import dashboard, store
-from sidelinja_worker.admin.app import templates
 from sidelinja_worker.admin.store import Scope
+from sidelinja_worker.admin.web import templates
 from sidelinja_worker.queue import migrate
 from sidelinja_worker.queue.db import SERVER_SETTINGS, connect, init_connection
 from sidelinja_worker.queue.metrics import MINUTE_BOUNDS_S

@@ -15,8 +15,7 @@ import asyncpg
 import httpx
 import pytest
 
-from sidelinja_worker.admin import app as admin_app
-from sidelinja_worker.admin import auth, dashboard, events, gate
+from sidelinja_worker.admin import auth, dashboard, events, gate, web
 from sidelinja_worker.admin import store as admin_store
 from sidelinja_worker.admin.events import EventHub
 from sidelinja_worker.admin.store import SHOW_MAX_BYTES, Scope, jobs_for_events
@@ -37,14 +36,14 @@ async def test_every_form_is_read_only_up_to_a_few_short_fields(
     """Every form was read with Starlette's own bounds (1,000 fields of 1 MB, files spooled to
     disk), logout's for any cookie whatever its value, before any check: one such request made
     the server hold a gigabyte. A form is a CSRF value and a few short fields: a field over
-    admin_app.FORM_FIELD_MAX bytes, more than admin_app.FORM_FIELDS_MAX fields, or a file is a
+    web.FORM_FIELD_MAX bytes, more than web.FORM_FIELDS_MAX fields, or a file is a
     400, from anyone."""
     a, _b, _ = await seed(pool)
     job = await pool.fetchval("SELECT id FROM job_queue WHERE workspace_id = $1 LIMIT 1", a)
     headers = workspace_bearer(db_url, a)
     forms = (
-        {"csrf": "x", "f": "x" * (admin_app.FORM_FIELD_MAX + 1)},
-        {f"f{i}": "x" for i in range(admin_app.FORM_FIELDS_MAX + 1)},
+        {"csrf": "x", "f": "x" * (web.FORM_FIELD_MAX + 1)},
+        {f"f{i}": "x" for i in range(web.FORM_FIELDS_MAX + 1)},
     )
     async with httpx.AsyncClient(base_url=admin) as http:
         for form in forms:
@@ -498,7 +497,7 @@ async def test_an_action_runs_under_its_own_longer_bound(
     pool: asyncpg.Pool, db_url: str, quick_admin: str
 ) -> None:
     """A cancel that runs through a large graph, or a bulk retry of up to
-    admin_app.BULK_LIMIT jobs, may rightly take longer than a page: actions run under
+    actions.BULK_LIMIT jobs, may rightly take longer than a page: actions run under
     gate.ACTION_TIMEOUT_S, never the read bound. Here a cancel and a bulk retry wait for
     longer than the read bound (1 s) on a lock that holds every write to job_queue, and both
     complete once it goes."""

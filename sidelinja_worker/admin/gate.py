@@ -36,7 +36,7 @@ PAGE_GRACE_S = 0.5
 # Actions that change rows (retry, cancel, bulk retry) run under their own bound in their own
 # transaction, never below the read bound: a cancel runs through the job's graph, 5.1 s for
 # a head with 100,000 waiting children, 0.5 s for 10,000 (a retry of it brings them back in
-# 3.6 s); a bulk retry of app.BULK_LIMIT jobs takes 0.14 s without graphs.
+# 3.6 s); a bulk retry of actions.BULK_LIMIT jobs takes 0.14 s without graphs.
 ACTION_TIMEOUT_S = 60.0
 # How long a request's head and body may take to arrive (`admin --request-timeout`; see
 # arrival.py): a form of at most a megabyte arrives in well under a second on any link a person

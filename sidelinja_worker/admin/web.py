@@ -1,0 +1,104 @@
+"""What every route of the admin view shares: the session behind a request, its page's
+template, its form within bounds, and the bounds its statements run under."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+from starlette.datastructures import FormData
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.templating import Jinja2Templates
+
+from sidelinja_worker.admin import auth, store
+from sidelinja_worker.admin.store import Scope
+
+HERE = Path(__file__).parent
+
+
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+
+
+# Every form here is a CSRF value and a few short fields (a job filter, a job type and a reason):
+# Starlette's own bounds (1,000 fields of 1 MB, files spooled to disk) let one request make the
+# server hold a gigabyte, and logout reads its form for any cookie, before the session is checked.
+FORM_FIELDS_MAX = 16
+
+
+FORM_FIELD_MAX = 64 * 1024
+
+
+# asyncpg's own timeout on every statement the admin runs (the pool's command_timeout, or given
+# with the statement): this much past the database's bound, so PostgreSQL's cancel answers first
+# (a clean error, the transaction rolled back); it ends only a wait on a connection that died
+# without a word.
+CLIENT_GRACE_S = 5.0
+
+
+# A statement past its bound: PostgreSQL's statement_timeout (the read bound, or an action's),
+# or, on a connection that no longer answers, asyncpg's timeout a little later.
+TOO_SLOW = (asyncpg.QueryCanceledError, TimeoutError)
+
+
+def read_bound_s(request: Request) -> float:
+    """The client-side timeout of a page's statements of the engine's store."""
+    return float(request.app.state.read_timeout_s) + CLIENT_GRACE_S
+
+
+def action_bound_s(request: Request) -> float:
+    """The client-side timeout of an action's statements (see acting)."""
+    return float(request.app.state.action_timeout_s) + CLIENT_GRACE_S
+
+
+@contextlib.asynccontextmanager
+async def acting(request: Request, scope: Scope) -> AsyncIterator[asyncpg.Connection]:
+    """store.scoped for an action: its statements run under the action bound, not the read
+    bound, and a timeout names that bound."""
+    bound = request.app.state.action_timeout_s
+    request.state.bound_s = bound
+    async with store.scoped(request.app.state.pool, scope, statement_timeout_s=bound) as conn:
+        yield conn
+
+
+async def read_form(request: Request) -> FormData:
+    """The request's form within FORM_FIELDS_MAX and FORM_FIELD_MAX, no file; too big a form is
+    a 400 (Starlette raises it as an HTTPException)."""
+    return await request.form(max_files=0, max_fields=FORM_FIELDS_MAX, max_part_size=FORM_FIELD_MAX)
+
+
+class Denied(Exception):
+    pass
+
+
+class Forbidden(Exception):
+    pass
+
+
+async def session(request: Request) -> tuple[Scope, str]:
+    """The scope of the request's live token or session, and the secret its CSRF value is
+    derived from; Denied otherwise."""
+    credential = auth.presented(request)
+    scope = await auth.scope_for(request.app.state.pool, credential)
+    if scope is None or credential is None:
+        raise Denied
+    return scope, credential.secret
+
+
+def render(
+    request: Request,
+    name: str,
+    token: str,
+    scope: Scope,
+    status_code: int = 200,
+    **context: object,
+) -> Response:
+    context.update(scope=scope, csrf=auth.csrf_for(token))
+    return templates.TemplateResponse(request, name, context, status_code=status_code)
+
+
+def actor(scope: Scope) -> str:
+    """Who, in the audit log, for an action taken in the admin view."""
+    return f"admin token {scope.token_id}" if scope.token_id else "admin"
