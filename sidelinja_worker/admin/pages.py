@@ -54,20 +54,18 @@ async def visible_workspaces(request: Request, scope: Scope) -> list[asyncpg.Rec
     return [w for w in await store.workspaces(request.app.state.pool) if scope.allows(w["id"])]
 
 
+def missing(request: Request, token: str, scope: Scope) -> Response:
+    """The 404 of a job page: another workspace's job looks exactly like a missing one."""
+    return render(request, "missing.html", token, scope, 404, job_id=request.path_params["job_id"])
+
+
 async def job_page(request: Request) -> Response:
     scope, token = await session(request)
     job_id = parse_job_id(request.path_params["job_id"])
     async with store.scoped(request.app.state.pool, scope) as conn:
         job = await store.get_job(conn, job_id) if job_id else None
-    if job is None:  # another workspace's job looks exactly like a missing one
-        return render(
-            request,
-            "missing.html",
-            token,
-            scope,
-            status_code=404,
-            job_id=request.path_params["job_id"],
-        )
+    if job is None:
+        return missing(request, token, scope)
     return render(request, "job.html", token, scope, job=job)
 
 
@@ -79,14 +77,7 @@ async def workflow_page(request: Request) -> Response:
     async with store.scoped(request.app.state.pool, scope) as conn:
         graph = await workflow.load(conn, job_id) if job_id else None
     if graph is None:
-        return render(
-            request,
-            "missing.html",
-            token,
-            scope,
-            status_code=404,
-            job_id=request.path_params["job_id"],
-        )
+        return missing(request, token, scope)
     return render(
         request,
         "workflow.html",
