@@ -13,16 +13,24 @@ Documented outcomes (services/bounded.py and each client):
 - NUL characters in a model's answer are removed (PostgreSQL cannot store them); an SRT from
   whisper that is not UTF-8 is a PermanentError.
 - an absurd header value: an unreadable Content-Length is a protocol error (RetryJob); a
-  Retry-After of nan, inf or years is ignored or capped at an hour."""
+  Retry-After of nan, inf or years is ignored or capped at an hour.
+- a compressed body (asked for uncompressed): one layer of gzip or deflate is read, inflated a
+  piece at a time, its limit counted in inflated bytes; another encoding, or a body that is not
+  what its encoding says, is a PermanentError naming it. A bomb costs neither memory nor a
+  long step of the event loop."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import zlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
 import httpx
 import pytest
+import zstandard
 
 from sidelinja_worker.queue.config import Secret
 from sidelinja_worker.queue.errors import PermanentError, RetryJob
@@ -32,6 +40,7 @@ from sidelinja_worker.services import bounded, livekit, whisper
 from sidelinja_worker.services.ai_gateway import AiGateway, parse_retry_after
 from sidelinja_worker.services.forgejo import Forgejo, RepoFile
 from tests.fakes.hostile_server import Answer, HostileServer, hostile_server, json_answer
+from tests.fakes.stalls import longest_stall, peak_memory
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hei"}]}
 
@@ -356,3 +365,113 @@ async def test_token_counts_that_cannot_be_true_read_as_unknown(
     assert content == "Oslo"
     assert (got.prompt_tokens, got.calls) == (0, 1)
     assert got.completion_tokens == (0 if usage == b"[1]" else 20)
+
+
+LIMIT = 1 << 20  # a service's cap on its answer, decoded
+INFLATED = 512 << 20  # what each bomb below inflates to
+ZEROS = bytes(1 << 24)
+
+
+def gzip(pieces: list[bytes], level: int = 9) -> bytes:
+    pack = zlib.compressobj(level, zlib.DEFLATED, 31)
+    return b"".join([pack.compress(p) for p in pieces] + [pack.flush()])
+
+
+@functools.cache
+def bomb(encoding: str) -> bytes:
+    """A body that inflates a thousandfold (gzip: 65 kB of 64 MB) or more: 6 kB of gzip in
+    gzip and 16 kB of zstd inflate to INFLATED bytes (a 64 kB read of zstd to 2 GB)."""
+    if encoding == "gzip":
+        return gzip([ZEROS] * 4)
+    if encoding == "gzip, gzip":
+        return gzip([gzip([ZEROS] * (INFLATED // len(ZEROS)), level=1)])
+    pack = zstandard.ZstdCompressor().compressobj()
+    return b"".join([pack.compress(ZEROS) for _ in range(INFLATED // len(ZEROS))] + [pack.flush()])
+
+
+NOT_READ = (
+    "S answered with Content-Encoding {!r}, which is not read here (the request asks for identity)"
+)
+
+
+@pytest.mark.parametrize(
+    ("encoding", "outcome"),
+    [
+        ("gzip", "S's answer goes on, over the limit of 1048576 bytes"),
+        ("gzip, gzip", NOT_READ.format("gzip, gzip")),
+        ("zstd", NOT_READ.format("zstd")),
+    ],
+)
+async def test_a_compressed_bomb_costs_neither_memory_nor_a_long_step(
+    http: httpx.AsyncClient, server: HostileServer, encoding: str, outcome: str
+) -> None:
+    # httpx inflated each network read whole, before the size was checked: 1,827 bytes of
+    # gzip in gzip became 2 GB in one step of 6.6 s, 33 kB of zstd 2 GB in 1.8 s.
+    await http.get(server.url)  # the first request imports httpx's network backend: not timed
+    headers = [("Content-Type", "application/json"), ("Content-Encoding", encoding)]
+    server.answer = Answer(200, headers, bomb(encoding), content_length="")  # its size unknown
+    with peak_memory() as peak, longest_stall() as longest, pytest.raises(PermanentError) as caught:
+        await asyncio.sleep(0)  # a new step, timed: this one started before the block
+        await bounded.send(http, "GET", server.url, service="S", max_bytes=LIMIT, deadline_s=60)
+    figures = (str(caught.value), peak[0] < 16 * LIMIT, longest[0] < 0.1)
+    assert figures == (outcome, True, True), (peak, longest)
+
+
+def deflate(data: bytes, wbits: int) -> bytes:
+    pack = zlib.compressobj(6, zlib.DEFLATED, wbits)
+    return pack.compress(data) + pack.flush()
+
+
+BODY = b'{"rooms": [' + b", ".join([b'{"name": "studio", "num_participants": 2}'] * 5000) + b"]}"
+
+
+@pytest.mark.parametrize(
+    ("encoding", "body"),
+    [
+        ("gzip", deflate(BODY, 31)),
+        ("x-gzip", deflate(BODY, 31)),
+        ("deflate", deflate(BODY, 15)),  # with zlib's header, as the RFC says
+        ("deflate", deflate(BODY, -15)),  # without, as some servers send it
+        ("identity", BODY),
+        ("", BODY),
+    ],
+)
+async def test_a_compressed_answer_within_its_limit_is_read_whole(
+    http: httpx.AsyncClient, server: HostileServer, encoding: str, body: bytes
+) -> None:
+    server.answer = Answer(200, [("Content-Encoding", encoding)], body)
+    response = await bounded.send(
+        http, "GET", server.url, service="S", max_bytes=len(BODY), deadline_s=60
+    )
+    assert response.content == BODY
+    assert "content-encoding" not in response.headers  # it describes no byte we keep
+    assert b"\r\naccept-encoding: identity\r\n" in server.requests[0].lower()
+
+
+@pytest.mark.parametrize(
+    ("encoding", "body", "outcome"),
+    [
+        ("gzip", deflate(BODY, 31)[:-100], "cannot be decoded: the compressed stream ends early"),
+        ("gzip", b"\x1f\x8b\x09" + bytes(100), "cannot be decoded: Error -3 .*unknown compression"),
+        ("deflate", b"\xff" * 100, "cannot be decoded: Error -3 .*invalid block type"),
+        ("gzip", deflate(BODY, 31), "goes on, over the limit of 215010 bytes"),
+        ("br", BODY, "Content-Encoding 'br', which is not read here"),
+        ("compress", BODY, "Content-Encoding 'compress', which is not read here"),
+    ],
+)
+async def test_a_compressed_answer_that_cannot_be_read_within_its_limit_is_refused(
+    http: httpx.AsyncClient, server: HostileServer, encoding: str, body: bytes, outcome: str
+) -> None:
+    server.answer = Answer(200, [("Content-Encoding", encoding)], body, content_length="")
+    with pytest.raises(PermanentError, match=outcome):
+        await bounded.send(
+            http, "GET", server.url, service="S", max_bytes=len(BODY) - 1, deadline_s=60
+        )
+
+
+async def test_an_empty_answer_said_to_be_compressed_is_empty(
+    http: httpx.AsyncClient, server: HostileServer
+) -> None:
+    server.answer = Answer(204, [("Content-Encoding", "gzip")])
+    response = await bounded.send(http, "GET", server.url, service="S", max_bytes=10, deadline_s=60)
+    assert (response.status_code, response.content) == (204, b"")

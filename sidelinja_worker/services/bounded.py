@@ -1,11 +1,14 @@
-"""Answers of outside services read within bounds: at most a given size (declared or not), a
-whole answer within a deadline (a server that drips a byte at a time never stalls a job), no
-redirect followed, and a big JSON body parsed in a thread rather than on the event loop."""
+"""Answers of outside services read within bounds: at most a given size (declared or not, and
+decoded: a compressed body is inflated a bounded piece at a time), a whole answer within a
+deadline (a server that drips a byte at a time never stalls a job), no redirect followed, and a
+big JSON body parsed in a thread rather than on the event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import zlib
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,6 +20,13 @@ from sidelinja_worker.queue.errors import PermanentError, RetryJob
 OFF_LOOP_JSON_BYTES = 256 * 1024
 # Headers that described the body as it came over the wire, not the decoded bytes we keep.
 _WIRE_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+# Requests ask for the body as it is. A server may compress it anyway (a proxy's setting): one
+# layer of gzip or deflate is still read, inflated here at most this many bytes per call, with
+# the loop given a turn between calls. httpx inflates a whole network read in one call: 64 kB of
+# gzip is 64 MB, of zstd or of gzip in gzip two gigabytes, in one step of the event loop and in
+# memory, before the size of the answer is checked.
+INFLATE_PIECE_BYTES = 256 * 1024
+_WBITS = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS}
 
 
 async def send(
@@ -45,6 +55,7 @@ async def _send(
     http: httpx.AsyncClient, method: str, url: str, service: str, max_bytes: int, **kwargs: Any
 ) -> httpx.Response:
     request = http.build_request(method, url, **kwargs)
+    request.headers["Accept-Encoding"] = "identity"
     response = await http.send(request, stream=True, follow_redirects=False)
     try:
         if 300 <= response.status_code < 400:
@@ -52,14 +63,20 @@ async def _send(
         declared = response.headers.get("content-length", "")
         if declared.strip().isdigit() and int(declared) > max_bytes:
             raise PermanentError(too_big(service, max_bytes, f"declares {int(declared)} bytes"))
+        inflater = _inflater(service, response)
         chunks: list[bytes] = []
         size = 0
-        async for chunk in response.aiter_bytes():
-            size += len(chunk)
-            if size > max_bytes:
-                raise PermanentError(too_big(service, max_bytes, "goes on"))
-            chunks.append(chunk)
-    except httpx.DecodingError as exc:
+        async for raw in response.aiter_raw():
+            for chunk in [raw] if inflater is None else inflater.pieces(raw):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise PermanentError(too_big(service, max_bytes, "goes on"))
+                chunks.append(chunk)
+                if inflater is not None:
+                    await asyncio.sleep(0)
+        if inflater is not None:
+            inflater.finish()
+    except zlib.error as exc:
         raise PermanentError(
             f"{service} answered with a body that cannot be decoded: {exc}"
         ) from None
@@ -68,6 +85,54 @@ async def _send(
     headers = [(k, v) for k, v in response.headers.items() if k.lower() not in _WIRE_HEADERS]
     return httpx.Response(
         response.status_code, headers=headers, content=b"".join(chunks), request=request
+    )
+
+
+class _Inflater:
+    """One layer of gzip or deflate, inflated INFLATE_PIECE_BYTES at most per call."""
+
+    def __init__(self, encoding: str) -> None:
+        self._raw_deflate_tried = encoding != "deflate"
+        self._inflate = zlib.decompressobj(_WBITS[encoding])
+        self._fed = False
+
+    def pieces(self, data: bytes) -> Iterator[bytes]:
+        """What `data` inflates to, in pieces; zlib.error when it is not what it claims."""
+        self._fed = True
+        while True:
+            try:
+                piece = self._inflate.decompress(data, INFLATE_PIECE_BYTES)
+            except zlib.error:
+                if self._raw_deflate_tried:
+                    raise
+                # "deflate" is sent with zlib's header or, by some servers, without one.
+                self._raw_deflate_tried = True
+                self._inflate = zlib.decompressobj(-zlib.MAX_WBITS)
+                continue
+            self._raw_deflate_tried = True
+            if not piece:  # all of `data` taken (a full piece may leave output behind)
+                return
+            yield piece
+            data = self._inflate.unconsumed_tail
+
+    def finish(self) -> None:
+        """A zlib.error when the body ended before its compressed stream did (no body at all,
+        as of a 204, is none)."""
+        if self._fed and not self._inflate.eof:
+            raise zlib.error("the compressed stream ends early")
+
+
+def _inflater(service: str, response: httpx.Response) -> _Inflater | None:
+    """None for a body sent as it is; a PermanentError for an encoding not read here."""
+    values = response.headers.get_list("content-encoding", split_commas=True)
+    encodings = [v.strip().lower() for v in values if v.strip().lower() not in ("", "identity")]
+    if not encodings:
+        return None
+    if len(encodings) == 1 and encodings[0] in _WBITS:
+        return _Inflater(encodings[0])
+    raise PermanentError(
+        f"{service} answered with Content-Encoding {', '.join(encodings)!r}, which is not read "
+        "here (the request asks for identity)"
     )
 
 

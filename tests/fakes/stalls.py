@@ -1,5 +1,6 @@
 """How long the code under test keeps the event loop from other work, from asyncio's own debug
-timing of each callback (a step of a task) that runs longer than a threshold."""
+timing of each callback (a step of a task) that runs longer than a threshold; and how much
+memory it takes at its peak."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import gc
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 # Steps shorter than this are not recorded: logging every one would slow the run it measures.
 RECORDED_OVER_S = 0.02
@@ -45,3 +47,25 @@ def longest_stall() -> Iterator[list[float]]:
         loop.slow_callback_duration = threshold
         loop.set_debug(debug)
         logger.removeHandler(handler)
+
+
+@contextmanager
+def peak_memory() -> Iterator[list[int]]:
+    """Yields a one-item list that holds, once the block ends, the most memory the process
+    held at once while it ran (its resident set), over what it held when it began. Linux's own
+    count, reset for the block: tracemalloc slows every allocation, and with it the steps the
+    test times."""
+    Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from now
+    base = _status_bytes("VmRSS")
+    peak = [0]
+    try:
+        yield peak
+    finally:
+        peak[0] = _status_bytes("VmHWM") - base
+
+
+def _status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024  # "VmRSS:   123456 kB"
+    raise LookupError(field)
