@@ -475,3 +475,23 @@ async def test_an_empty_answer_said_to_be_compressed_is_empty(
     server.answer = Answer(204, [("Content-Encoding", "gzip")])
     response = await bounded.send(http, "GET", server.url, service="S", max_bytes=10, deadline_s=60)
     assert (response.status_code, response.content) == (204, b"")
+
+
+async def test_a_body_of_one_byte_chunks_costs_neither_memory_nor_a_long_step(
+    http: httpx.AsyncClient, server: HostileServer
+) -> None:
+    # Each chunk of a chunked body came as a bytes object of its own, kept in a list until the
+    # end (some 100 bytes for each byte of the answer), and a 64 kB read of one-byte chunks was
+    # 10,000 of them parsed in one step of the event loop.
+    body = 1 << 19
+    await http.get(server.url)  # the first request imports httpx's network backend: not timed
+    chunked = [("Transfer-Encoding", "chunked")]
+    server.answer = Answer(200, chunked, b"1\r\nx\r\n" * body + b"0\r\n\r\n", content_length="")
+    with peak_memory() as peak, longest_stall() as longest:
+        await asyncio.sleep(0)  # a new step, timed: this one started before the block
+        response = await bounded.send(
+            http, "GET", server.url, service="S", max_bytes=body, deadline_s=120
+        )
+        await asyncio.sleep(0)  # the step that got the answer ends inside the block
+    figures = (response.content == b"x" * body, peak[0] < 8 * body, longest[0] < 0.05)
+    assert figures == (True, True, True), (peak, longest)
