@@ -495,3 +495,91 @@ async def test_a_body_of_one_byte_chunks_costs_neither_memory_nor_a_long_step(
         await asyncio.sleep(0)  # the step that got the answer ends inside the block
     figures = (response.content == b"x" * body, peak[0] < 8 * body, longest[0] < 0.05)
     assert figures == (True, True, True), (peak, longest)
+
+
+async def error_from_each_service(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, url: str, audio: Path
+) -> list[Exception]:
+    """What each client makes of the answer `url` gives, in the order whisper, Forgejo,
+    LiveKit, AI gateway."""
+    livekit.clear_cache()
+    calls = [
+        whisper.transcribe_srt(
+            http, whisper.WhisperServer(url), whisper.TranscribeRequest(audio, "m", "no")
+        ),
+        Forgejo(http, url, Secret("t")).read(RepoFile("o", "r", "a.srt")),
+        livekit.list_rooms(http, livekit.LiveKitServer(url, "k", Secret("s" * 40))),
+        gateway(http, url, pool).chat(CHAT),
+    ]
+    errors: list[Exception] = []
+    for call in calls:
+        try:
+            await call
+        except Exception as exc:  # whatever it is: the test looks at what each one raised
+            errors.append(exc)
+    return errors
+
+
+SERVICES = ["whisper", "Forgejo", "LiveKit", "AI gateway"]
+
+
+@pytest.mark.parametrize("charset", ["punycode", "idna", "zlib"])
+async def test_an_error_body_is_read_as_utf8_whatever_charset_it_names(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, tmp_path: Path, charset: str
+) -> None:
+    # httpx decodes a body's text with any codec Python has, named by the answer's
+    # Content-Type: punycode's decoder is quadratic (160 kB took 1.4 s, on the event loop),
+    # idna's refuses to replace what it cannot read and zlib's returns bytes (an unexpected
+    # error instead of the status's outcome).
+    audio = tmp_path / "a.wav"
+    audio.write_bytes(b"RIFF" + b"\x00" * 100)
+    await http.get(server.url)  # the first request imports httpx's network backend: not timed
+    body = b"a" * 80_000 + b"-" + b"b" * 80_000
+    server.answer = Answer(500, [("Content-Type", f"text/plain; charset={charset}")], body)
+    with longest_stall() as longest:
+        await asyncio.sleep(0)  # a new step, timed: this one started before the block
+        errors = await error_from_each_service(http, pool, server.url, audio)
+        await asyncio.sleep(0)
+    assert (longest[0] < 0.1, [type(e) for e in errors]) == (True, [RetryJob] * 4), longest
+    assert [str(e) for e in errors] == [
+        *(f"{name} answered 500: {'a' * 300}" for name in SERVICES[:3]),
+        f"AI gateway 500: {'a' * 200}",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            b'{"message": "boom", "pad": [' + b"[]," * 1_300_000 + b"[]]}",
+            '{"message": "boom", "pad"',
+        ),
+        (b"boom" + b" ab" * 1_300_000, "boom ab ab ab ab ab ab ab"),
+    ],
+)
+async def test_a_huge_error_body_is_read_no_further_than_its_start(
+    http: httpx.AsyncClient,
+    pool: asyncpg.Pool,
+    server: HostileServer,
+    tmp_path: Path,
+    body: bytes,
+    message: str,
+) -> None:
+    # A service's error message was found in all of its body, up to the answer's limit (32 MB
+    # from Forgejo), on the event loop: 4 MB of empty JSON lists parsed, or 4 MB of words split
+    # into 1.3 million strings, to show 300 characters.
+    audio = tmp_path / "a.wav"
+    audio.write_bytes(b"RIFF" + b"\x00" * 100)
+    await http.get(server.url)  # the first request imports httpx's network backend: not timed
+    server.answer = Answer(500, [("Content-Type", "application/json")], body)
+    with peak_memory() as peak, longest_stall() as longest:
+        await asyncio.sleep(0)  # a new step, timed: this one started before the block
+        errors = await error_from_each_service(http, pool, server.url, audio)
+        await asyncio.sleep(0)
+    # Before: steps of 0.11-0.30 s and 105-129 MB; now none over 20 ms and 16-25 MB (the body is
+    # held by the server and, a copy or two at a time, by each client).
+    figures = (longest[0] < 0.05, peak[0] < 16 * len(body), [type(e) for e in errors])
+    assert figures == (True, True, [RetryJob] * 4), (longest, peak)
+    assert [str(e)[: len(message) + 22] for e in errors[:3]] == [
+        f"{name} answered 500: {message}" for name in SERVICES[:3]
+    ]

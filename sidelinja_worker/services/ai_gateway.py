@@ -510,17 +510,12 @@ def _strict(node: Any, defs: Mapping[str, Any]) -> Any:
 def error_object(resp: httpx.Response) -> dict[str, Any]:
     """`{"code", "message", "metadata"}` from the OpenRouter error shape, or a stand-in built
     from a body that is not (a proxy's HTML page, say)."""
-    try:  # an error body is small; a huge one is not parsed on the event loop
-        data = (
-            bounded.loads(resp.content) if len(resp.content) < bounded.OFF_LOOP_JSON_BYTES else None
-        )
-    except ValueError:
-        data = None
+    data = bounded.small_json(resp)  # an error body is small; a huge one is not parsed
     if isinstance(data, dict) and isinstance(data.get("error"), dict):
         return data["error"]
     if isinstance(data, dict) and isinstance(data.get("error"), str):
         return {"code": resp.status_code, "message": data["error"]}
-    text = " ".join(resp.text[:2000].split())[:200]
+    text = " ".join(bounded.text_start(resp)[:2000].split())[:200]
     return {"code": resp.status_code, "message": text or resp.reason_phrase}
 
 

@@ -26,6 +26,9 @@ _WIRE_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encod
 # gzip is 64 MB, of zstd or of gzip in gzip two gigabytes, in one step of the event loop and in
 # memory, before the size of the answer is checked.
 INFLATE_PIECE_BYTES = 256 * 1024
+# A service's error message is a line or a small JSON object at the start of its body; the rest
+# of a long body is no part of it, and is never decoded, split or parsed.
+ERROR_TEXT_BYTES = 8 * 1024
 # A chunked body comes a chunk at a time, however small its chunks: one network read of 64 kB may
 # hold 10,000 of one byte, each parsed on its own (10-20 µs), and none waits for the network. The
 # loop gets a turn every so many chunks: a read of one-byte chunks held it 0.19 s. They are kept
@@ -155,6 +158,25 @@ def redirect_message(service: str, response: httpx.Response) -> str:
 
 def too_big(service: str, max_bytes: int, how: str) -> str:
     return f"{service}'s answer {how}, over the limit of {max_bytes} bytes"
+
+
+def text_start(response: httpx.Response) -> str:
+    """The first ERROR_TEXT_BYTES of the body as UTF-8, what is not UTF-8 replaced. Never in
+    the charset the answer names: httpx decodes with whichever codec Python has by that name,
+    and punycode's decoder is quadratic (160 kB took 1.4 s on the event loop), idna's cannot
+    replace what it cannot read and zlib's returns bytes."""
+    return response.content[:ERROR_TEXT_BYTES].decode("utf-8", "replace")
+
+
+def small_json(response: httpx.Response) -> Any:
+    """The body as JSON when it is small enough to parse on the event loop, else None (as for a
+    body that is not JSON): what is wanted of an error body is at its start."""
+    if len(response.content) >= OFF_LOOP_JSON_BYTES:
+        return None
+    try:
+        return loads(response.content)
+    except ValueError:
+        return None
 
 
 async def json_body(response: httpx.Response) -> Any:
