@@ -410,9 +410,11 @@ async def test_a_compressed_bomb_costs_neither_memory_nor_a_long_step(
     await http.get(server.url)  # the first request imports httpx's network backend: not timed
     headers = [("Content-Type", "application/json"), ("Content-Encoding", encoding)]
     server.answer = Answer(200, headers, bomb(encoding), content_length="")  # its size unknown
-    with peak_memory() as peak, longest_stall() as longest, pytest.raises(PermanentError) as caught:
+    with peak_memory() as peak, longest_stall() as longest:
         await asyncio.sleep(0)  # a new step, timed: this one started before the block
-        await bounded.send(http, "GET", server.url, service="S", max_bytes=LIMIT, deadline_s=60)
+        with pytest.raises(PermanentError) as caught:
+            await bounded.send(http, "GET", server.url, service="S", max_bytes=LIMIT, deadline_s=60)
+        await asyncio.sleep(0)  # the step that raised ends inside the block
     figures = (str(caught.value), peak[0] < 16 * LIMIT, longest[0] < 0.1)
     assert figures == (outcome, True, True), (peak, longest)
 
@@ -602,3 +604,23 @@ async def test_a_livekit_list_of_a_million_rooms_is_read_off_the_event_loop(
     # The parse itself, in a thread, still holds the GIL 0.1 s (json.loads is one call).
     figures = (len(rooms), rooms[-1], longest[0] < 0.3)
     assert figures == (1_390_001, livekit.Room("studio", 2), True), longest
+
+
+async def test_an_embeddings_list_of_millions_of_items_is_counted_before_it_is_read(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer
+) -> None:
+    # An answer for 16 inputs of unknown dimensions may hold 12 MB: 4.1 million empty items, each
+    # checked and then sorted on the event loop before their number was compared with the inputs'.
+    # The last one is no item at all: a list looked at before it is counted is one that "cannot
+    # be read", found at its end.
+    count = (gateway_module.embeddings_answer_bytes(16, None) - 100) // 3
+    await http.get(server.url)  # the first request imports httpx's network backend: not timed
+    server.answer = json_answer(b'{"data": [' + b"{}," * (count - 1) + b"null]}")
+    with longest_stall() as longest:
+        await asyncio.sleep(0)  # a new step, timed: this one started before the block
+        with pytest.raises(RetryJob) as caught:
+            await gateway(http, server.url, pool).embeddings("m", ["a"] * 16)
+        await asyncio.sleep(0)  # the step that raised ends inside the block
+    # The parse itself, in a thread, still holds the GIL (json.loads is one call).
+    figures = (str(caught.value), longest[0] < 1.0)
+    assert figures == (f"AI gateway returned {count} embeddings for 16 inputs", True), longest

@@ -247,13 +247,17 @@ class AiGateway:
         if isinstance(data.get("error"), Mapping):
             raise self._classify(200, data["error"], None)
         items = data.get("data") or []
-        if not isinstance(items, list) or not all(
-            isinstance(item, Mapping) and type(item.get("index", 0)) is int for item in items
-        ):
-            raise RetryJob("AI gateway answered with an embeddings list that cannot be read")
-        items = sorted(items, key=lambda item: item.get("index", 0))
+        if not isinstance(items, list):
+            raise RetryJob(_NOT_A_LIST)
+        # Counted before any item is looked at, on the event loop: the 12 MB an answer for 16
+        # inputs of unknown dimensions may hold fit 4.1 million items, checked and sorted in 1.2 s.
         if len(items) != len(inputs):
             raise RetryJob(f"AI gateway returned {len(items)} embeddings for {len(inputs)} inputs")
+        if not all(
+            isinstance(item, Mapping) and type(item.get("index", 0)) is int for item in items
+        ):
+            raise RetryJob(_NOT_A_LIST)
+        items = sorted(items, key=lambda item: item.get("index", 0))
         # Millions of numbers in a big batch: checked in a thread, off the event loop.
         vectors = await asyncio.to_thread(_vectors, items)
         return Embeddings(vectors, str(data.get("model") or model), Usage.of(data))
@@ -415,6 +419,7 @@ def _vectors(items: list[Mapping[str, Any]]) -> list[list[float]]:
 
 
 _NOT_NUMBERS = "AI gateway returned an embedding that is not a list of numbers"
+_NOT_A_LIST = "AI gateway answered with an embeddings list that cannot be read"
 
 
 def chat_body(
