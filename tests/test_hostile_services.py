@@ -624,3 +624,18 @@ async def test_an_embeddings_list_of_millions_of_items_is_counted_before_it_is_r
     # The parse itself, in a thread, still holds the GIL (json.loads is one call).
     figures = (str(caught.value), longest[0] < 1.0)
     assert figures == (f"AI gateway returned {count} embeddings for 16 inputs", True), longest
+
+
+async def test_a_model_name_that_is_not_a_string_is_the_model_asked_for(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer
+) -> None:
+    # The answer's model was made a string whatever it was: 4 million empty lists, written out
+    # on the event loop (0.21 s), became a model name of 16 MB.
+    items = b", ".join(b'{"index": %d, "embedding": [0.5]}' % i for i in range(16))
+    model = b"[" + b"[]," * 4_000_000 + b"[]]"
+    server.answer = json_answer(b'{"data": [' + items + b'], "model": ' + model + b"}")
+    got = await gateway(http, server.url, pool).embeddings("m", ["a"] * 16)
+    assert (got.model, len(got.vectors)) == ("m", 16)
+    server.answer = json_answer(b'{"data": [' + items + b'], "model": "m-2024"}')
+    got = await gateway(http, server.url, pool).embeddings("m", ["a"] * 16)
+    assert got.model == "m-2024"

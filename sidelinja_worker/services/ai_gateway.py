@@ -260,7 +260,12 @@ class AiGateway:
         items = sorted(items, key=lambda item: item.get("index", 0))
         # Millions of numbers in a big batch: checked in a thread, off the event loop.
         vectors = await asyncio.to_thread(_vectors, items)
-        return Embeddings(vectors, str(data.get("model") or model), Usage.of(data))
+        # The model the gateway says answered, when it says so with a name: anything else made
+        # a string is written out on the event loop, whatever its size.
+        reported = data.get("model")
+        return Embeddings(
+            vectors, reported if isinstance(reported, str) and reported else model, Usage.of(data)
+        )
 
     async def _post(
         self, path: str, body: Mapping[str, Any], timeout_s: float, max_bytes: int
