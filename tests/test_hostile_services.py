@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 import zlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -639,3 +640,24 @@ async def test_a_model_name_that_is_not_a_string_is_the_model_asked_for(
     server.answer = json_answer(b'{"data": [' + items + b'], "model": "m-2024"}')
     got = await gateway(http, server.url, pool).embeddings("m", ["a"] * 16)
     assert got.model == "m-2024"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        {"code": 500, "message": [[] for _ in range(5_000_000)]},
+        {"code": 500, "message": "boom", "metadata": {"reasons": [[] for _ in range(5_000_000)]}},
+        {"code": 500, "message": "x" * 16_000_000},
+    ],
+)
+def test_an_error_of_any_size_is_described_without_being_written_out_whole(
+    error: dict[str, object],
+) -> None:
+    # A 200 answer may hold 16 MB, and an error in it was written out whole as text, on the
+    # event loop, to be cut to a message of 400 characters: 5 million empty lists took 0.2-0.3 s.
+    # Timed alone: the answer's parse, in a thread, holds the GIL and would blur a loop's step.
+    started = time.perf_counter()
+    text = gateway_module.describe_error(500, error)
+    took = time.perf_counter() - started
+    figures = (text[:16], len(text) <= gateway_module.MAX_MESSAGE_CHARS, took < 0.05)
+    assert figures == ("AI gateway 500: ", True, True), took
