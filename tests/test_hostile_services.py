@@ -211,6 +211,12 @@ async def test_forgejo_answers_of_the_wrong_shape(
     server.answer = json_answer(b"[1, 2")
     with pytest.raises(RetryJob, match="^Forgejo answered 200 with a body that is not JSON$"):
         await forgejo.read(file)
+    for content in (b"[1, 2]", b"5", rb'"\u00e6"'):  # base64 is an ASCII string, nothing else
+        server.answer = json_answer(
+            b'{"type": "file", "encoding": "base64", "sha": "s", "content": ' + content + b"}"
+        )
+        with pytest.raises(PermanentError, match="^Forgejo: a.srt has content that is not base64$"):
+            await forgejo.read(file)
     server.answer = json_answer(b"{}", content_length=str(1 << 40))
     with pytest.raises(PermanentError, match="declares 1099511627776 bytes, over the limit"):
         await forgejo.read(file)

@@ -169,9 +169,9 @@ def _file_state(body: Any, path: str) -> FileState:
         raise PermanentError(f"{SERVICE}: {path} is not a file")
     if body.get("encoding") != "base64" or body.get("content") is None:
         raise PermanentError(f"{SERVICE}: {path} came without base64 content (too large?)")
-    try:
+    try:  # b64decode takes a str or bytes only: a number or a list is a TypeError
         content = base64.b64decode(body["content"])
-    except (binascii.Error, ValueError):
+    except (binascii.Error, ValueError, TypeError):
         raise PermanentError(f"{SERVICE}: {path} has content that is not base64") from None
     if not isinstance(body.get("sha"), str):
         raise PermanentError(f"{SERVICE}: {path} came without its sha")
