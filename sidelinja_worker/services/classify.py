@@ -46,15 +46,11 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
 
 
 def detail(response: httpx.Response, keys: Iterable[str], secrets: Iterable[str] = ()) -> str:
-    """The service's own error message (first of `keys` in a JSON body, else the text), short,
-    with any secret value blanked in case a service echoes what it was sent."""
-    text = response.text
-    try:
-        body = bounded.loads(response.content)
-    except ValueError:
-        body = None
-    if isinstance(body, dict):
-        text = next((str(body[k]) for k in keys if body.get(k)), text)
+    """The service's own error message (first of `keys` in a small JSON body, else the start of
+    the text), short, with any secret value blanked in case a service echoes what it was sent."""
+    body = bounded.small_json(response)
+    found = [str(body[k]) for k in keys if body.get(k)] if isinstance(body, dict) else []
+    text = found[0] if found else bounded.text_start(response)
     return scrub(" ".join(text.split())[:MAX_DETAIL_CHARS], secrets)
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
+import msgspec
 
 from sidelinja_worker.queue.config import Secret, ServiceConfig
 from sidelinja_worker.queue.errors import PermanentError, RetryJob
@@ -74,10 +76,7 @@ class Forgejo:
         if response.status_code == 404:
             return None
         self._check(response)
-        body = await _json(response)
-        if len(response.content) < bounded.OFF_LOOP_JSON_BYTES:
-            return _file_state(body, file.path)
-        return await asyncio.to_thread(_file_state, body, file.path)  # a big file's base64
+        return await _read_answer(_file_state, response, file.path)
 
     async def write(self, file: RepoFile, content: bytes, message: str) -> Commit:
         """Creates the file (POST) or updates it with the current sha (PUT). Writing what is
@@ -91,7 +90,8 @@ class Forgejo:
                 "POST" if current is None else "PUT", self._contents_url(file), json=body
             )
             if response.status_code in (200, 201):
-                return _commit(await _json(response), "created" if current is None else "updated")
+                action = "created" if current is None else "updated"
+                return await _read_answer(_commit, response, action)
             if not self._lost_race(response, created=current is None):
                 self._check(response)
         raise RetryJob(
@@ -155,40 +155,59 @@ class Forgejo:
         raise permanent_status(SERVICE, response, message)  # 403 404 409 413 422 423 ...
 
 
-async def _json(response: httpx.Response) -> Any:
+T = TypeVar("T")
+
+
+async def _read_answer(read: Callable[[bytes, str], T], response: httpx.Response, arg: str) -> T:
+    """`read(body, arg)`, in a thread when the body is big (a file's base64, or anything a
+    server sends up to MAX_ANSWER_BYTES); a body that is not JSON retries."""
     try:
-        return await bounded.json_body(response)
+        if len(response.content) < bounded.OFF_LOOP_JSON_BYTES:
+            return read(response.content, arg)
+        return await asyncio.to_thread(read, response.content, arg)
     except ValueError:
         raise RetryJob(
             f"{SERVICE} answered {response.status_code} with a body that is not JSON"
         ) from None
 
 
-def _file_state(body: Any, path: str) -> FileState:
-    if not isinstance(body, dict) or body.get("type") != "file":
+def _file_state(body: bytes, path: str) -> FileState:
+    """The file in a contents answer; its other fields are skipped unread."""
+    found = bounded.fields(body, ("type", "encoding", "content", "sha", "last_commit_sha"))
+    if found is None or bounded.field_text(found["type"]) != "file":
         raise PermanentError(f"{SERVICE}: {path} is not a file")
-    if body.get("encoding") != "base64" or body.get("content") is None:
+    if bounded.field_text(found["encoding"]) != "base64" or bounded.is_absent(found["content"]):
         raise PermanentError(f"{SERVICE}: {path} came without base64 content (too large?)")
+    encoded = bounded.field_text(found["content"])
     try:
-        content = base64.b64decode(body["content"])
+        if encoded is None:  # a number, a list: b64decode takes a str or bytes only
+            raise ValueError("content is not a string")
+        content = base64.b64decode(encoded)
     except (binascii.Error, ValueError):
         raise PermanentError(f"{SERVICE}: {path} has content that is not base64") from None
-    if not isinstance(body.get("sha"), str):
+    sha = bounded.field_text(found["sha"])
+    if sha is None:
         raise PermanentError(f"{SERVICE}: {path} came without its sha")
-    last = body.get("last_commit_sha")
-    return FileState(body["sha"], content, last if isinstance(last, str) else None)
+    return FileState(sha, content, bounded.field_text(found["last_commit_sha"]))
 
 
-def _commit(body: Any, action: str) -> Commit:
+def _commit(body: bytes, action: str) -> Commit:
     """The blob and commit sha of a write's answer; an answer without the blob's sha is not
     Forgejo's (the file may or may not be written: the next attempt reads it again)."""
-    content = body.get("content") if isinstance(body, dict) else None
-    sha = content.get("sha") if isinstance(content, dict) else None
-    if not isinstance(sha, str):
+    found = bounded.fields(body, ("content", "commit"))
+    sha = _sha_in(found["content"]) if found is not None else None
+    if found is None or sha is None:
         raise RetryJob(f"{SERVICE} answered a write without the file's sha")
-    commit = body.get("commit")
-    commit_sha = commit.get("sha") if isinstance(commit, dict) else None
-    return Commit(action, sha, commit_sha if isinstance(commit_sha, str) else None)
+    return Commit(action, sha, _sha_in(found["commit"]))
+
+
+def _sha_in(raw: msgspec.Raw) -> str | None:
+    """The `sha` of an object given as raw JSON; None when it is no object or has no string."""
+    try:
+        found = bounded.fields(raw, ("sha",))
+    except ValueError:
+        return None
+    return bounded.field_text(found["sha"]) if found is not None else None
 
 
 def check_repo_path(path: str) -> str:
