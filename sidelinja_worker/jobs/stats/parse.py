@@ -29,6 +29,7 @@ class FileTask:
     rotated: bool
     fingerprint: str
     start: int
+    folder: Path | None = None  # the folder it must be opened in (LogFile.folder)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +177,7 @@ def _spilled(tally: Tally, done: list[FileDone], errors: list[str]) -> ParseResu
 def _parse_one(task: FileTask, tally: Tally, errors: list[str]) -> FileDone:
     """A corrupt or truncated compressed file is read up to the damage and reported; a rotated
     one is then marked done (it will not heal), a live one is tried again next run."""
-    log = LogFile(task.path, task.rotated)
+    log = LogFile(task.path, task.rotated, task.folder)
     offset = task.start
     try:
         for block, offset in read_blocks(log, task.start):  # noqa: B007 - the last is kept

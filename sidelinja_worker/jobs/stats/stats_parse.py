@@ -19,6 +19,7 @@ import pickle
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import zstandard
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sidelinja_worker.jobs.media_paths import workspace_media_root
+from sidelinja_worker.jobs.silos import UnsafeFile
 from sidelinja_worker.jobs.stats import store as stats_store
 from sidelinja_worker.jobs.stats.counting import AUDIO_EXTENSIONS, EpisodeRules
 from sidelinja_worker.jobs.stats.geo import country_lookup
@@ -123,7 +125,11 @@ def resolve_logs(media_root: Path, logs: str) -> list[LogFile]:
         raise PermanentError(f"logs {logs!r} not found in this workspace's media folder")
     pattern = str(Path(*parts[cut:])) if cut < len(parts) else None
     _check_glob(logs, parts[cut:])
-    files = [f for f in discover(base, pattern) if f.path.resolve().is_relative_to(media_root)]
+    files = [
+        replace(f, folder=media_root)
+        for f in discover(base, pattern)
+        if f.path.resolve().is_relative_to(media_root)
+    ]
     if not files:
         raise PermanentError(f"logs {logs!r}: no log files found")
     return files
@@ -149,7 +155,7 @@ async def _parse_and_commit(
 ) -> dict[str, Any]:
     pool, ws = ctx.services.pool, ctx.workspace_id
     for _ in range(COMMIT_ROUNDS):
-        prints = await asyncio.to_thread(_fingerprints, logs)
+        prints, refused = await asyncio.to_thread(_fingerprints, logs)
         states = await stats_store.file_states(pool, ws, list(prints.values()))
         tasks, saves = plan(logs, prints, states)
         await ctx.progress(f"reading {len(tasks)} of {len(prints)} log files", None)
@@ -179,23 +185,28 @@ async def _parse_and_commit(
                 "bad_lines": result.bad_lines,
                 "requests_counted": result.counted_requests,
                 "new_downloads": added,
-                "file_errors": result.errors,
+                "file_errors": refused + result.errors,
             }
     raise RetryJob("other stats_parse runs kept committing the same logs; trying again later")
 
 
-def _fingerprints(logs: list[LogFile]) -> dict[LogFile, str]:
+def _fingerprints(logs: list[LogFile]) -> tuple[dict[LogFile, str], list[str]]:
+    """Each readable log's fingerprint, and why a log was refused (`open_in_folder`)."""
     found = {}
+    refused = []
     for log in logs:
         try:
-            fp = fingerprint(log.path)
+            fp = fingerprint(log.path, log.folder)
+        except UnsafeFile as exc:
+            refused.append(f"{log.path.name}: {exc}")
+            continue
         except FileNotFoundError:
             continue  # rotated or removed since it was listed; its text is read under its new name
         except (OSError, EOFError, zstandard.ZstdError):
             continue  # unreadable or not yet fully compressed: its source file is still there
         if fp is not None:
             found[log] = fp
-    return found
+    return found, refused
 
 
 def plan(
@@ -215,7 +226,8 @@ def plan(
         if state is not None and state.complete:
             saves.append(FileSave(fp, log.path.name, state.read_offset, True))
         else:
-            tasks.append(FileTask(log.path, log.rotated, fp, state.read_offset if state else 0))
+            start = state.read_offset if state else 0
+            tasks.append(FileTask(log.path, log.rotated, fp, start, log.folder))
     return tasks, saves
 
 

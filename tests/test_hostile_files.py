@@ -1,0 +1,150 @@
+"""Hostile files and paths in a workspace's media folder: a job reads only its own workspace's
+regular files, opened once and read from that open file, whatever is swapped, linked or
+appended while it runs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+from pathlib import Path
+from uuid import UUID
+
+import asyncpg
+
+from sidelinja_worker.jobs.stats.counting import EpisodeRules
+from sidelinja_worker.jobs.stats.parse import ParseResult, parse_files
+from sidelinja_worker.jobs.stats.stats_parse import plan, resolve_logs
+from sidelinja_worker.queue import client
+from sidelinja_worker.queue.config import ServiceConfig
+from tests.fakes.fixtures import EPISODE_SRT
+from tests.helpers import run_burst
+from tests.test_silos import _outcome, _workspace
+from tests.test_stats_counting import line
+
+B_SRT = "1\n00:00:01,000 --> 00:00:02,000\nHemmelig tekst fra B\n"
+# srt_parse jobs run while a symlink is swapped in and out: where the checked path was opened
+# again by name, one job in three to eight that read a file read the other workspace's.
+JOBS = 150
+
+
+async def _two_workspaces(pool: asyncpg.Pool, tmp_path: Path) -> tuple[UUID, Path, Path]:
+    """Workspace A's id, MEDIA_ROOT, and B's file `secret.srt` in B's media folder."""
+    a, b = await _workspace(pool, "a"), await _workspace(pool, "b")
+    root = tmp_path / "media"
+    (root / str(a)).mkdir(parents=True)
+    (root / str(b)).mkdir(parents=True)
+    b_file = root / str(b) / "secret.srt"
+    b_file.write_text(B_SRT, "utf-8")
+    return a, root, b_file
+
+
+async def test_a_hard_link_to_another_workspaces_file_is_refused(
+    pool: asyncpg.Pool, db_url: str, tmp_path: Path
+) -> None:
+    a, root, b_file = await _two_workspaces(pool, tmp_path)
+    os.link(b_file, root / str(a) / "ep.srt")  # inside A's folder by every path check
+    job = await client.enqueue(pool, a, "srt_parse", {"transcript_ref": "x", "srt_path": "ep.srt"})
+    await run_burst(pool, db_url, config=ServiceConfig({"MEDIA_ROOT": str(root)}))
+    status, attempts, error = await _outcome(pool, job)
+    assert (status, attempts) == ("error", 1), error
+    assert error is not None and "has 2 links" in error
+    assert await pool.fetchval("SELECT count(*) FROM transcripts WHERE workspace_id = $1", a) == 0
+
+
+SWAPPER = """
+import os, sys
+target, own, other = sys.argv[1:]
+file_tmp, link_tmp = target + ".f", target + ".l"
+print("swapping", flush=True)
+while True:
+    with open(file_tmp, "w") as f:
+        f.write(own)
+    os.replace(file_tmp, target)
+    os.symlink(other, link_tmp)
+    os.replace(link_tmp, target)
+"""
+
+
+async def test_a_symlink_swapped_in_after_the_check_is_never_followed(
+    pool: asyncpg.Pool, db_url: str, tmp_path: Path
+) -> None:
+    # Another process swaps A's SRT for a symlink to B's and back, as fast as it can: each job
+    # reads A's file or is refused, and never stores B's words.
+    a, root, b_file = await _two_workspaces(pool, tmp_path)
+    target = root / str(a) / "ep.srt"
+    swapper = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        SWAPPER,
+        str(target),
+        EPISODE_SRT,
+        str(b_file),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert swapper.stdout is not None and await swapper.stdout.readline() == b"swapping\n"
+        for i in range(JOBS):
+            body = {"transcript_ref": f"x{i}", "srt_path": "ep.srt"}
+            await client.enqueue(pool, a, "srt_parse", body, max_attempts=1)
+        await run_burst(pool, db_url, config=ServiceConfig({"MEDIA_ROOT": str(root)}))
+    finally:
+        swapper.kill()
+        await swapper.wait()
+    texts = await pool.fetch("SELECT plain_text FROM transcripts WHERE workspace_id = $1", a)
+    assert texts, "no job read the file: the swaps never left it in place"
+    assert sum("Hemmelig" in r["plain_text"] for r in texts) == 0, f"{len(texts)} stored"
+
+
+def test_a_log_swapped_for_a_symlink_after_listing_is_not_read(tmp_path: Path) -> None:
+    # The logs are listed (and checked) in the worker, then read in a child process a database
+    # round trip or two later: a name swapped in between for a symlink out of the folder must
+    # not be followed.
+    a, b = tmp_path / "a", tmp_path / "b"
+    (a / "logs").mkdir(parents=True)
+    b.mkdir()
+    own = a / "logs" / "access.log"
+    own.write_bytes(line(ip="198.51.100.1"))
+    (b / "access.log").write_bytes(line(ip="203.0.113.66") * 3)
+    logs = resolve_logs(a, "logs")
+    tasks, _ = plan(logs, {log: "fp" for log in logs}, {})
+    os.replace(_symlink(tmp_path, b / "access.log"), own)
+    result = parse_files(tasks, EpisodeRules())
+    assert result.listens == {} and result.counted_requests == 0
+    assert result.errors == ["access.log: UnsafeFile: leads out of its folder: refused"]
+
+
+def test_a_log_swapped_for_a_named_pipe_after_listing_is_refused_at_once(tmp_path: Path) -> None:
+    # Opening a named pipe waits for a writer: the parse's child process waited out the job's
+    # hour, and a fingerprint's thread waited for good.
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    rotated = logs / "access-2026-03-01T00-00-00.000.log"
+    rotated.write_bytes(line())
+    listed = resolve_logs(tmp_path, "logs")
+    tasks, _ = plan(listed, {log: "fp" for log in listed}, {})
+    fifo = logs / "swap.tmp"
+    os.mkfifo(fifo)
+    os.replace(fifo, rotated)
+    done = threading.Event()
+    results: list[ParseResult] = []
+
+    def parse() -> None:
+        results.append(parse_files(tasks, EpisodeRules()))
+        done.set()
+
+    thread = threading.Thread(target=parse, daemon=True)
+    thread.start()
+    finished = done.wait(30)
+    if not finished:  # let the blocked open go, so the thread ends
+        os.close(os.open(rotated, os.O_WRONLY))
+        thread.join()
+    assert finished, "the parse waited on the named pipe"
+    assert results[0].errors == [f"{rotated.name}: UnsafeFile: is not a regular file: refused"]
+
+
+def _symlink(folder: Path, target: Path) -> Path:
+    link = folder / "swap.tmp"
+    link.symlink_to(target)
+    return link
