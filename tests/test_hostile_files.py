@@ -14,6 +14,7 @@ from uuid import UUID
 import asyncpg
 
 from sidelinja_worker.jobs.stats.counting import EpisodeRules
+from sidelinja_worker.jobs.stats.logfiles import LogFile, read_blocks
 from sidelinja_worker.jobs.stats.parse import ParseResult, parse_files
 from sidelinja_worker.jobs.stats.stats_parse import plan, resolve_logs
 from sidelinja_worker.queue import client
@@ -142,6 +143,23 @@ def test_a_log_swapped_for_a_named_pipe_after_listing_is_refused_at_once(tmp_pat
         thread.join()
     assert finished, "the parse waited on the named pipe"
     assert results[0].errors == [f"{rotated.name}: UnsafeFile: is not a regular file: refused"]
+
+
+def test_a_live_log_is_read_up_to_the_size_it_had_when_opened(tmp_path: Path) -> None:
+    # Caddy appends to the live log while a run reads it; a log that grows faster than the
+    # parse reads would keep one run going (and its offsets uncommitted) for good. A run reads
+    # what was there when it opened the file; the next run reads on from there.
+    live = tmp_path / "access.log"
+    first = line(ip="198.51.100.1") * 1000
+    live.write_bytes(first)
+    blocks = 0
+    with live.open("ab") as writer:
+        for _, offset in read_blocks(LogFile(live, rotated=False), 0):  # noqa: B007 - the last is kept
+            blocks += 1
+            writer.write(line(ip="198.51.100.2") * 300)  # more than a block, every block
+            writer.flush()
+            assert blocks < 1000, "the run never reached the end of the log"
+    assert offset == len(first)
 
 
 def _symlink(folder: Path, target: Path) -> Path:

@@ -2,7 +2,8 @@
 a file again after it was rotated (renamed, then gzip- or zstd-compressed).
 
 Every file is opened by `silos.open_in_folder`: a regular file of one link, in the folder it
-was listed in, and not a symlink swapped in since it was listed."""
+was listed in, and not a symlink swapped in since it was listed. A live file is read up to
+the size it had when opened: what Caddy appends meanwhile is the next run's."""
 
 from __future__ import annotations
 
@@ -178,7 +179,9 @@ def read_blocks(log: LogFile, start: int) -> Iterator[tuple[memoryview, int]]:
     """Complete lines from byte `start` of the log text, as blocks of whole lines (about
     CHUNK_BYTES each, newline-terminated), each with the offset just past it. A live file's
     unterminated last line is still being written: it is left for the next run, which resumes at
-    the last offset yielded; a rotated file's is final and comes as the last block.
+    the last offset yielded; a rotated file's is final and comes as the last block. A plain
+    file is read up to the size it had when opened: Caddy appending faster than the parse reads
+    would keep the run from ever ending (its offsets are committed only at its end).
 
     A block is a view into one reused buffer, valid until the next block is asked for: the
     file is read into it (no bytes object per chunk, and none per line: the decoder takes the
@@ -190,6 +193,7 @@ def read_blocks(log: LogFile, start: int) -> Iterator[tuple[memoryview, int]]:
         limit = expansion_limit(size) if log.compressed else None
         _skip(stream, start, log.compressed)
         _check_expansion(log, start, limit)
+        left = None if log.compressed else max(size - start, 0)
         buf = bytearray(2 * CHUNK_BYTES)
         view = memoryview(buf)
         offset, kept = start, 0  # kept: bytes of an unfinished line at the front of buf
@@ -199,9 +203,12 @@ def read_blocks(log: LogFile, start: int) -> Iterator[tuple[memoryview, int]]:
                 buf = bytearray(2 * len(buf))
                 buf[:kept] = view[:kept]
                 view = memoryview(buf)
-            got = stream.readinto(view[kept : kept + CHUNK_BYTES])
+            want = CHUNK_BYTES if left is None else min(CHUNK_BYTES, left)
+            got = stream.readinto(view[kept : kept + want]) if want else 0
             if not got:
                 break
+            if left is not None:
+                left -= got
             if limit is not None:
                 _check_expansion(log, offset + kept + got, limit)
             filled = kept + got
