@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
+import subprocess
 import sys
 import threading
 from pathlib import Path
 from uuid import UUID
 
 import asyncpg
+import zstandard
 
 from sidelinja_worker.jobs.stats.counting import EpisodeRules
 from sidelinja_worker.jobs.stats.logfiles import LogFile, read_blocks
@@ -166,3 +169,46 @@ def _symlink(folder: Path, target: Path) -> Path:
     link = folder / "swap.tmp"
     link.symlink_to(target)
     return link
+
+
+# The parse in a process of its own, printing its peak memory (VmHWM: getrusage's ru_maxrss
+# keeps the high-water mark of the process that forked it, here pytest's).
+PEAK_RSS = """
+import re, sys
+from pathlib import Path
+from sidelinja_worker.jobs.stats.counting import EpisodeRules
+from sidelinja_worker.jobs.stats.parse import FileTask, parse_files
+result = parse_files([FileTask(Path(sys.argv[1]), True, "fp", 0)], EpisodeRules())
+peak_kb = re.search(r"VmHWM:\\s+(\\d+)", Path("/proc/self/status").read_text())[1]
+print(int(peak_kb) // 1024, result.lines, result.errors)
+"""
+
+
+def test_a_zstd_frame_that_needs_a_huge_window_is_refused(tmp_path: Path) -> None:
+    # A zstd frame names the window its decoder keeps (up to 128 MiB by libzstd's default), and
+    # the decoder fills it: 96 MB of text some 40 times smaller compressed (well inside the
+    # bomb limit) held the parse at 116 MB; in 8 MiB windows (Caddy's, zstd's levels 1-19)
+    # the same text peaks at 31 MB. Such a frame is now refused at its header (22 MB).
+    rows = random.Random(7)
+    block = b"".join(b'{"x":"%032x"}\n' % rows.getrandbits(128) for _ in range(150_000))
+    params = zstandard.ZstdCompressionParameters.from_level(
+        1, window_log=27, enable_ldm=True, write_content_size=False
+    )
+    path = tmp_path / "access-2026-03-01T00-00-00.000-size.log.zst"
+    with (
+        path.open("wb") as out,
+        zstandard.ZstdCompressor(compression_params=params).stream_writer(out) as w,
+    ):
+        for _ in range(16):
+            w.write(block)
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK_RSS, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    peak_mb, lines, errors = done.stdout.split(" ", 2)
+    assert int(peak_mb) < 64, f"{peak_mb} MB peak for {lines} lines"
+    assert "ZstdError" in errors and "too much memory" in errors

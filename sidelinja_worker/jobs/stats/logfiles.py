@@ -33,6 +33,11 @@ FINGERPRINT_BYTES = 4096
 # a log but a decompression bomb, and the parse fails naming it.
 MAX_EXPANSION_RATIO = 200
 MIN_EXPANSION_BYTES = 16 * 1024 * 1024
+# The most history a zstd frame may make its decoder keep (the frame names it, up to libzstd's
+# 128 MiB, and the decoder fills it). Caddy's encoder writes 8 MiB windows at most, as do
+# zstd's levels 1-19, and 8 MiB is what the format asks every decoder to support; a frame that
+# needs more is refused as a damaged file is.
+MAX_ZSTD_WINDOW = 8 * 1024 * 1024
 
 # lumberjack (Caddy <= 2.10): access-2024-05-01T12-30-00.000.log[.gz]
 # timberjack (Caddy >= 2.11): access-2026-03-01T00-00-00.000-size.log[.gz|.zst]
@@ -114,7 +119,7 @@ def decompress(raw: BinaryIO, suffix: str) -> Stream:
     if suffix == ".gz":
         return io.BufferedReader(GzipReader(raw), CHUNK_BYTES)
     if suffix == ".zst":
-        return zstandard.ZstdDecompressor().stream_reader(
+        return zstandard.ZstdDecompressor(max_window_size=MAX_ZSTD_WINDOW).stream_reader(
             raw, read_across_frames=True, closefd=True
         )  # type: ignore[return-value]
     return raw  # type: ignore[return-value]

@@ -6,7 +6,8 @@ Workspace settings, under `settings["stats"]` (all optional): `interval` ("1h"),
 
 Bounds on hostile logs: a line longer than logfiles.MAX_LINE_BYTES (1 MiB) is dropped; a
 compressed file expanding more than logfiles.MAX_EXPANSION_RATIO (200) times its size (beyond
-16 MiB) fails the job permanently, naming the file; past SPILL_LISTENERS listeners the parse
+16 MiB) fails the job permanently, naming the file; a zstd frame that needs a window over
+logfiles.MAX_ZSTD_WINDOW (8 MiB) is a damaged file; past SPILL_LISTENERS listeners the parse
 spills to sorted files in the system's temporary folder (memory stays ~100 MB whatever the log
 holds; the totals are the same)."""
 
