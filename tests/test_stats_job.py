@@ -5,6 +5,7 @@ next run scheduled once even when two runs race."""
 from __future__ import annotations
 
 import gzip
+import os
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from uuid import UUID
@@ -152,6 +153,27 @@ async def test_threshold_from_the_media_file_bitrate(
     [job] = await _run(pool, db_url, workspace, media)
     assert job["status"] == "completed", job["error_msg"]
     assert await _daily(pool, workspace) == [(DAY, "ep-1", "Apple Podcasts", 1)]
+
+
+async def test_an_episode_file_hard_linked_from_another_workspace_is_not_read(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
+) -> None:
+    # The bitrate of another workspace's episode would set this workspace's threshold: the
+    # hard link is refused, and the threshold is the whole file, as the log gives its size.
+    frame = b"\xff\xfb\x90\x64" + b"\x00" * 413  # MPEG-1 layer III, 128 kbit/s: 960,000 B/min
+    other = _write(media.parent / "another-workspace" / "ep1.mp3", frame * 20_000)
+    (media / "media").mkdir()
+    os.link(other, media / "media" / "ep1.mp3")
+    await pool.execute(
+        "UPDATE workspaces SET settings = $2 WHERE id = $1",
+        workspace,
+        {"stats": {"url_prefix": "/podcast/", "media_dir": "media", "episodes": {EP: "ep-1"}}},
+    )
+    _write(media / "logs" / "access.log", ln(ip="198.51.100.1", size=960_000))
+    [job] = await _run(pool, db_url, workspace, media)
+    assert job["status"] == "completed", job["error_msg"]
+    assert job["result"]["requests_counted"] == 1
+    assert await _daily(pool, workspace) == []  # a minute of 10 MB is no download
 
 
 async def test_ranges_and_a_partial_line_across_runs(

@@ -80,7 +80,8 @@ def open_in_folder(folder: Path, path: Path) -> BinaryIO:
     except BaseException:
         os.close(file_fd)
         raise
-    return os.fdopen(file_fd, "rb")
+    # Named by the path it was asked for, as `open` names a file (readers like mutagen use it).
+    return open(path, "rb", opener=lambda _name, _flags: file_fd)
 
 
 def _open_steps(folder: Path, steps: list[str]) -> int:

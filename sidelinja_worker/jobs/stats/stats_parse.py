@@ -272,7 +272,9 @@ def _thresholds(
 ) -> dict[str, int | None]:
     return {
         ep: threshold_bytes(
-            _media_file(media_root, settings, result.paths.get(ep)), result.sizes.get(ep)
+            _media_file(media_root, settings, result.paths.get(ep)),
+            result.sizes.get(ep),
+            media_root,
         )
         for ep in result.episodes
     }
