@@ -327,3 +327,17 @@ async def test_country_from_a_geoip_database(
     )
     rows = await stats_store.daily_downloads(pool, workspace)
     assert sorted((r.country, r.downloads) for r in rows) == [("", 1), ("NO", 1), ("SE", 1)]
+
+
+async def test_a_log_whose_name_is_not_utf8_is_counted_and_the_next_run_scheduled(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
+) -> None:
+    # A file name is bytes; PostgreSQL's text and JSON take only UTF-8.
+    logs = media / "logs"
+    logs.mkdir()
+    (logs / os.fsdecode(b"caddy-\xff.log")).write_bytes(ln(status=200, range_=None, size=SIZE))
+    [job] = await _run(pool, db_url, workspace, media, schedule=True)
+    assert job["status"] == "completed", job["error_msg"]
+    assert job["result"]["new_downloads"] == 1 and "next_run" in job["result"]
+    names = await pool.fetch("SELECT last_name FROM podcast_log_files")
+    assert [r["last_name"] for r in names] == ["caddy-\ufffd.log"]

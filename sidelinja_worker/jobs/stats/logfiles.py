@@ -47,6 +47,14 @@ ROTATED = re.compile(
 )
 
 
+def utf8_text(text: str) -> str:
+    """`text` as PostgreSQL's text and JSON can hold it: the bytes of a file name that are not
+    UTF-8 (which Python keeps as lone surrogates) become U+FFFD. Names and errors of files go
+    into the job's result and `podcast_log_files`, and one that cannot be stored failed every
+    run (and so stopped the runs' schedule)."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 class LogBomb(Exception):
     """A compressed file that expands beyond MAX_EXPANSION_RATIO: refused, naming it."""
 
@@ -234,7 +242,7 @@ def read_blocks(log: LogFile, start: int) -> Iterator[tuple[memoryview, int]]:
 def _check_expansion(log: LogFile, decompressed: int, limit: int | None) -> None:
     if limit is not None and decompressed > limit:
         raise LogBomb(
-            f"{log.path.name} expands to more than {limit} bytes ({MAX_EXPANSION_RATIO} times "
+            f"{utf8_text(log.path.name)} expands to more than {limit} bytes ({MAX_EXPANSION_RATIO} times "
             "its compressed size): not a log, refused"
         )
 

@@ -17,7 +17,7 @@ from sidelinja_worker.jobs.stats.counting import (
     ListenerKey,
     Tally,
 )
-from sidelinja_worker.jobs.stats.logfiles import LogFile, read_blocks
+from sidelinja_worker.jobs.stats.logfiles import LogFile, read_blocks, utf8_text
 from sidelinja_worker.jobs.stats.spill import CHUNK_RECORDS, Record, merge_runs, read_chunks
 
 
@@ -183,5 +183,5 @@ def _parse_one(task: FileTask, tally: Tally, errors: list[str]) -> FileDone:
         for block, offset in read_blocks(log, task.start):  # noqa: B007 - the last is kept
             tally.add_block(block)
     except (OSError, EOFError, zstandard.ZstdError) as exc:
-        errors.append(f"{task.path.name}: {type(exc).__name__}: {exc}")
-    return FileDone(task.fingerprint, task.path.name, offset, task.rotated)
+        errors.append(utf8_text(f"{task.path.name}: {type(exc).__name__}: {exc}"))
+    return FileDone(task.fingerprint, utf8_text(task.path.name), offset, task.rotated)

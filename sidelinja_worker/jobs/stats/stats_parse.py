@@ -33,7 +33,7 @@ from sidelinja_worker.jobs.silos import UnsafeFile
 from sidelinja_worker.jobs.stats import store as stats_store
 from sidelinja_worker.jobs.stats.counting import AUDIO_EXTENSIONS, EpisodeRules
 from sidelinja_worker.jobs.stats.geo import country_lookup
-from sidelinja_worker.jobs.stats.logfiles import LogFile, discover, fingerprint
+from sidelinja_worker.jobs.stats.logfiles import LogFile, discover, fingerprint, utf8_text
 from sidelinja_worker.jobs.stats.media import threshold_bytes
 from sidelinja_worker.jobs.stats.parse import FileTask, ParseResult
 from sidelinja_worker.jobs.stats.spill import Record
@@ -199,7 +199,7 @@ def _fingerprints(logs: list[LogFile]) -> tuple[dict[LogFile, str], list[str]]:
         try:
             fp = fingerprint(log.path, log.folder)
         except UnsafeFile as exc:
-            refused.append(f"{log.path.name}: {exc}")
+            refused.append(utf8_text(f"{log.path.name}: {exc}"))
             continue
         except FileNotFoundError:
             continue  # rotated or removed since it was listed; its text is read under its new name
@@ -225,7 +225,7 @@ def plan(
         seen.add(fp)
         state = states.get(fp)
         if state is not None and state.complete:
-            saves.append(FileSave(fp, log.path.name, state.read_offset, True))
+            saves.append(FileSave(fp, utf8_text(log.path.name), state.read_offset, True))
         else:
             start = state.read_offset if state else 0
             tasks.append(FileTask(log.path, log.rotated, fp, start, log.folder))
