@@ -341,3 +341,19 @@ async def test_a_log_whose_name_is_not_utf8_is_counted_and_the_next_run_schedule
     assert job["result"]["new_downloads"] == 1 and "next_run" in job["result"]
     names = await pool.fetch("SELECT last_name FROM podcast_log_files")
     assert [r["last_name"] for r in names] == ["caddy-\ufffd.log"]
+
+
+async def test_a_log_hard_linked_from_another_workspace_is_refused_and_reported(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
+) -> None:
+    # A hard link is a name in this folder for the other workspace's file: its downloads are
+    # not this workspace's.
+    other = _write(media.parent / "another-workspace" / "access.log", ln(status=200, range_=None))
+    (media / "logs").mkdir()
+    os.link(other, media / "logs" / "access.log")
+    [job] = await _run(pool, db_url, workspace, media)
+    assert job["status"] == "completed", job["error_msg"]
+    assert job["result"]["file_errors"] == [
+        "access.log: has 2 links: a hard link may be another workspace's file, refused"
+    ]
+    assert (job["result"]["requests_counted"], await _daily(pool, workspace)) == (0, [])
