@@ -11,6 +11,7 @@ from pathlib import Path
 from uuid import UUID
 
 import asyncpg
+import orjson
 import pytest
 import zstandard
 
@@ -357,3 +358,32 @@ async def test_a_log_hard_linked_from_another_workspace_is_refused_and_reported(
         "access.log: has 2 links: a hard link may be another workspace's file, refused"
     ]
     assert (job["result"]["requests_counted"], await _daily(pool, workspace)) == (0, [])
+
+
+async def test_lines_with_times_no_download_can_have_are_bad_lines_and_the_run_goes_on(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
+) -> None:
+    # `ts` as Caddy's other time formats write it (wall clock, milliseconds), out of any date's
+    # range or before 1970: each failed every run, for good (a string in the parse, a number at
+    # its dates); a day ahead was counted, its rows past every pruning.
+    whole = {"status": 200, "range_": None, "size": SIZE}
+    odd = [
+        "2026/03/01 10:00:00.000",
+        "not a time",
+        1e300,
+        -1e12,
+        DAY0 * 1000,
+        DAY0 + 3 * 86400,
+    ]
+    lines = []
+    for ts in odd:
+        entry = orjson.loads(ln(ip="203.0.113.9", **whole))
+        entry["ts"] = ts
+        lines.append(orjson.dumps(entry) + b"\n")
+    _write(media / "logs" / "access.log", *lines, ln(**whole))
+    [job] = await _run(pool, db_url, workspace, media, schedule=True)
+    assert job["status"] == "completed", job["error_msg"]
+    result = job["result"]
+    assert (result["lines"], result["bad_lines"], result["new_downloads"]) == (7, 6, 1)
+    assert "next_run" in result
+    assert await _daily(pool, workspace) == [(DAY, EP, "Apple Podcasts", 1)]

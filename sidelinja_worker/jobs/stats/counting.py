@@ -6,6 +6,7 @@ because a listener's ranges can span several runs."""
 from __future__ import annotations
 
 import ipaddress
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -104,6 +105,8 @@ class Tally:
     runs: list[Path] = field(default_factory=list)
     spilled_days: set[int] = field(default_factory=set)
     spilled_episodes: set[str] = field(default_factory=set)
+    # The last UTC day a download can have: tomorrow, for clocks a little ahead.
+    last_day: int = field(default_factory=lambda: int(time.time() // DAY_S) + 1)
 
     def __post_init__(self) -> None:
         self._decoder = decoder_for(bool(self.rules.hosts))
@@ -219,10 +222,13 @@ class Tally:
                 agent = self._agent(user_agent)
             if agent is None:
                 continue  # a bot, or an Apple Watch duplicate
-            counted += 1
             ts = entry.ts
             if type(ts) is not float or not day_start <= ts < day_end:
                 day, day_start, day_end = self._day(ts)
+                if day < 0:  # no time a download can have: the line is not an entry
+                    self.bad_lines += 1
+                    continue
+            counted += 1
             ip = req.client_ip
             if not ip:
                 if type(req) is not FullRequest:
@@ -277,8 +283,16 @@ class Tally:
 
     def _day(self, ts: float | str) -> tuple[int, float, float]:
         """The UTC day of `ts` (days since 1970-01-01) and, for a float, the span of seconds
-        it covers: the next lines mostly fall in it and skip the division."""
-        day = _day(ts)
+        it covers: the next lines mostly fall in it and skip the division. -1 for a time that
+        is none (another `time_format`, a string that is no ISO time) or that no download can
+        have (before 1970, after `last_day`): out of a date's range it failed every run, and a
+        day ahead would keep its rows past every pruning."""
+        try:
+            day = _day(ts)
+        except (ValueError, OverflowError):  # not ISO 8601; an infinite float
+            return -1, 0.0, 0.0
+        if not 0 <= day <= self.last_day:
+            return -1, 0.0, 0.0
         day = self._days.setdefault(day, day)  # one int object per day for all the keys
         if type(ts) is not float:
             return day, 0.0, 0.0

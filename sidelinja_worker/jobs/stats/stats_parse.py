@@ -4,7 +4,8 @@ Workspace settings, under `settings["stats"]` (all optional): `interval` ("1h"),
 ("/"), `media_dir` ("", in the workspace media folder MEDIA_ROOT/<workspace id>), `episodes`
 ({path: id}), `hosts` ([]); `interval` is at least 60 s and at most 31 days.
 
-Bounds on hostile logs: a line longer than logfiles.MAX_LINE_BYTES (1 MiB) is dropped; a
+Bounds on hostile logs: a line longer than logfiles.MAX_LINE_BYTES (1 MiB) is dropped, one
+whose time is none or no download's (before 1970, after tomorrow) is a bad line; a
 compressed file expanding more than logfiles.MAX_EXPANSION_RATIO (200) times its size (beyond
 16 MiB) fails the job permanently, naming the file; a zstd frame that needs a window over
 logfiles.MAX_ZSTD_WINDOW (8 MiB) is a damaged file; past SPILL_LISTENERS listeners the parse
