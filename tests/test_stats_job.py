@@ -387,3 +387,33 @@ async def test_lines_with_times_no_download_can_have_are_bad_lines_and_the_run_g
     assert (result["lines"], result["bad_lines"], result["new_downloads"]) == (7, 6, 1)
     assert "next_run" in result
     assert await _daily(pool, workspace) == [(DAY, EP, "Apple Podcasts", 1)]
+
+
+def _with(entry: bytes, *, request: dict[str, list[str]] | None = None, **fields: object) -> bytes:
+    """`entry` with its top-level `fields` and request headers replaced."""
+    decoded = orjson.loads(entry)
+    decoded.update(fields)
+    decoded["request"]["headers"].update(request or {})
+    return orjson.dumps(decoded) + b"\n"
+
+
+async def test_numbers_past_any_file_in_a_line_do_not_end_every_run(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
+) -> None:
+    # Digits Python's int() refuses (a superscript, 5,000 of them), and sizes past PostgreSQL's
+    # BIGINT: each failed the run, every run, for good (a ValueError in the parse, or a
+    # DataError at the commit).
+    partial, whole = ln(ip="203.0.113.9"), ln(ip="203.0.113.9", status=200, range_=None)
+    odd_range = [f"bytes 0-999999/{total}" for total in ("1²", "9" * 5000, "9" * 30)]
+    _write(
+        media / "logs" / "access.log",
+        *(_with(partial, resp_headers={"Content-Range": [r]}) for r in odd_range),
+        *(_with(whole, resp_headers={"Content-Length": [n]}) for n in ("1²", "9" * 30)),
+        *(_with(partial, request={"Range": [r]}) for r in ("bytes=0-1²", "bytes=0-" + "9" * 5000)),
+        *(partial.replace(b'"size":1000000', b'"size":' + n) for n in (b"1" + b"0" * 30, b"-5")),
+        ln(status=200, range_=None, size=SIZE),
+    )
+    [job] = await _run(pool, db_url, workspace, media, schedule=True)
+    assert job["status"] == "completed", job["error_msg"]
+    assert "next_run" in job["result"]
+    assert await _daily(pool, workspace) == [(DAY, EP, "Apple Podcasts", 1)]

@@ -31,6 +31,11 @@ from sidelinja_worker.jobs.stats.spill import Record, write_records
 DAY_S = 86400
 AUDIO_EXTENSIONS = (".mp3", ".m4a", ".aac", ".ogg", ".opus", ".mp4", ".m4b", ".flac", ".wav")
 _CACHE_MAX = 100_000
+# The most bytes one response may have sent (64 GiB: no episode is near it); a line that says
+# more, or less than none, is not an entry. Summed, such sizes went past PostgreSQL's BIGINT.
+MAX_RESPONSE_BYTES = 1 << 36
+# Digits of a count in a header: 18 keep it inside BIGINT.
+_MAX_DIGITS = 18
 
 # (UTC day as days since 1970-01-01, episode, IP key, User-Agent)
 ListenerKey = tuple[int, str, str, str]
@@ -228,6 +233,10 @@ class Tally:
                 if day < 0:  # no time a download can have: the line is not an entry
                     self.bad_lines += 1
                     continue
+            size = entry.size
+            if not 0 <= size <= MAX_RESPONSE_BYTES:
+                self.bad_lines += 1
+                continue
             counted += 1
             ip = req.client_ip
             if not ip:
@@ -236,7 +245,7 @@ class Tally:
                     return _index(entries, entry)
                 ip = req.remote_ip
             key = (day, episode, ips.get(ip) or self._ip_key(ip), agent)
-            listens[key] = listens.get(key, 0) + entry.size
+            listens[key] = listens.get(key, 0) + size
             if status == 200 or episode not in sizes:
                 self._note_size(entry, episode, key)
         self.counted_requests += counted
@@ -303,14 +312,14 @@ class Tally:
         200 `Content-Length`. The threshold falls back to it when the media file is absent."""
         resp = response_headers(entry)
         if entry.status == 206 and resp.content_range:
-            total = resp.content_range[0].rpartition("/")[2]
-            if total.isdigit():
-                self.sizes[episode] = int(total)
+            total = count(resp.content_range[0].rpartition("/")[2])
+            if total is not None:
+                self.sizes[episode] = total
         elif entry.status == 200:
-            length = resp.content_length[0] if resp.content_length else ""
-            if length.isdigit():
-                self.sizes[episode] = int(length)
-                if entry.size >= int(length) > 0:
+            length = count(resp.content_length[0]) if resp.content_length else None
+            if length is not None:
+                self.sizes[episode] = length
+                if entry.size >= length > 0:
                     self._whole.add(key)
             elif entry.size > 0:
                 self._whole.add(key)
@@ -327,14 +336,24 @@ def _bound(cache: dict[Any, Any]) -> None:
         cache.clear()
 
 
+def count(text: str) -> int | None:
+    """`text` as a whole number of at most 18 ASCII digits, else None. `str.isdigit` is true
+    for '²', which int() refuses, and int() refuses more than 4,300 digits: a header of either
+    raised in the parse, which failed every run of the log."""
+    if 0 < len(text) <= _MAX_DIGITS and text.isascii() and text.isdigit():
+        return int(text)
+    return None
+
+
 def is_probe(spec: str) -> bool:
     """`Range: bytes=0-1` and other requests for at most 2 bytes: players probing the file."""
     if spec == "bytes=0-1":
         return True
     first, _, last = spec.removeprefix("bytes=").partition("-")
-    if "," in spec or not first.isdigit() or not last.isdigit():
+    start, end = count(first), count(last)
+    if "," in spec or start is None or end is None:
         return False
-    return int(last) - int(first) + 1 <= 2
+    return end - start + 1 <= 2
 
 
 def _day(ts: float | str) -> int:
