@@ -212,3 +212,21 @@ def test_a_zstd_frame_that_needs_a_huge_window_is_refused(tmp_path: Path) -> Non
     peak_mb, lines, errors = done.stdout.split(" ", 2)
     assert int(peak_mb) < 64, f"{peak_mb} MB peak for {lines} lines"
     assert "ZstdError" in errors and "too much memory" in errors
+
+
+async def test_symlinks_that_stay_inside_the_folder_are_still_followed(
+    pool: asyncpg.Pool, db_url: str, tmp_path: Path
+) -> None:
+    # A checked path is opened along its resolved steps: a symlinked folder or file inside the
+    # workspace's folder reads as before.
+    a, root, _ = await _two_workspaces(pool, tmp_path)
+    (root / str(a) / "archive" / "2026").mkdir(parents=True)
+    (root / str(a) / "archive" / "2026" / "ep.srt").write_text(EPISODE_SRT, "utf-8")
+    (root / str(a) / "srt").symlink_to(root / str(a) / "archive" / "2026")
+    (root / str(a) / "latest.srt").symlink_to("srt/ep.srt")
+    jobs = [
+        await client.enqueue(pool, a, "srt_parse", {"transcript_ref": ref, "srt_path": path})
+        for ref, path in (("via-folder", "srt/ep.srt"), ("via-file", "latest.srt"))
+    ]
+    await run_burst(pool, db_url, config=ServiceConfig({"MEDIA_ROOT": str(root)}))
+    assert [(await _outcome(pool, job))[0] for job in jobs] == ["completed", "completed"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -115,8 +116,9 @@ def _read_media_srt(media_root: str, ctx: JobContext, path: str) -> bytes:
     at most MAX_SRT_BYTES of them: a file that grows after its size is known is refused, not
     read to its new end."""
     with open_media_file(media_root, ctx.workspace_id, path) as f:
-        raw = f.read(MAX_SRT_BYTES + 1)
-    if len(raw) > MAX_SRT_BYTES:
+        too_big = os.fstat(f.fileno()).st_size > MAX_SRT_BYTES
+        raw = b"" if too_big else f.read(MAX_SRT_BYTES + 1)
+    if too_big or len(raw) > MAX_SRT_BYTES:
         raise PermanentError(f"{path!r} is over {MAX_SRT_BYTES} bytes: not an SRT")
     return raw
 
