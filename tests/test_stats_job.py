@@ -417,3 +417,30 @@ async def test_numbers_past_any_file_in_a_line_do_not_end_every_run(
     assert job["status"] == "completed", job["error_msg"]
     assert "next_run" in job["result"]
     assert await _daily(pool, workspace) == [(DAY, EP, "Apple Podcasts", 1)]
+
+
+async def test_an_episode_path_through_a_symlink_loop_does_not_end_every_run(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
+) -> None:
+    # Resolving a path through a loop raises RuntimeError (Python 3.11), not OSError: the
+    # episode's media file, looked up for every episode the log names, failed every run.
+    (media / "media").mkdir()
+    (media / "media" / "ep1.mp3").symlink_to(media / "media" / "ep1.mp3")
+    await pool.execute(
+        "UPDATE workspaces SET settings = $2 WHERE id = $1",
+        workspace,
+        {"stats": {"url_prefix": "/podcast/", "media_dir": "media"}},
+    )
+    _write(media / "logs" / "access.log", ln(status=200, range_=None, size=SIZE))
+    [job] = await _run(pool, db_url, workspace, media, schedule=True)
+    assert job["status"] == "completed", job["error_msg"]
+    assert await _daily(pool, workspace) == [(DAY, EP, "Apple Podcasts", 1)]
+
+
+async def test_logs_through_a_symlink_loop_fail_at_once_naming_it(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
+) -> None:
+    (media / "loop").symlink_to(media / "loop")
+    [job] = await _run(pool, db_url, workspace, media, logs="loop/*.log")
+    assert (job["status"], job["attempts"]) == ("error", 1), job["error_msg"]
+    assert job["error_msg"].startswith("logs 'loop/*.log' cannot be resolved: Symlink loop")

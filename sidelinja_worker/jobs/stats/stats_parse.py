@@ -121,7 +121,10 @@ def resolve_logs(media_root: Path, logs: str) -> list[LogFile]:
     outside it or naming nothing is permanent."""
     parts = Path(logs).parts
     cut = next((i for i, p in enumerate(parts) if _GLOB & set(p)), len(parts))
-    base = (media_root / Path(*parts[:cut])).resolve() if cut else media_root
+    try:
+        base = (media_root / Path(*parts[:cut])).resolve() if cut else media_root
+    except RuntimeError as exc:  # a symlink loop (Python 3.11; 3.13 resolves it as it is)
+        raise PermanentError(f"logs {logs!r} cannot be resolved: {exc}") from None
     if not base.is_relative_to(media_root):
         raise PermanentError(f"logs {logs!r} is outside this workspace's media folder")
     if not base.exists():
@@ -283,12 +286,12 @@ def _thresholds(
 
 
 def _media_file(media_root: Path, settings: StatsSettings, url_path: str | None) -> Path | None:
+    """Where the episode's file would be. Not resolved here: `threshold_bytes` opens it with
+    `open_in_folder`, which refuses a path out of `media_root` and one through a symlink loop
+    (resolving raised RuntimeError for a loop, which failed every run)."""
     if url_path is None or not url_path.startswith(settings.url_prefix):
         return None
-    path = (
-        media_root / settings.media_dir / url_path[len(settings.url_prefix) :].lstrip("/")
-    ).resolve()
-    return path if path.is_relative_to(media_root) else None
+    return media_root / settings.media_dir / url_path[len(settings.url_prefix) :].lstrip("/")
 
 
 async def _row_batches(
