@@ -22,7 +22,15 @@ from sidelinja_worker.jobs.stats.parse import ParseResult, parse_files
 from sidelinja_worker.jobs.stats.stats_parse import plan, resolve_logs
 from sidelinja_worker.queue import client
 from sidelinja_worker.queue.config import ServiceConfig
-from tests.fakes.fixtures import EPISODE_SRT
+from tests.fakes.fixtures import (  # noqa: F401  (pytest finds fixtures by module name)
+    EPISODE_SRT,
+    forgejo_fake_fixture,
+    media_root_fixture,
+    service_config,
+    whisper_fake_fixture,
+)
+from tests.fakes.forgejo_server import FakeForgejo
+from tests.fakes.whisper_server import FakeWhisper
 from tests.helpers import run_burst
 from tests.test_silos import _outcome, _workspace
 from tests.test_stats_counting import line
@@ -230,3 +238,29 @@ async def test_symlinks_that_stay_inside_the_folder_are_still_followed(
     ]
     await run_burst(pool, db_url, config=ServiceConfig({"MEDIA_ROOT": str(root)}))
     assert [(await _outcome(pool, job))[0] for job in jobs] == ["completed", "completed"]
+
+
+async def test_a_path_through_a_symlink_loop_fails_at_once_naming_it(
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+) -> None:
+    # Python 3.11 resolves a loop with RuntimeError, which the path checks did not catch: the
+    # job failed as transient and was tried again, to the same loop.
+    (media_root / "loop").symlink_to(media_root / "loop")
+    srt = await client.enqueue(
+        pool, workspace, "srt_parse", {"transcript_ref": "x", "srt_path": "loop/ep.srt"}
+    )
+    target = {"owner": "sidelinja", "repo": "transcripts", "path": "ep.srt"}
+    body = {"audio_path": "loop/ep.wav", "transcript_ref": "x", "forgejo": target}
+    audio = await client.enqueue(pool, workspace, "whisper_transcribe", body)
+    config = service_config(media_root, whisper=whisper_fake, forgejo=forgejo_fake)
+    await run_burst(pool, db_url, config=config)
+    for job, path in ((srt, "loop/ep.srt"), (audio, "loop/ep.wav")):
+        status, attempts, error = await _outcome(pool, job)
+        assert (status, attempts) == ("error", 1), error
+        assert error is not None and error.startswith(f"path {path!r} cannot be resolved")
+    assert not whisper_fake.uploads

@@ -45,8 +45,9 @@ class WhisperTranscribePayload(BaseModel):
 async def run_whisper_transcribe(ctx: JobContext, payload: WhisperTranscribePayload) -> Any:
     config = ctx.services.config
     check_repo(await ctx.workspace_settings(), payload.forgejo.owner, payload.forgejo.repo)
-    audio = resolve_media_path(config.require("MEDIA_ROOT"), ctx.workspace_id, payload.audio_path)
+    # Checked first: it refuses every path resolve_media_path refuses, and a symlink loop.
     await asyncio.to_thread(_check_audio, config.require("MEDIA_ROOT"), ctx, payload.audio_path)
+    audio = resolve_media_path(config.require("MEDIA_ROOT"), ctx.workspace_id, payload.audio_path)
     route = await choose_whisper(ctx.services.http, config)
     log.info("job %s whisper_transcribe: %s", ctx.job_id, route.reason)
     model = payload.model or config.get("WHISPER_MODEL") or whisper.DEFAULT_MODEL
