@@ -16,7 +16,7 @@ from uuid import UUID
 import asyncpg
 import zstandard
 
-from sidelinja_worker.jobs.stats.counting import EpisodeRules
+from sidelinja_worker.jobs.stats.counting import MAX_EPISODES, EpisodeRules
 from sidelinja_worker.jobs.stats.logfiles import LogFile, read_blocks
 from sidelinja_worker.jobs.stats.parse import ParseResult, parse_files
 from sidelinja_worker.jobs.stats.stats_parse import plan, resolve_logs
@@ -264,3 +264,46 @@ async def test_a_path_through_a_symlink_loop_fails_at_once_naming_it(
         assert (status, attempts) == ("error", 1), error
         assert error is not None and error.startswith(f"path {path!r} cannot be resolved")
     assert not whisper_fake.uploads
+
+
+# A parse of `sys.argv[2]` lines, each a 200 for a path of its own under the episode prefix (a
+# site whose catch-all answers 200 to any path makes them from any client's requests), in a
+# process of its own, spilling as the job does; its peak memory past its start, and what it
+# found.
+EPISODE_FLOOD = """
+import re, sys
+from pathlib import Path
+from sidelinja_worker.jobs.stats.counting import EpisodeRules
+from sidelinja_worker.jobs.stats.parse import FileTask, parse_files
+folder = Path(sys.argv[1])
+log = folder / "access-2026-03-01T00-00-00.000.log"
+entry = ('{"ts":1772330000.5,"request":{"client_ip":"198.51.100.7","method":"GET",'
+         '"uri":"/podcast/x%d.mp3","headers":{"User-Agent":["Spotify/8.9.30 iOS/17.4"]}},'
+         '"size":1000,"status":200,"resp_headers":{"Content-Length":["1000"]}}\\n')
+with log.open("w") as out:
+    out.writelines(entry % i for i in range(int(sys.argv[2])))
+def memory(field):
+    return int(re.search(field + r":\\s+(\\d+)", Path("/proc/self/status").read_text())[1])
+before = memory("VmRSS")
+(folder / "spill").mkdir()
+result = parse_files([FileTask(log, True, "fp", 0)], EpisodeRules(), folder / "spill", 100_000)
+print((memory("VmHWM") - before) // 1024, len(result.episodes), result.errors)
+"""
+
+
+def test_a_flood_of_paths_under_the_episode_prefix_is_bounded(tmp_path: Path) -> None:
+    # Listeners spill to files; the episodes (their sizes, paths and thresholds) did not: a
+    # million of them held the parse at 243 MB past its start, and each went on to the worker
+    # (a media file looked up, a threshold, a row of downloads).
+    done = subprocess.run(
+        [sys.executable, "-c", EPISODE_FLOOD, str(tmp_path), "1000000"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    peak_mb, episodes, errors = done.stdout.strip().split(" ", 2)
+    assert int(peak_mb) < 100, f"{peak_mb} MB past the start for {episodes} episodes"
+    assert int(episodes) == MAX_EPISODES
+    assert f"more than {MAX_EPISODES:,} episodes in one run" in errors

@@ -36,6 +36,11 @@ _CACHE_MAX = 100_000
 MAX_RESPONSE_BYTES = 1 << 36
 # Digits of a count in a header: 18 keep it inside BIGINT.
 _MAX_DIGITS = 18
+# Episodes one parse keeps: far more than a podcast network publishes. Listeners spill to files
+# but an episode's size, path and threshold stay in memory (and each is looked up on disk and
+# stored): a site whose catch-all answers 200 to any path lets any client make a new episode
+# with each request. Past it, requests for other paths are not counted.
+MAX_EPISODES = 20_000
 
 # (UTC day as days since 1970-01-01, episode, IP key, User-Agent)
 ListenerKey = tuple[int, str, str, str]
@@ -110,6 +115,7 @@ class Tally:
     runs: list[Path] = field(default_factory=list)
     spilled_days: set[int] = field(default_factory=set)
     spilled_episodes: set[str] = field(default_factory=set)
+    refused_episodes: int = 0  # paths past MAX_EPISODES, each counted once per cache fill
     # The last UTC day a download can have: tomorrow, for clocks a little ahead.
     last_day: int = field(default_factory=lambda: int(time.time() // DAY_S) + 1)
 
@@ -264,9 +270,14 @@ class Tally:
     def _episode(self, uri: str) -> str | None:
         path = uri.partition("?")[0]
         _bound(self._uris)
-        episode = self._uris[uri] = self.rules.episode(path)
-        if episode is not None:
-            self.paths.setdefault(episode, path)
+        episode = self.rules.episode(path)
+        if episode is not None and episode not in self.paths:
+            if len(self.paths) >= MAX_EPISODES:
+                self.refused_episodes += 1
+                episode = None
+            else:
+                self.paths[episode] = path
+        self._uris[uri] = episode
         return episode
 
     def _agent(self, user_agent: str) -> str | None:

@@ -12,6 +12,7 @@ from typing import Any
 import zstandard
 
 from sidelinja_worker.jobs.stats.counting import (
+    MAX_EPISODES,
     EpisodeRules,
     Listen,
     ListenerKey,
@@ -129,6 +130,11 @@ def parse_files(
     finally:
         if was_enabled:
             gc.enable()
+    if tally.refused_episodes:
+        errors.append(
+            f"more than {MAX_EPISODES:,} episodes in one run: requests for "
+            f"{tally.refused_episodes:,} other paths were not counted"
+        )
     if tally.runs:
         return _spilled(tally, done, errors)
     listens = tally.listens

@@ -6,7 +6,8 @@ Workspace settings, under `settings["stats"]` (all optional): `interval` ("1h"),
 
 Bounds on hostile logs: a line longer than logfiles.MAX_LINE_BYTES (1 MiB) is dropped, one
 whose time is none or no download's (before 1970, after tomorrow) or whose size is past
-counting.MAX_RESPONSE_BYTES (64 GiB) is a bad line, a header's number past 18 digits is none; a
+counting.MAX_RESPONSE_BYTES (64 GiB) is a bad line, a header's number past 18 digits is none;
+past counting.MAX_EPISODES (20,000) episodes, other paths are not counted; a
 compressed file expanding more than logfiles.MAX_EXPANSION_RATIO (200) times its size (beyond
 16 MiB) fails the job permanently, naming the file; a zstd frame that needs a window over
 logfiles.MAX_ZSTD_WINDOW (8 MiB) is a damaged file; past SPILL_LISTENERS listeners the parse
