@@ -19,6 +19,7 @@ A job past any of these fails permanently naming the setting; nothing is called 
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Iterable, Mapping
@@ -86,7 +87,10 @@ def open_in_folder(folder: Path, path: Path) -> BinaryIO:
 
 def _open_steps(folder: Path, steps: list[str]) -> int:
     """A descriptor of the folder `steps` lead to from `folder`, no symlink followed."""
-    fd = os.open(folder, _DIR_FLAGS)
+    try:
+        fd = os.open(folder, _DIR_FLAGS)  # the folder itself swapped for a symlink: refused
+    except OSError as exc:
+        raise _swapped(exc) from None
     for step in steps:
         try:
             next_fd = os.open(step, _DIR_FLAGS, dir_fd=fd)
@@ -99,11 +103,11 @@ def _open_steps(folder: Path, steps: list[str]) -> int:
 
 
 def _swapped(exc: OSError) -> OSError:
-    """A missing step stays FileNotFoundError (removed or rotated since it was checked); a
-    symlink or a file where a folder was is a swap."""
-    if isinstance(exc, FileNotFoundError):
-        return exc
-    return UnsafeFile(f"changed while it was opened ({exc.strerror}): refused")
+    """A symlink or a file where the checked path had a folder or a file (ELOOP, ENOTDIR) is a
+    swap; anything else stays what it is (a missing step: removed or rotated since)."""
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        return UnsafeFile(f"changed while it was opened ({exc.strerror}): refused")
+    return exc
 
 
 def _check_regular(info: os.stat_result) -> None:
