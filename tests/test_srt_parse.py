@@ -3,6 +3,9 @@ isolation, and reading the SRT from a file under MEDIA_ROOT or from Forgejo."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -377,3 +380,56 @@ async def test_storing_a_long_transcript_does_not_stall_the_event_loop(
     assert await pool.fetchval(
         "SELECT segment_count FROM transcripts WHERE transcript_ref = 'long'"
     ) == len(segments)
+
+
+# A parse in a process of its own, of a 20 MB SRT (the cap) made of `sys.argv[1]` repeated,
+# printing its peak memory past what the text itself holds (VmHWM less VmRSS before it).
+PARSE_PEAK = """
+import re, sys
+from pathlib import Path
+from sidelinja_worker.jobs.transcripts.subtitles import SrtError, parse_srt
+def memory(field):
+    return int(re.search(field + r":\\s+(\\d+)", Path("/proc/self/status").read_text())[1])
+unit = sys.argv[1]
+text = unit * (20 * 1024 * 1024 // len(unit))
+before = memory("VmRSS")
+try:
+    outcome = f"{len(parse_srt(text).segments)} segments"
+except SrtError as exc:
+    outcome = str(exc)
+print((memory("VmHWM") - before) // 1024, outcome)
+"""
+
+
+@pytest.mark.parametrize(
+    "unit, error",
+    [
+        # Short lines: every line became a string before the first was looked at (481 MB at
+        # the peak, to fail at line 1).
+        ("ab\n", "malformed SRT at line 1000001: more than 1,000,000 lines: not a transcript"),
+        # 911,805 cues were parsed (8 s, 279 MB at the peak) and stored.
+        (
+            "0:0:0,0 --> 0:0:0,1\na\n\n",
+            "malformed SRT at line 1000001: more than 1,000,000 lines: not a transcript",
+        ),
+        # Fewer lines than that, two to a cue: cues are counted as they come (75 MB at most).
+        (
+            "0:0:0,0 --> 0:0:0,1 " + "x" * 61 + "\na\n",
+            "malformed SRT at line 400001: more than 200,000 cues: not a transcript",
+        ),
+    ],
+)
+def test_an_srt_of_millions_of_lines_or_cues_is_refused_in_bounded_memory(
+    unit: str, error: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", PARSE_PEAK, unit],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    peak_mb, outcome = done.stdout.strip().split(" ", 1)
+    assert int(peak_mb) < 150, f"{peak_mb} MB above the text: {outcome}"
+    assert error in outcome

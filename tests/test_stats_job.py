@@ -5,11 +5,13 @@ next run scheduled once even when two runs race."""
 from __future__ import annotations
 
 import gzip
+import os
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from uuid import UUID
 
 import asyncpg
+import orjson
 import pytest
 import zstandard
 
@@ -152,6 +154,27 @@ async def test_threshold_from_the_media_file_bitrate(
     [job] = await _run(pool, db_url, workspace, media)
     assert job["status"] == "completed", job["error_msg"]
     assert await _daily(pool, workspace) == [(DAY, "ep-1", "Apple Podcasts", 1)]
+
+
+async def test_an_episode_file_hard_linked_from_another_workspace_is_not_read(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
+) -> None:
+    # The bitrate of another workspace's episode would set this workspace's threshold: the
+    # hard link is refused, and the threshold is the whole file, as the log gives its size.
+    frame = b"\xff\xfb\x90\x64" + b"\x00" * 413  # MPEG-1 layer III, 128 kbit/s: 960,000 B/min
+    other = _write(media.parent / "another-workspace" / "ep1.mp3", frame * 20_000)
+    (media / "media").mkdir()
+    os.link(other, media / "media" / "ep1.mp3")
+    await pool.execute(
+        "UPDATE workspaces SET settings = $2 WHERE id = $1",
+        workspace,
+        {"stats": {"url_prefix": "/podcast/", "media_dir": "media", "episodes": {EP: "ep-1"}}},
+    )
+    _write(media / "logs" / "access.log", ln(ip="198.51.100.1", size=960_000))
+    [job] = await _run(pool, db_url, workspace, media)
+    assert job["status"] == "completed", job["error_msg"]
+    assert job["result"]["requests_counted"] == 1
+    assert await _daily(pool, workspace) == []  # a minute of 10 MB is no download
 
 
 async def test_ranges_and_a_partial_line_across_runs(
@@ -305,3 +328,119 @@ async def test_country_from_a_geoip_database(
     )
     rows = await stats_store.daily_downloads(pool, workspace)
     assert sorted((r.country, r.downloads) for r in rows) == [("", 1), ("NO", 1), ("SE", 1)]
+
+
+async def test_a_log_whose_name_is_not_utf8_is_counted_and_the_next_run_scheduled(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
+) -> None:
+    # A file name is bytes; PostgreSQL's text and JSON take only UTF-8.
+    logs = media / "logs"
+    logs.mkdir()
+    (logs / os.fsdecode(b"caddy-\xff.log")).write_bytes(ln(status=200, range_=None, size=SIZE))
+    [job] = await _run(pool, db_url, workspace, media, schedule=True)
+    assert job["status"] == "completed", job["error_msg"]
+    assert job["result"]["new_downloads"] == 1 and "next_run" in job["result"]
+    names = await pool.fetch("SELECT last_name FROM podcast_log_files")
+    assert [r["last_name"] for r in names] == ["caddy-\ufffd.log"]
+
+
+async def test_a_log_hard_linked_from_another_workspace_is_refused_and_reported(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
+) -> None:
+    # A hard link is a name in this folder for the other workspace's file: its downloads are
+    # not this workspace's.
+    other = _write(media.parent / "another-workspace" / "access.log", ln(status=200, range_=None))
+    (media / "logs").mkdir()
+    os.link(other, media / "logs" / "access.log")
+    [job] = await _run(pool, db_url, workspace, media)
+    assert job["status"] == "completed", job["error_msg"]
+    assert job["result"]["file_errors"] == [
+        "access.log: has 2 links: a hard link may be another workspace's file, refused"
+    ]
+    assert (job["result"]["requests_counted"], await _daily(pool, workspace)) == (0, [])
+
+
+async def test_lines_with_times_no_download_can_have_are_bad_lines_and_the_run_goes_on(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
+) -> None:
+    # `ts` as Caddy's other time formats write it (wall clock, milliseconds), out of any date's
+    # range or before 1970: each failed every run, for good (a string in the parse, a number at
+    # its dates); a day ahead was counted, its rows past every pruning.
+    whole = {"status": 200, "range_": None, "size": SIZE}
+    odd = [
+        "2026/03/01 10:00:00.000",
+        "not a time",
+        1e300,
+        -1e12,
+        DAY0 * 1000,
+        DAY0 + 3 * 86400,
+    ]
+    lines = []
+    for ts in odd:
+        entry = orjson.loads(ln(ip="203.0.113.9", **whole))
+        entry["ts"] = ts
+        lines.append(orjson.dumps(entry) + b"\n")
+    _write(media / "logs" / "access.log", *lines, ln(**whole))
+    [job] = await _run(pool, db_url, workspace, media, schedule=True)
+    assert job["status"] == "completed", job["error_msg"]
+    result = job["result"]
+    assert (result["lines"], result["bad_lines"], result["new_downloads"]) == (7, 6, 1)
+    assert "next_run" in result
+    assert await _daily(pool, workspace) == [(DAY, EP, "Apple Podcasts", 1)]
+
+
+def _with(entry: bytes, *, request: dict[str, list[str]] | None = None, **fields: object) -> bytes:
+    """`entry` with its top-level `fields` and request headers replaced."""
+    decoded = orjson.loads(entry)
+    decoded.update(fields)
+    decoded["request"]["headers"].update(request or {})
+    return orjson.dumps(decoded) + b"\n"
+
+
+async def test_numbers_past_any_file_in_a_line_do_not_end_every_run(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
+) -> None:
+    # Digits Python's int() refuses (a superscript, 5,000 of them), and sizes past PostgreSQL's
+    # BIGINT: each failed the run, every run, for good (a ValueError in the parse, or a
+    # DataError at the commit).
+    partial, whole = ln(ip="203.0.113.9"), ln(ip="203.0.113.9", status=200, range_=None)
+    odd_range = [f"bytes 0-999999/{total}" for total in ("1²", "9" * 5000, "9" * 30)]
+    _write(
+        media / "logs" / "access.log",
+        *(_with(partial, resp_headers={"Content-Range": [r]}) for r in odd_range),
+        *(_with(whole, resp_headers={"Content-Length": [n]}) for n in ("1²", "9" * 30)),
+        *(_with(partial, request={"Range": [r]}) for r in ("bytes=0-1²", "bytes=0-" + "9" * 5000)),
+        *(partial.replace(b'"size":1000000', b'"size":' + n) for n in (b"1" + b"0" * 30, b"-5")),
+        ln(status=200, range_=None, size=SIZE),
+    )
+    [job] = await _run(pool, db_url, workspace, media, schedule=True)
+    assert job["status"] == "completed", job["error_msg"]
+    assert "next_run" in job["result"]
+    assert await _daily(pool, workspace) == [(DAY, EP, "Apple Podcasts", 1)]
+
+
+async def test_an_episode_path_through_a_symlink_loop_does_not_end_every_run(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
+) -> None:
+    # Resolving a path through a loop raises RuntimeError (Python 3.11), not OSError: the
+    # episode's media file, looked up for every episode the log names, failed every run.
+    (media / "media").mkdir()
+    (media / "media" / "ep1.mp3").symlink_to(media / "media" / "ep1.mp3")
+    await pool.execute(
+        "UPDATE workspaces SET settings = $2 WHERE id = $1",
+        workspace,
+        {"stats": {"url_prefix": "/podcast/", "media_dir": "media"}},
+    )
+    _write(media / "logs" / "access.log", ln(status=200, range_=None, size=SIZE))
+    [job] = await _run(pool, db_url, workspace, media, schedule=True)
+    assert job["status"] == "completed", job["error_msg"]
+    assert await _daily(pool, workspace) == [(DAY, EP, "Apple Podcasts", 1)]
+
+
+async def test_logs_through_a_symlink_loop_fail_at_once_naming_it(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
+) -> None:
+    (media / "loop").symlink_to(media / "loop")
+    [job] = await _run(pool, db_url, workspace, media, logs="loop/*.log")
+    assert (job["status"], job["attempts"]) == ("error", 1), job["error_msg"]
+    assert job["error_msg"].startswith("logs 'loop/*.log' cannot be resolved: Symlink loop")

@@ -535,6 +535,34 @@ async def test_audio_paths_are_confined_to_media_root(
     assert not whisper_fake.uploads
 
 
+async def test_a_hard_link_to_another_workspaces_audio_is_never_uploaded(
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+) -> None:
+    # A hard link passes every path check (it is a name in this folder), yet it is the other
+    # workspace's file: refused before the upload.
+    other = media_root.parent / "another-workspace"
+    other.mkdir()
+    (other / "interview.wav").write_bytes(b"RIFF secret")
+    os.link(other / "interview.wav", media_root / "episodes" / "linked.wav")
+    job_id = await enqueue(pool, workspace, payload(audio_path="episodes/linked.wav"))
+    await drain(
+        pool, db_url, config=service_config(media_root, whisper=whisper_fake, forgejo=forgejo_fake)
+    )
+    row = await job(pool, job_id)
+    assert (row["status"], row["attempts"], row["error_msg"]) == (
+        "error",
+        1,
+        "file 'episodes/linked.wav' has 2 links: a hard link may be another workspace's file, "
+        "refused",
+    )
+    assert not whisper_fake.uploads
+
+
 async def test_an_absolute_path_inside_media_root_is_fine(
     pool: asyncpg.Pool,
     db_url: str,

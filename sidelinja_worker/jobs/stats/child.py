@@ -8,6 +8,7 @@ from __future__ import annotations
 import pickle
 import sys
 
+from sidelinja_worker.jobs.stats.logfiles import utf8_text
 from sidelinja_worker.jobs.stats.parse import parse_files
 
 
@@ -16,7 +17,7 @@ def main() -> None:
     try:
         result: object = parse_files(tasks, rules, spill_dir, spill_at)
     except Exception as exc:  # damaged files are handled inside; this is the same on a retry
-        result = ("error", f"{type(exc).__name__}: {exc}")
+        result = ("error", utf8_text(f"{type(exc).__name__}: {exc}"))
     pickle.dump(result, sys.stdout.buffer, protocol=pickle.HIGHEST_PROTOCOL)
 
 

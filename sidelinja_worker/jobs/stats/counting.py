@@ -6,6 +6,7 @@ because a listener's ranges can span several runs."""
 from __future__ import annotations
 
 import ipaddress
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -30,6 +31,16 @@ from sidelinja_worker.jobs.stats.spill import Record, write_records
 DAY_S = 86400
 AUDIO_EXTENSIONS = (".mp3", ".m4a", ".aac", ".ogg", ".opus", ".mp4", ".m4b", ".flac", ".wav")
 _CACHE_MAX = 100_000
+# The most bytes one response may have sent (64 GiB: no episode is near it); a line that says
+# more, or less than none, is not an entry. Summed, such sizes went past PostgreSQL's BIGINT.
+MAX_RESPONSE_BYTES = 1 << 36
+# Digits of a count in a header: 18 keep it inside BIGINT.
+_MAX_DIGITS = 18
+# Episodes one parse keeps: far more than a podcast network publishes. Listeners spill to files
+# but an episode's size, path and threshold stay in memory (and each is looked up on disk and
+# stored): a site whose catch-all answers 200 to any path lets any client make a new episode
+# with each request. Past it, requests for other paths are not counted.
+MAX_EPISODES = 20_000
 
 # (UTC day as days since 1970-01-01, episode, IP key, User-Agent)
 ListenerKey = tuple[int, str, str, str]
@@ -104,6 +115,9 @@ class Tally:
     runs: list[Path] = field(default_factory=list)
     spilled_days: set[int] = field(default_factory=set)
     spilled_episodes: set[str] = field(default_factory=set)
+    refused_episodes: int = 0  # paths past MAX_EPISODES, each counted once per cache fill
+    # The last UTC day a download can have: tomorrow, for clocks a little ahead.
+    last_day: int = field(default_factory=lambda: int(time.time() // DAY_S) + 1)
 
     def __post_init__(self) -> None:
         self._decoder = decoder_for(bool(self.rules.hosts))
@@ -219,10 +233,17 @@ class Tally:
                 agent = self._agent(user_agent)
             if agent is None:
                 continue  # a bot, or an Apple Watch duplicate
-            counted += 1
             ts = entry.ts
             if type(ts) is not float or not day_start <= ts < day_end:
                 day, day_start, day_end = self._day(ts)
+                if day < 0:  # no time a download can have: the line is not an entry
+                    self.bad_lines += 1
+                    continue
+            size = entry.size
+            if not 0 <= size <= MAX_RESPONSE_BYTES:
+                self.bad_lines += 1
+                continue
+            counted += 1
             ip = req.client_ip
             if not ip:
                 if type(req) is not FullRequest:
@@ -230,7 +251,7 @@ class Tally:
                     return _index(entries, entry)
                 ip = req.remote_ip
             key = (day, episode, ips.get(ip) or self._ip_key(ip), agent)
-            listens[key] = listens.get(key, 0) + entry.size
+            listens[key] = listens.get(key, 0) + size
             if status == 200 or episode not in sizes:
                 self._note_size(entry, episode, key)
         self.counted_requests += counted
@@ -249,9 +270,14 @@ class Tally:
     def _episode(self, uri: str) -> str | None:
         path = uri.partition("?")[0]
         _bound(self._uris)
-        episode = self._uris[uri] = self.rules.episode(path)
-        if episode is not None:
-            self.paths.setdefault(episode, path)
+        episode = self.rules.episode(path)
+        if episode is not None and episode not in self.paths:
+            if len(self.paths) >= MAX_EPISODES:
+                self.refused_episodes += 1
+                episode = None
+            else:
+                self.paths[episode] = path
+        self._uris[uri] = episode
         return episode
 
     def _agent(self, user_agent: str) -> str | None:
@@ -277,8 +303,16 @@ class Tally:
 
     def _day(self, ts: float | str) -> tuple[int, float, float]:
         """The UTC day of `ts` (days since 1970-01-01) and, for a float, the span of seconds
-        it covers: the next lines mostly fall in it and skip the division."""
-        day = _day(ts)
+        it covers: the next lines mostly fall in it and skip the division. -1 for a time that
+        is none (another `time_format`, a string that is no ISO time) or that no download can
+        have (before 1970, after `last_day`): out of a date's range it failed every run, and a
+        day ahead would keep its rows past every pruning."""
+        try:
+            day = _day(ts)
+        except (ValueError, OverflowError):  # not ISO 8601; an infinite float
+            return -1, 0.0, 0.0
+        if not 0 <= day <= self.last_day:
+            return -1, 0.0, 0.0
         day = self._days.setdefault(day, day)  # one int object per day for all the keys
         if type(ts) is not float:
             return day, 0.0, 0.0
@@ -289,14 +323,14 @@ class Tally:
         200 `Content-Length`. The threshold falls back to it when the media file is absent."""
         resp = response_headers(entry)
         if entry.status == 206 and resp.content_range:
-            total = resp.content_range[0].rpartition("/")[2]
-            if total.isdigit():
-                self.sizes[episode] = int(total)
+            total = count(resp.content_range[0].rpartition("/")[2])
+            if total is not None:
+                self.sizes[episode] = total
         elif entry.status == 200:
-            length = resp.content_length[0] if resp.content_length else ""
-            if length.isdigit():
-                self.sizes[episode] = int(length)
-                if entry.size >= int(length) > 0:
+            length = count(resp.content_length[0]) if resp.content_length else None
+            if length is not None:
+                self.sizes[episode] = length
+                if entry.size >= length > 0:
                     self._whole.add(key)
             elif entry.size > 0:
                 self._whole.add(key)
@@ -313,14 +347,24 @@ def _bound(cache: dict[Any, Any]) -> None:
         cache.clear()
 
 
+def count(text: str) -> int | None:
+    """`text` as a whole number of at most 18 ASCII digits, else None. `str.isdigit` is true
+    for '²', which int() refuses, and int() refuses more than 4,300 digits: a header of either
+    raised in the parse, which failed every run of the log."""
+    if 0 < len(text) <= _MAX_DIGITS and text.isascii() and text.isdigit():
+        return int(text)
+    return None
+
+
 def is_probe(spec: str) -> bool:
     """`Range: bytes=0-1` and other requests for at most 2 bytes: players probing the file."""
     if spec == "bytes=0-1":
         return True
     first, _, last = spec.removeprefix("bytes=").partition("-")
-    if "," in spec or not first.isdigit() or not last.isdigit():
+    start, end = count(first), count(last)
+    if "," in spec or start is None or end is None:
         return False
-    return int(last) - int(first) + 1 <= 2
+    return end - start + 1 <= 2
 
 
 def _day(ts: float | str) -> int:

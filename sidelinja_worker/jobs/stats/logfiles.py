@@ -1,18 +1,26 @@
 """Caddy's log files on disk: which belong to a log, how to read them as lines, and how to know
-a file again after it was rotated (renamed, then gzip- or zstd-compressed)."""
+a file again after it was rotated (renamed, then gzip- or zstd-compressed).
+
+Every file is opened by `silos.open_in_folder`: a regular file of one link, in the folder it
+was listed in, and not a symlink swapped in since it was listed. A live file is read up to
+the size it had when opened: what Caddy appends meanwhile is the next run's."""
 
 from __future__ import annotations
 
 import gzip
 import hashlib
 import io
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import zstandard
 from isal import igzip
+
+from sidelinja_worker.jobs.silos import open_in_folder
 
 # Read, and decoded, a chunk at a time: the ~140 Caddy lines of 128 KiB stay in the CPU cache
 # while they are counted; the entries of a 1 MiB chunk did not (1.2-1.5x slower).
@@ -25,6 +33,11 @@ FINGERPRINT_BYTES = 4096
 # a log but a decompression bomb, and the parse fails naming it.
 MAX_EXPANSION_RATIO = 200
 MIN_EXPANSION_BYTES = 16 * 1024 * 1024
+# The most history a zstd frame may make its decoder keep (the frame names it, up to libzstd's
+# 128 MiB, and the decoder fills it). Caddy's encoder writes 8 MiB windows at most, as do
+# zstd's levels 1-19, and 8 MiB is what the format asks every decoder to support; a frame that
+# needs more is refused as a damaged file is.
+MAX_ZSTD_WINDOW = 8 * 1024 * 1024
 
 # lumberjack (Caddy <= 2.10): access-2024-05-01T12-30-00.000.log[.gz]
 # timberjack (Caddy >= 2.11): access-2026-03-01T00-00-00.000-size.log[.gz|.zst]
@@ -34,19 +47,29 @@ ROTATED = re.compile(
 )
 
 
+def utf8_text(text: str) -> str:
+    """`text` as PostgreSQL's text and JSON can hold it: the bytes of a file name that are not
+    UTF-8 (which Python keeps as lone surrogates) become U+FFFD. Names and errors of files go
+    into the job's result and `podcast_log_files`, and one that cannot be stored failed every
+    run (and so stopped the runs' schedule)."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 class LogBomb(Exception):
     """A compressed file that expands beyond MAX_EXPANSION_RATIO: refused, naming it."""
 
 
-def expansion_limit(path: Path) -> int:
-    """How many bytes the compressed file at `path` may expand to."""
-    return max(MAX_EXPANSION_RATIO * path.stat().st_size, MIN_EXPANSION_BYTES)
+def expansion_limit(compressed_size: int) -> int:
+    """How many bytes a compressed file of `compressed_size` bytes may expand to."""
+    return max(MAX_EXPANSION_RATIO * compressed_size, MIN_EXPANSION_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
 class LogFile:
     path: Path
     rotated: bool  # a rotated file never grows again: its last line is final
+    # The folder the file must be opened in (the workspace's media folder); None: its own.
+    folder: Path | None = None
 
     @property
     def compressed(self) -> bool:
@@ -89,16 +112,25 @@ def _rotation_time(path: Path) -> str:
 Stream = io.BufferedIOBase | io.RawIOBase
 
 
-def open_stream(path: Path) -> Stream:
+def open_raw(path: Path, folder: Path | None = None) -> BinaryIO:
+    """The file as it is on disk, opened in `folder` (default: its own) by `open_in_folder`."""
+    return open_in_folder(folder or path.parent.resolve(), path)
+
+
+def open_stream(path: Path, folder: Path | None = None) -> Stream:
     """The file's log text as a binary stream, decompressed as it is read (bounded memory)."""
-    if path.suffix == ".gz":
-        return io.BufferedReader(GzipReader(path), CHUNK_BYTES)
-    if path.suffix == ".zst":
-        raw = path.open("rb")
-        return zstandard.ZstdDecompressor().stream_reader(
+    return decompress(open_raw(path, folder), path.suffix)
+
+
+def decompress(raw: BinaryIO, suffix: str) -> Stream:
+    """`raw`'s log text by the file's suffix; closing the stream closes `raw`."""
+    if suffix == ".gz":
+        return io.BufferedReader(GzipReader(raw), CHUNK_BYTES)
+    if suffix == ".zst":
+        return zstandard.ZstdDecompressor(max_window_size=MAX_ZSTD_WINDOW).stream_reader(
             raw, read_across_frames=True, closefd=True
         )  # type: ignore[return-value]
-    return path.open("rb")
+    return raw  # type: ignore[return-value]
 
 
 class GzipReader(io.RawIOBase):
@@ -109,10 +141,10 @@ class GzipReader(io.RawIOBase):
     the stdlib yields everything up to it. So on any error it reads again with the stdlib's
     gzip from where it got to, and a damaged file gives the same lines and error as before."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, raw: BinaryIO) -> None:
         super().__init__()
-        self._path = path
-        self._stream: io.BufferedIOBase = igzip.open(path, "rb")
+        self._raw = raw
+        self._stream: io.BufferedIOBase = igzip.IGzipFile(fileobj=raw)
         self._fallback = False
         self._pos = 0
 
@@ -132,20 +164,22 @@ class GzipReader(io.RawIOBase):
     def _fall_back(self, buffer: bytearray | memoryview) -> int:
         self._stream.close()
         self._fallback = True
-        self._stream = gzip.open(self._path, "rb")  # noqa: SIM115 - closed by close()
+        self._raw.seek(0)  # the same open file, read again from its start
+        self._stream = gzip.GzipFile(fileobj=self._raw)
         _skip(self._stream, self._pos, compressed=True)
         return self._stream.readinto(buffer)
 
     def close(self) -> None:
         if not self.closed:
             self._stream.close()
+            self._raw.close()
         super().close()
 
 
-def fingerprint(path: Path) -> str | None:
+def fingerprint(path: Path, folder: Path | None = None) -> str | None:
     """Identifies the log text, not the file: a hash of its first line (or first 4 KiB), which
     stays the same through rename and compression. None while no complete line exists yet."""
-    with open_stream(path) as stream:
+    with open_stream(path, folder) as stream:
         head = stream.read(FINGERPRINT_BYTES)
     cut = head.find(b"\n")
     if cut < 0 and len(head) < FINGERPRINT_BYTES:
@@ -158,16 +192,21 @@ def read_blocks(log: LogFile, start: int) -> Iterator[tuple[memoryview, int]]:
     """Complete lines from byte `start` of the log text, as blocks of whole lines (about
     CHUNK_BYTES each, newline-terminated), each with the offset just past it. A live file's
     unterminated last line is still being written: it is left for the next run, which resumes at
-    the last offset yielded; a rotated file's is final and comes as the last block.
+    the last offset yielded; a rotated file's is final and comes as the last block. A plain
+    file is read up to the size it had when opened: Caddy appending faster than the parse reads
+    would keep the run from ever ending (its offsets are committed only at its end).
 
     A block is a view into one reused buffer, valid until the next block is asked for: the
     file is read into it (no bytes object per chunk, and none per line: the decoder takes the
     whole block in one call). Joining each chunk to the previous one's unfinished line copied
     every byte once more, ~4 % of a parse's instructions (callgrind)."""
-    limit = expansion_limit(log.path) if log.compressed else None
-    with open_stream(log.path) as stream:
+    raw = open_raw(log.path, log.folder)
+    with raw, decompress(raw, log.path.suffix) as stream:
+        size = os.fstat(raw.fileno()).st_size  # of the file opened, not of the name now
+        limit = expansion_limit(size) if log.compressed else None
         _skip(stream, start, log.compressed)
         _check_expansion(log, start, limit)
+        left = None if log.compressed else max(size - start, 0)
         buf = bytearray(2 * CHUNK_BYTES)
         view = memoryview(buf)
         offset, kept = start, 0  # kept: bytes of an unfinished line at the front of buf
@@ -177,9 +216,12 @@ def read_blocks(log: LogFile, start: int) -> Iterator[tuple[memoryview, int]]:
                 buf = bytearray(2 * len(buf))
                 buf[:kept] = view[:kept]
                 view = memoryview(buf)
-            got = stream.readinto(view[kept : kept + CHUNK_BYTES])
+            want = CHUNK_BYTES if left is None else min(CHUNK_BYTES, left)
+            got = stream.readinto(view[kept : kept + want]) if want else 0
             if not got:
                 break
+            if left is not None:
+                left -= got
             if limit is not None:
                 _check_expansion(log, offset + kept + got, limit)
             filled = kept + got
@@ -200,7 +242,7 @@ def read_blocks(log: LogFile, start: int) -> Iterator[tuple[memoryview, int]]:
 def _check_expansion(log: LogFile, decompressed: int, limit: int | None) -> None:
     if limit is not None and decompressed > limit:
         raise LogBomb(
-            f"{log.path.name} expands to more than {limit} bytes ({MAX_EXPANSION_RATIO} times "
+            f"{utf8_text(log.path.name)} expands to more than {limit} bytes ({MAX_EXPANSION_RATIO} times "
             "its compressed size): not a log, refused"
         )
 

@@ -12,12 +12,13 @@ from typing import Any
 import zstandard
 
 from sidelinja_worker.jobs.stats.counting import (
+    MAX_EPISODES,
     EpisodeRules,
     Listen,
     ListenerKey,
     Tally,
 )
-from sidelinja_worker.jobs.stats.logfiles import LogFile, read_blocks
+from sidelinja_worker.jobs.stats.logfiles import LogFile, read_blocks, utf8_text
 from sidelinja_worker.jobs.stats.spill import CHUNK_RECORDS, Record, merge_runs, read_chunks
 
 
@@ -29,6 +30,7 @@ class FileTask:
     rotated: bool
     fingerprint: str
     start: int
+    folder: Path | None = None  # the folder it must be opened in (LogFile.folder)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +130,11 @@ def parse_files(
     finally:
         if was_enabled:
             gc.enable()
+    if tally.refused_episodes:
+        errors.append(
+            f"more than {MAX_EPISODES:,} episodes in one run: requests for "
+            f"{tally.refused_episodes:,} other paths were not counted"
+        )
     if tally.runs:
         return _spilled(tally, done, errors)
     listens = tally.listens
@@ -176,11 +183,11 @@ def _spilled(tally: Tally, done: list[FileDone], errors: list[str]) -> ParseResu
 def _parse_one(task: FileTask, tally: Tally, errors: list[str]) -> FileDone:
     """A corrupt or truncated compressed file is read up to the damage and reported; a rotated
     one is then marked done (it will not heal), a live one is tried again next run."""
-    log = LogFile(task.path, task.rotated)
+    log = LogFile(task.path, task.rotated, task.folder)
     offset = task.start
     try:
         for block, offset in read_blocks(log, task.start):  # noqa: B007 - the last is kept
             tally.add_block(block)
     except (OSError, EOFError, zstandard.ZstdError) as exc:
-        errors.append(f"{task.path.name}: {type(exc).__name__}: {exc}")
-    return FileDone(task.fingerprint, task.path.name, offset, task.rotated)
+        errors.append(utf8_text(f"{task.path.name}: {type(exc).__name__}: {exc}"))
+    return FileDone(task.fingerprint, utf8_text(task.path.name), offset, task.rotated)

@@ -4,9 +4,13 @@ Workspace settings, under `settings["stats"]` (all optional): `interval` ("1h"),
 ("/"), `media_dir` ("", in the workspace media folder MEDIA_ROOT/<workspace id>), `episodes`
 ({path: id}), `hosts` ([]); `interval` is at least 60 s and at most 31 days.
 
-Bounds on hostile logs: a line longer than logfiles.MAX_LINE_BYTES (1 MiB) is dropped; a
+Bounds on hostile logs: a line longer than logfiles.MAX_LINE_BYTES (1 MiB) is dropped, one
+whose time is none or no download's (before 1970, after tomorrow) or whose size is past
+counting.MAX_RESPONSE_BYTES (64 GiB) is a bad line, a header's number past 18 digits is none;
+past counting.MAX_EPISODES (20,000) episodes, other paths are not counted; a
 compressed file expanding more than logfiles.MAX_EXPANSION_RATIO (200) times its size (beyond
-16 MiB) fails the job permanently, naming the file; past SPILL_LISTENERS listeners the parse
+16 MiB) fails the job permanently, naming the file; a zstd frame that needs a window over
+logfiles.MAX_ZSTD_WINDOW (8 MiB) is a damaged file; past SPILL_LISTENERS listeners the parse
 spills to sorted files in the system's temporary folder (memory stays ~100 MB whatever the log
 holds; the totals are the same)."""
 
@@ -19,6 +23,7 @@ import pickle
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -27,10 +32,11 @@ import zstandard
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sidelinja_worker.jobs.media_paths import workspace_media_root
+from sidelinja_worker.jobs.silos import UnsafeFile
 from sidelinja_worker.jobs.stats import store as stats_store
 from sidelinja_worker.jobs.stats.counting import AUDIO_EXTENSIONS, EpisodeRules
 from sidelinja_worker.jobs.stats.geo import country_lookup
-from sidelinja_worker.jobs.stats.logfiles import LogFile, discover, fingerprint
+from sidelinja_worker.jobs.stats.logfiles import LogFile, discover, fingerprint, utf8_text
 from sidelinja_worker.jobs.stats.media import threshold_bytes
 from sidelinja_worker.jobs.stats.parse import FileTask, ParseResult
 from sidelinja_worker.jobs.stats.spill import Record
@@ -116,14 +122,21 @@ def resolve_logs(media_root: Path, logs: str) -> list[LogFile]:
     outside it or naming nothing is permanent."""
     parts = Path(logs).parts
     cut = next((i for i, p in enumerate(parts) if _GLOB & set(p)), len(parts))
-    base = (media_root / Path(*parts[:cut])).resolve() if cut else media_root
+    try:
+        base = (media_root / Path(*parts[:cut])).resolve() if cut else media_root
+    except RuntimeError as exc:  # a symlink loop (Python 3.11; 3.13 resolves it as it is)
+        raise PermanentError(f"logs {logs!r} cannot be resolved: {exc}") from None
     if not base.is_relative_to(media_root):
         raise PermanentError(f"logs {logs!r} is outside this workspace's media folder")
     if not base.exists():
         raise PermanentError(f"logs {logs!r} not found in this workspace's media folder")
     pattern = str(Path(*parts[cut:])) if cut < len(parts) else None
     _check_glob(logs, parts[cut:])
-    files = [f for f in discover(base, pattern) if f.path.resolve().is_relative_to(media_root)]
+    files = [
+        replace(f, folder=media_root)
+        for f in discover(base, pattern)
+        if f.path.resolve().is_relative_to(media_root)
+    ]
     if not files:
         raise PermanentError(f"logs {logs!r}: no log files found")
     return files
@@ -149,7 +162,7 @@ async def _parse_and_commit(
 ) -> dict[str, Any]:
     pool, ws = ctx.services.pool, ctx.workspace_id
     for _ in range(COMMIT_ROUNDS):
-        prints = await asyncio.to_thread(_fingerprints, logs)
+        prints, refused = await asyncio.to_thread(_fingerprints, logs)
         states = await stats_store.file_states(pool, ws, list(prints.values()))
         tasks, saves = plan(logs, prints, states)
         await ctx.progress(f"reading {len(tasks)} of {len(prints)} log files", None)
@@ -179,23 +192,28 @@ async def _parse_and_commit(
                 "bad_lines": result.bad_lines,
                 "requests_counted": result.counted_requests,
                 "new_downloads": added,
-                "file_errors": result.errors,
+                "file_errors": refused + result.errors,
             }
     raise RetryJob("other stats_parse runs kept committing the same logs; trying again later")
 
 
-def _fingerprints(logs: list[LogFile]) -> dict[LogFile, str]:
+def _fingerprints(logs: list[LogFile]) -> tuple[dict[LogFile, str], list[str]]:
+    """Each readable log's fingerprint, and why a log was refused (`open_in_folder`)."""
     found = {}
+    refused = []
     for log in logs:
         try:
-            fp = fingerprint(log.path)
+            fp = fingerprint(log.path, log.folder)
+        except UnsafeFile as exc:
+            refused.append(utf8_text(f"{log.path.name}: {exc}"))
+            continue
         except FileNotFoundError:
             continue  # rotated or removed since it was listed; its text is read under its new name
         except (OSError, EOFError, zstandard.ZstdError):
             continue  # unreadable or not yet fully compressed: its source file is still there
         if fp is not None:
             found[log] = fp
-    return found
+    return found, refused
 
 
 def plan(
@@ -213,9 +231,10 @@ def plan(
         seen.add(fp)
         state = states.get(fp)
         if state is not None and state.complete:
-            saves.append(FileSave(fp, log.path.name, state.read_offset, True))
+            saves.append(FileSave(fp, utf8_text(log.path.name), state.read_offset, True))
         else:
-            tasks.append(FileTask(log.path, log.rotated, fp, state.read_offset if state else 0))
+            start = state.read_offset if state else 0
+            tasks.append(FileTask(log.path, log.rotated, fp, start, log.folder))
     return tasks, saves
 
 
@@ -259,19 +278,21 @@ def _thresholds(
 ) -> dict[str, int | None]:
     return {
         ep: threshold_bytes(
-            _media_file(media_root, settings, result.paths.get(ep)), result.sizes.get(ep)
+            _media_file(media_root, settings, result.paths.get(ep)),
+            result.sizes.get(ep),
+            media_root,
         )
         for ep in result.episodes
     }
 
 
 def _media_file(media_root: Path, settings: StatsSettings, url_path: str | None) -> Path | None:
+    """Where the episode's file would be. Not resolved here: `threshold_bytes` opens it with
+    `open_in_folder`, which refuses a path out of `media_root` and one through a symlink loop
+    (resolving raised RuntimeError for a loop, which failed every run)."""
     if url_path is None or not url_path.startswith(settings.url_prefix):
         return None
-    path = (
-        media_root / settings.media_dir / url_path[len(settings.url_prefix) :].lstrip("/")
-    ).resolve()
-    return path if path.is_relative_to(media_root) else None
+    return media_root / settings.media_dir / url_path[len(settings.url_prefix) :].lstrip("/")
 
 
 async def _row_batches(

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from sidelinja_worker.jobs.media_paths import resolve_media_path
-from sidelinja_worker.jobs.silos import check_repo
+from sidelinja_worker.jobs.silos import check_repo, open_media_file
 from sidelinja_worker.jobs.transcripts import store as transcripts_store
 from sidelinja_worker.jobs.transcripts.subtitles import SrtError, Transcript, parse_srt_off_loop
 from sidelinja_worker.jobs.transcripts.whisper_transcribe import forgejo_source
@@ -95,10 +95,10 @@ async def _load(ctx: JobContext, payload: SrtParsePayload) -> tuple[bytes, dict[
     """The SRT's bytes and a description of where they came from (stored with the transcript)."""
     config = ctx.services.config
     if payload.srt_path is not None:
-        path = resolve_media_path(config.require("MEDIA_ROOT"), ctx.workspace_id, payload.srt_path)
-        if path.stat().st_size > MAX_SRT_BYTES:
-            raise PermanentError(f"{payload.srt_path!r} is over {MAX_SRT_BYTES} bytes: not an SRT")
-        return await asyncio.to_thread(path.read_bytes), {"path": payload.srt_path}
+        raw = await asyncio.to_thread(
+            _read_media_srt, config.require("MEDIA_ROOT"), ctx, payload.srt_path
+        )
+        return raw, {"path": payload.srt_path}
     src = payload.forgejo or await _parent_source(ctx)
     forgejo = Forgejo.from_config(ctx.services.http, config)
     check_repo(await ctx.workspace_settings(), src.owner, src.repo)
@@ -109,6 +109,18 @@ async def _load(ctx: JobContext, payload: SrtParsePayload) -> tuple[bytes, dict[
     if len(state.content) > MAX_SRT_BYTES:
         raise PermanentError(f"Forgejo's {src.path!r} is over {MAX_SRT_BYTES} bytes: not an SRT")
     return state.content, {"forgejo": {**src.model_dump(), "sha": state.sha}}
+
+
+def _read_media_srt(media_root: str, ctx: JobContext, path: str) -> bytes:
+    """The SRT's bytes, read from the one open file that was checked (`open_media_file`), and
+    at most MAX_SRT_BYTES of them: a file that grows after its size is known is refused, not
+    read to its new end."""
+    with open_media_file(media_root, ctx.workspace_id, path) as f:
+        too_big = os.fstat(f.fileno()).st_size > MAX_SRT_BYTES
+        raw = b"" if too_big else f.read(MAX_SRT_BYTES + 1)
+    if too_big or len(raw) > MAX_SRT_BYTES:
+        raise PermanentError(f"{path!r} is over {MAX_SRT_BYTES} bytes: not an SRT")
+    return raw
 
 
 async def _parent_source(ctx: JobContext) -> ForgejoSource:

@@ -26,6 +26,12 @@ _LOOKS_TIMED = re.compile(r"\s*\d{1,3}[:.,]\d")
 # A cue's line is a sentence or two; a longer one is not a subtitle (and is refused before any
 # pattern looks at it).
 MAX_LINE_CHARS = 20_000
+# Lines and cues in a file: ten hours of speech are some 15,000 cues in 60,000 lines, and the
+# 20 MB cap some 130 hours. Each line becomes a string before the cues are read (a 20 MB file
+# of short lines: 7 million strings, 480 MB), so the lines are counted first; each cue becomes
+# a segment (900,000 minimal ones: 280 MB).
+MAX_LINES = 1_000_000
+MAX_CUES = 200_000
 # Digits in one number of a timestamp: 9 keep any time under 2^53 ms (BIGINT, JSON).
 MAX_TIMESTAMP_DIGITS = 9
 # A pause this long between cues starts a new paragraph in the plain text.
@@ -75,6 +81,8 @@ def parse_srt(text: str) -> Transcript:
     nul = text.find("\x00")
     if nul >= 0:  # a binary file, or text PostgreSQL could not store
         raise SrtError(text.count("\n", 0, nul) + 1, "a NUL character: not text")
+    if text.count("\n") > MAX_LINES:
+        raise SrtError(MAX_LINES + 1, f"more than {MAX_LINES:,} lines: not a transcript")
     segments = []
     for number, start_ms, end_ms, lines in _cues(text.split("\n")):
         if end_ms < start_ms:
@@ -131,6 +139,8 @@ def _cues(lines: list[str]) -> list[tuple[int, int, int, list[str]]]:
             line, number, timing = nxt, i + 1, _TIMING.fullmatch(nxt)
             i += 1
         if timing is not None:
+            if len(cues) >= MAX_CUES:
+                raise SrtError(number, f"more than {MAX_CUES:,} cues: not a transcript")
             text = []
             cues.append((number, _ms(timing, 1, number), _ms(timing, 6, number), text))
             block_start = False

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from sidelinja_worker.jobs.media_paths import resolve_media_path
-from sidelinja_worker.jobs.silos import check_repo
+from sidelinja_worker.jobs.silos import check_repo, open_media_file
 from sidelinja_worker.jobs.transcripts.governor import Route, choose_whisper
 from sidelinja_worker.jobs.transcripts.subtitles import SrtError, Transcript, parse_srt_off_loop
 from sidelinja_worker.queue.client import NewJob
@@ -44,6 +45,8 @@ class WhisperTranscribePayload(BaseModel):
 async def run_whisper_transcribe(ctx: JobContext, payload: WhisperTranscribePayload) -> Any:
     config = ctx.services.config
     check_repo(await ctx.workspace_settings(), payload.forgejo.owner, payload.forgejo.repo)
+    # Checked first: it refuses every path resolve_media_path refuses, and a symlink loop.
+    await asyncio.to_thread(_check_audio, config.require("MEDIA_ROOT"), ctx, payload.audio_path)
     audio = resolve_media_path(config.require("MEDIA_ROOT"), ctx.workspace_id, payload.audio_path)
     route = await choose_whisper(ctx.services.http, config)
     log.info("job %s whisper_transcribe: %s", ctx.job_id, route.reason)
@@ -74,6 +77,12 @@ async def run_whisper_transcribe(ctx: JobContext, payload: WhisperTranscribePayl
             "commit_sha": commit.commit_sha,
         },
     }
+
+
+def _check_audio(media_root: str, ctx: JobContext, path: str) -> None:
+    """Refuses an audio file `open_media_file` refuses: a hard link (maybe another workspace's
+    file) or no regular file."""
+    open_media_file(media_root, ctx.workspace_id, path).close()
 
 
 async def _transcribe(ctx: JobContext, route: Route, req: whisper.TranscribeRequest) -> str:
