@@ -507,6 +507,11 @@ class Worker:
         return None
 
     async def _run_job(self, job: ClaimedJob, slot_task: asyncio.Task[None]) -> None:
+        if job.id in self._running:
+            # Claimed again while it runs here: plain SQL set its row back to pending, and this
+            # worker took it. The row is this worker's, so the run under way writes its
+            # outcome; a second run would share the first's entries below and end the slot.
+            return
         metrics.picked_up(job.job_type, job.waited_s)
         metrics.CURRENT_JOB.set((job.workspace_id, job.job_type))
         known = self._types.get(job.job_type)

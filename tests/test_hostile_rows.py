@@ -1,0 +1,60 @@
+"""Rows a plain-SQL writer changes under the worker: a running job's row rewritten, a graph
+edge no handler would make. Whatever the row says, the worker keeps running every other job."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.registry import Registry
+from sidelinja_worker.queue.settings import WorkerSettings
+from sidelinja_worker.queue.worker import Worker
+from tests.helpers import job_type, wait_for
+
+
+async def test_a_running_job_set_back_to_pending_runs_once_here_and_the_worker_lives_on(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """The web app sets a running job back to `pending` (its worker_id still this worker's),
+    and this worker claims it again while its first run goes on. Two runs of one job in one
+    worker shared the job's entries in the worker's tables: the second to end found them gone
+    (KeyError), its slot died, and with it the worker (exit 3), every job it held handed to the
+    rescue. The row is this worker's and its run is under way: the second claim is that run."""
+    release = asyncio.Event()
+    runs: list[UUID] = []
+
+    async def long(ctx: JobContext, payload: Any) -> dict[str, int]:
+        runs.append(ctx.job_id)
+        await release.wait()
+        return {"run": len(runs)}
+
+    job = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'long', '{}')"
+        " RETURNING id",
+        workspace,
+    )
+    worker = Worker(
+        pool,
+        db_url,
+        Registry([job_type("long", long)]),
+        WorkerSettings(poll_interval_s=0.05, max_concurrent=3, burst=True),
+    )
+    task = asyncio.create_task(worker.run())
+    await wait_for(lambda: runs, what="the first run")
+    await pool.execute("UPDATE job_queue SET status = 'pending' WHERE id = $1", job)
+    await wait_for(
+        lambda: pool.fetchval(
+            "SELECT status = 'running' AND attempts = 2 FROM job_queue WHERE id = $1", job
+        ),
+        what="the second claim",
+    )
+    await wait_for(lambda: worker.claims_made >= 3, what="a claim after the second")
+    release.set()
+    await asyncio.wait_for(task, 30)  # raised WorkerDied before
+    row = await pool.fetchrow("SELECT status::text, attempts FROM job_queue WHERE id = $1", job)
+    assert (row["status"], row["attempts"]) == ("completed", 2)
+    assert runs == [job]
