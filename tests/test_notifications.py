@@ -4,6 +4,7 @@ channel the workers listen on, with any payload, and no job changes state becaus
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 from urllib.parse import urlsplit
 from uuid import UUID, uuid4
@@ -234,3 +235,28 @@ async def test_a_stream_of_cancel_notices_reads_the_row_a_few_times_a_second_and
         await wait_for_sql(
             pool, "SELECT status = 'cancelled' FROM job_queue WHERE id = $1", job, timeout_s=5
         )
+
+
+async def test_a_stream_of_junk_cancel_notices_writes_no_log_line_of_its_own(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Any role may NOTIFY the cancel channel with 8,000 bytes of anything, as fast as it
+    likes. Each notice that named no job was a warning holding the whole payload: a second of
+    them from one client wrote megabytes of log lines, formatted on the worker's event loop.
+    Such a notice is no news for an operator: a debug line, its payload cut short."""
+    named: list[UUID] = []
+    listener = Listener(db_url, lambda: None, named.append, lambda: None)
+    task = asyncio.create_task(listener.run())
+    sender = await asyncpg.connect(db_url)
+    try:
+        await asyncio.wait_for(listener.connected.wait(), 10)
+        caplog.set_level(logging.INFO, logger="sidelinja_worker.listener")
+        await _flood(sender, CANCEL_CHANNEL, "x" * 7900, 1.0)
+        job = uuid4()
+        await sender.execute("SELECT pg_notify($1, $2)", CANCEL_CHANNEL, str(job))
+        await wait_for(lambda: named == [job])  # every junk notice before it has been read
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await sender.close()
+    assert [r.getMessage()[:80] for r in caplog.records] == []
