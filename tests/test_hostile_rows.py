@@ -13,7 +13,7 @@ from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.worker import Worker
-from tests.helpers import job_type, wait_for
+from tests.helpers import job_type, run_burst, wait_for
 
 
 async def test_a_running_job_set_back_to_pending_runs_once_here_and_the_worker_lives_on(
@@ -58,3 +58,42 @@ async def test_a_running_job_set_back_to_pending_runs_once_here_and_the_worker_l
     row = await pool.fetchrow("SELECT status::text, attempts FROM job_queue WHERE id = $1", job)
     assert (row["status"], row["attempts"]) == ("completed", 2)
     assert runs == [job]
+
+
+async def test_relatives_with_types_of_megabytes_are_read_within_the_joins_cap(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """A job's parents and children are any rows a plain-SQL writer joins to it, their
+    `job_type` text of any length (stored compressed, a few kilobytes each). A join read its
+    parents' types whole beside their results, which are capped, and `ctx.children()` its
+    children's: 40 relatives of 2 MB each brought 80 MB to the worker, past the 64 MiB a join
+    may read; thousands would take its memory, and the rescue would hand the job on to the next
+    worker. No job type is that long: a relative's type comes as its first 200 characters."""
+    seen: dict[str, int] = {}
+
+    async def join(ctx: JobContext, payload: Any) -> None:
+        seen["parents"] = sum(len(p.job_type) for p in await ctx.parent_results())
+        seen["children"] = sum(len(t) for _, t, _ in await ctx.children())
+
+    child = await pool.fetchval(
+        "WITH parents AS (INSERT INTO job_queue (workspace_id, job_type, payload, status,"
+        "   result, created_at)"
+        "   SELECT $1, repeat('p', 2000000), '{}', 'completed', '{}', now() - interval '1 s'"
+        "   FROM generate_series(1, 40) RETURNING id),"
+        " joined AS (INSERT INTO job_queue (workspace_id, job_type, payload)"
+        "   VALUES ($1, 'join', '{}') RETURNING id),"
+        " edges AS (INSERT INTO job_dependencies (parent_id, child_id)"
+        "   SELECT p.id, j.id FROM parents p, joined j)"
+        " SELECT id FROM joined",
+        workspace,
+    )
+    await pool.execute(
+        "WITH children AS (INSERT INTO job_queue (workspace_id, job_type, payload,"
+        "   created_at) SELECT $1, repeat('c', 2000000), '{}', now() + interval '1 s'"
+        "   FROM generate_series(1, 40) RETURNING id)"
+        " INSERT INTO job_dependencies (parent_id, child_id) SELECT $2, id FROM children",
+        workspace,
+        child,
+    )
+    await run_burst(pool, db_url, Registry([job_type("join", join)]))
+    assert seen == {"parents": 40 * 200, "children": 40 * 200}

@@ -595,8 +595,9 @@ WHERE j.id = $1;
 -- join may have thousands of parents and any plain-SQL writer can make a result huge, so a
 -- result comes back only while the results so far fit in $2 bytes of JSON, and `total` is
 -- all of theirs together, for the caller to refuse a join over it. A result stored bigger than
--- $2 is counted by its stored size, never decompressed.
-SELECT p.id, p.job_type, p.status::text AS status,
+-- $2 is counted by its stored size, never decompressed. A parent's type is any text a writer
+-- gave it, megabytes included; no job type is longer than its first 200 characters.
+SELECT p.id, left(p.job_type, 200) AS job_type, p.status::text AS status,
        CASE WHEN sum(s.size) OVER (ORDER BY p.created_at, p.id) <= $2 THEN p.result END AS result,
        sum(s.size) OVER () AS total
 FROM job_dependencies d
@@ -609,12 +610,14 @@ WHERE d.child_id = $1
 ORDER BY p.created_at, p.id;
 
 -- name: job_relatives
--- A job's parents and children, for `jobs show` and `jobs why`.
-SELECT 'parent' AS relation, p.id, p.job_type, p.status::text AS status, d.run_anyway
+-- A job's parents and children, for `jobs show`, `jobs why` and `ctx.children()`; each type to
+-- its first 200 characters, as in `parent_results`.
+SELECT 'parent' AS relation, p.id, left(p.job_type, 200) AS job_type, p.status::text AS status,
+       d.run_anyway
 FROM job_dependencies d JOIN job_queue p ON p.id = d.parent_id
 WHERE d.child_id = $1
 UNION ALL
-SELECT 'child', c.id, c.job_type, c.status::text, d.run_anyway
+SELECT 'child', c.id, left(c.job_type, 200), c.status::text, d.run_anyway
 FROM job_dependencies d JOIN job_queue c ON c.id = d.child_id
 WHERE d.parent_id = $1
 ORDER BY 1 DESC, 3, 2;
