@@ -1141,3 +1141,35 @@ async def test_edges_across_workspaces_made_before_the_rule_are_removed_by_its_m
         "SELECT id, status::text AS st FROM job_queue WHERE id = ANY($1)", [held, free]
     )
     assert {r["id"]: r["st"] for r in rows} == {held: "waiting", free: "pending"}
+
+
+async def test_a_job_in_a_graph_keeps_its_instant_so_no_cycle_can_form(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """The cycle check trusts `created_at`: an edge points forward in time, or is checked among
+    the jobs of its instant. A writer that moved a parent's `created_at` past its child's could
+    then add the edge back: a cycle, whose jobs, once cancelled by a failed ancestor, named each
+    other in `cancelled_by`, and no retry of that ancestor brought them back. A job in a graph
+    keeps its `created_at`; a job outside one may change it and join a graph afterwards."""
+    await pool.execute(graph_sql(workspace, ["a", "b", "lone"], [("a", "b")]))
+    jobs = await by_name(pool)
+    a, b = jobs["a"]["id"], jobs["b"]["id"]
+    for job in (a, b):
+        with pytest.raises(asyncpg.CheckViolationError, match="in a job graph"):
+            await pool.execute(
+                "UPDATE job_queue SET created_at = now() + interval '1 hour' WHERE id = $1", job
+            )
+    with pytest.raises(asyncpg.CheckViolationError):
+        await pool.execute(
+            "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)", b, a
+        )
+    await pool.execute(
+        "UPDATE job_queue SET created_at = now() + interval '1 hour', priority = 1 WHERE id = $1",
+        jobs["lone"]["id"],
+    )
+    await pool.execute(
+        "UPDATE job_queue SET created_at = created_at, priority = 2 WHERE id = ANY($1)", [a, b]
+    )
+    await pool.execute(
+        "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)", b, jobs["lone"]["id"]
+    )
