@@ -691,7 +691,10 @@ class Worker:
         check.add_done_callback(self._checks.discard)
 
     def _holds(self, job_id: UUID) -> bool:
-        return job_id in self._running or any(j.id == job_id for j in self._ready)
+        """Whether `job_id` runs here. The jobs claimed ahead are not searched: they are up to
+        PREFETCH_MAX, and any role may send notices by the hundred thousand. A cancel of one
+        of them is read from the rows by the heartbeat (`_reconcile`)."""
+        return job_id in self._running
 
     async def _check_cancel(self, job_id: UUID) -> None:
         """Reads the job's row; again after CANCEL_RECHECK_S while notices kept arriving, as
