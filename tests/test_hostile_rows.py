@@ -8,12 +8,13 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
+import pytest
 
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.worker import Worker
-from tests.helpers import job_type, run_burst, wait_for
+from tests.helpers import insert_jobs, job_type, make_workspace, run_burst, statuses, wait_for
 
 
 async def test_a_running_job_set_back_to_pending_runs_once_here_and_the_worker_lives_on(
@@ -97,3 +98,31 @@ async def test_relatives_with_types_of_megabytes_are_read_within_the_joins_cap(
     )
     await run_burst(pool, db_url, Registry([job_type("join", join)]))
     assert seen == {"parents": 40 * 200, "children": 40 * 200}
+
+
+@pytest.mark.parametrize("capped", [False, True])
+async def test_a_job_at_the_lowest_priority_never_stops_the_fair_claims(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, capped: bool
+) -> None:
+    """The fair claims (the default) compare each candidate with the first job they leave out
+    of a full share by the negated priority, and smallint's lowest, -32768, has no negation in
+    smallint: one such row among the candidates beside a busy workspace failed every fair
+    claim of every worker ("smallint out of range"), and the claim loop, which retries only a
+    lost connection, ended the worker (exit 3), and its restart, for as long as the row was
+    due. The whole queue stopped for one row of one workspace."""
+    other = await make_workspace(pool, "other")
+    if capped:
+        await pool.execute(
+            "INSERT INTO job_type_limits (job_type, max_running) VALUES ('noop', 50)"
+        )
+    await insert_jobs(pool, workspace, 100)
+    lowest = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, priority)"
+        " VALUES ($1, 'noop', '{}', -32768) RETURNING id",
+        other,
+    )
+    await run_burst(pool, db_url)  # raised WorkerDied before
+    assert await statuses(pool) == {"completed": 101}
+    assert await pool.fetchval("SELECT status::text FROM job_queue WHERE id = $1", lowest) == (
+        "completed"
+    )

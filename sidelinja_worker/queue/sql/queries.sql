@@ -130,6 +130,8 @@ WHERE ctid = ANY(ARRAY(SELECT ctid FROM chosen))
 --    share. A workspace that gave its whole share may hold more: its next, unseen job is the
 --    "frontier", and only candidates before the earliest frontier in the fair order
 --    (priority DESC, turn) are taken. The claim may come back short, never out of order.
+--    Priorities are negated as integers: smallint's lowest, -32768, which any writer may
+--    give a job, has no negation in smallint, and failed every claim while it was due.
 -- 4. locked_one: with one workspace asked, its queue order is the fair order, so its jobs are
 --    taken straight from its index: no windows, no sort, no materialised rows (the common
 --    case of a backlog from one workspace).
@@ -212,13 +214,13 @@ WITH RECURSIVE open_types AS MATERIALIZED (
     LIMIT (SELECT room FROM asked LIMIT 1)
     FOR UPDATE SKIP LOCKED
 ), frontier AS (
-    SELECT -priority AS neg_priority, turn FROM locked WHERE frontier
-    ORDER BY -priority, turn LIMIT 1
+    SELECT -priority::int AS neg_priority, turn FROM locked WHERE frontier
+    ORDER BY 1, turn LIMIT 1
 ), chosen AS (
     SELECT c.ctid
     FROM locked c
     WHERE NOT EXISTS (  -- behind the frontier: an unseen job of a cut workspace comes first
-        SELECT 1 FROM frontier f WHERE (-c.priority, c.turn) > (f.neg_priority, f.turn))
+        SELECT 1 FROM frontier f WHERE (-c.priority::int, c.turn) > (f.neg_priority, f.turn))
     ORDER BY c.priority DESC, c.turn, c.scheduled_for, c.luck
     LIMIT $2
 )
@@ -299,15 +301,15 @@ WITH RECURSIVE type_room AS (
         ) q
     ) c
 ), frontier AS (
-    SELECT -priority AS neg_priority, turn FROM locked WHERE frontier
-    ORDER BY -priority, turn LIMIT 1
+    SELECT -priority::int AS neg_priority, turn FROM locked WHERE frontier
+    ORDER BY 1, turn LIMIT 1
 ), ranked AS (
     SELECT c.*, row_number() OVER (PARTITION BY c.job_type
                                    ORDER BY c.priority DESC, c.turn, c.scheduled_for, c.luck)
                AS type_rank
     FROM locked c
     WHERE NOT EXISTS (
-        SELECT 1 FROM frontier f WHERE (-c.priority, c.turn) > (f.neg_priority, f.turn))
+        SELECT 1 FROM frontier f WHERE (-c.priority::int, c.turn) > (f.neg_priority, f.turn))
 ), chosen AS (
     SELECT r.ctid
     FROM ranked r
