@@ -14,7 +14,15 @@ from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.worker import Worker
-from tests.helpers import insert_jobs, job_type, make_workspace, run_burst, statuses, wait_for
+from tests.helpers import (
+    cli,
+    insert_jobs,
+    job_type,
+    make_workspace,
+    run_burst,
+    statuses,
+    wait_for,
+)
 
 
 async def test_a_running_job_set_back_to_pending_runs_once_here_and_the_worker_lives_on(
@@ -126,3 +134,19 @@ async def test_a_job_at_the_lowest_priority_never_stops_the_fair_claims(
     assert await pool.fetchval("SELECT status::text FROM job_queue WHERE id = $1", lowest) == (
         "completed"
     )
+
+
+async def test_jobs_why_explains_a_running_row_plain_sql_left_without_a_start(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """`started_at` is the claim's, but any writer may set a row `running` without one (or
+    with one no datetime holds): `jobs why` ended in a traceback (None has no date format)."""
+    for started in ("NULL", "'infinity'"):
+        job = await pool.fetchval(
+            "INSERT INTO job_queue (workspace_id, job_type, payload, status, started_at)"
+            f" VALUES ($1, 'noop', '{{}}', 'running', {started}) RETURNING id",
+            workspace,
+        )
+        out = await asyncio.to_thread(cli, "jobs", "why", str(job), url=db_url)
+        assert out.returncode == 0, out.stderr
+        assert "it is running" in out.stdout
