@@ -20,6 +20,7 @@ from tests.helpers import (
     job_type,
     make_workspace,
     run_burst,
+    running_worker,
     statuses,
     wait_for,
 )
@@ -150,3 +151,42 @@ async def test_jobs_why_explains_a_running_row_plain_sql_left_without_a_start(
         out = await asyncio.to_thread(cli, "jobs", "why", str(job), url=db_url)
         assert out.returncode == 0, out.stderr
         assert "it is running" in out.stdout
+
+
+async def test_rows_set_running_under_a_live_worker_by_the_hundred_thousand_are_given_back(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """Any writer of job_queue (the web app's role too: it reads job_workers) may set its rows
+    `running` under a live worker's id. The worker gives back the rows it holds but never got
+    at each heartbeat: it read every such row, then released them in one statement, under the
+    claim lock and before its next heartbeat. 400,000 of them: the release outlasted its 10 s
+    bound at every heartbeat, so none came back, each holding a place in its type's cap for as
+    long as the worker lived, and the heartbeat waited for it past the lease, so the worker was
+    declared dead. They are given back in batches, a bounded time per heartbeat."""
+    async with running_worker(
+        pool, db_url, Registry([job_type("quick", _quick)]), lease_s=3.0, poll_interval_s=0.5
+    ) as worker:
+        first_id = worker.id
+        await wait_for(
+            lambda: pool.fetchval("SELECT count(*) = 1 FROM job_workers WHERE id = $1", first_id)
+        )
+        await pool.execute(
+            "INSERT INTO job_queue (workspace_id, job_type, payload, status, worker_id, attempts,"
+            " started_at) SELECT $1, 'parked', '{}', 'running', $2, 1, now()"
+            " FROM generate_series(1, 400000)",
+            workspace,
+            first_id,
+        )
+        await wait_for(
+            lambda: pool.fetchval(
+                "SELECT count(*) >= 100000 FROM job_queue WHERE status = 'pending'"
+            ),
+            timeout_s=60,
+            what="a quarter of the rows given back",
+        )
+        assert worker.id == first_id and not worker._fatal  # never declared dead
+        await pool.execute("DELETE FROM job_queue WHERE status = 'running'")
+
+
+async def _quick(ctx: JobContext, payload: Any) -> None:
+    return None

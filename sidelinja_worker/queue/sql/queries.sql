@@ -646,13 +646,40 @@ SET expires_at = now() + make_interval(secs => $2),
 WHERE id = $1
 RETURNING drain_requested_at IS NOT NULL AS drain;
 
--- name: held_jobs
--- The jobs the database says this worker runs, and whether their cancellation was requested
--- (the fallback for a lost notification, and the path for a plain-SQL cancel).
-SELECT id, cancel_requested_at IS NOT NULL AS cancel_requested
+-- name: cancel_requests
+-- Which of the jobs $2, which this worker runs, their rows ask to cancel (the fallback for a
+-- lost notification, and the path for a plain-SQL cancel). Only these: any writer may set
+-- rows `running` under this worker by the hundred thousand.
+SELECT id
 FROM job_queue
-WHERE worker_id = $1
-  AND status = 'running';
+WHERE id = ANY($2::uuid[])
+  AND worker_id = $1
+  AND status = 'running'
+  AND cancel_requested_at IS NOT NULL;
+
+-- name: release_lost
+-- Up to $3 of the rows `running` under this worker that it does not know ($2: the jobs it runs,
+-- holds or is writing the outcome of), back to the queue with the attempt returned, as
+-- `release` does: claimed for it, their answer lost on the way (a connection that died), or
+-- set so by another writer. A batch at a time, for any writer may set them by the hundred
+-- thousand, and the claim lock is held meanwhile.
+WITH lost AS (
+    SELECT id FROM job_queue
+    WHERE worker_id = $1
+      AND status = 'running'
+      AND id NOT IN (SELECT unnest($2::uuid[]))
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE job_queue j
+SET status = CASE WHEN j.attempts <= 1 THEN 'pending' ELSE 'retry' END::job_status,
+    attempts = greatest(j.attempts - 1, 0),
+    scheduled_for = now(),
+    started_at = NULL,
+    worker_id = NULL
+FROM lost
+WHERE j.id = lost.id
+RETURNING j.id;
 
 -- name: release_held
 -- At exit, after every outcome is written: anything still `running` under this worker was
