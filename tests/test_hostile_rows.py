@@ -1,5 +1,7 @@
-"""Rows a plain-SQL writer changes under the worker: a running job's row rewritten, a graph
-edge no handler would make. Whatever the row says, the worker keeps running every other job."""
+"""Rows a plain-SQL writer makes or changes under the worker: a running job set back to
+pending, rows set running under a live worker, relatives whose types are megabytes, a priority
+at smallint's bottom, a running row without its start. Whatever the rows say, the worker keeps
+running every other job."""
 
 from __future__ import annotations
 
