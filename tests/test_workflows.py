@@ -1173,3 +1173,34 @@ async def test_a_job_in_a_graph_keeps_its_instant_so_no_cycle_can_form(
     await pool.execute(
         "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)", b, jobs["lone"]["id"]
     )
+
+
+@pytest.mark.parametrize("how", ["follow-up", "child"])
+async def test_a_job_adds_jobs_to_its_own_workspace_only(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, how: str
+) -> None:
+    """A job's follow-ups and children are committed with its completion by the worker, which
+    may write every workspace: a handler that named another workspace (from its payload, say)
+    put a job there, with no check anywhere. The job fails for good, naming the rule, and
+    nothing is added."""
+    other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
+
+    async def reach(ctx: JobContext, payload: Any) -> None:
+        job = NewJob(str(payload.model_extra["to"]), "noop", {})
+        if how == "child":
+            ctx.add_child(job)
+        else:
+            ctx.enqueue_on_success(job)
+
+    job = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'reach', $2)"
+        " RETURNING id",
+        workspace,
+        {"to": str(other)},
+    )
+    await run_burst(pool, db_url, Registry([job_type("reach", reach)]))
+    row = await pool.fetchrow(
+        "SELECT status::text AS st, error_msg FROM job_queue WHERE id = $1", job
+    )
+    assert row["st"] == "error" and "its own workspace" in row["error_msg"]
+    assert await pool.fetchval("SELECT count(*) FROM job_queue") == 1
