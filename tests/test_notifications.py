@@ -4,6 +4,8 @@ channel the workers listen on, with any payload, and no job changes state becaus
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from typing import Any
 from urllib.parse import urlsplit
 from uuid import UUID, uuid4
@@ -13,11 +15,17 @@ import pytest
 
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.jobs import ClaimedJob
 from sidelinja_worker.queue.limits import RELOAD_MIN_S, LimitsCache
 from sidelinja_worker.queue.listener import CANCEL_CHANNEL, DUE_CHANNEL, LIMITS_CHANNEL, Listener
 from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.settings import WorkerSettings
-from sidelinja_worker.queue.worker import CANCEL_RECHECK_S, EMPTY_CLAIM_GAP_S, Worker
+from sidelinja_worker.queue.worker import (
+    CANCEL_RECHECK_S,
+    EMPTY_CLAIM_GAP_S,
+    PREFETCH_MAX,
+    Worker,
+)
 from tests.helpers import job_type, running_worker, wait_for, wait_for_sql
 
 EVENTS_CHANNEL = "sidelinja_job_events"
@@ -234,3 +242,49 @@ async def test_a_stream_of_cancel_notices_reads_the_row_a_few_times_a_second_and
         await wait_for_sql(
             pool, "SELECT status = 'cancelled' FROM job_queue WHERE id = $1", job, timeout_s=5
         )
+
+
+async def test_a_stream_of_junk_cancel_notices_writes_no_log_line_of_its_own(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Any role may NOTIFY the cancel channel with 8,000 bytes of anything, as fast as it
+    likes. Each notice that named no job was a warning holding the whole payload: a second of
+    them from one client wrote megabytes of log lines, formatted on the worker's event loop.
+    Such a notice is no news for an operator: a debug line, its payload cut short."""
+    named: list[UUID] = []
+    listener = Listener(db_url, lambda: None, named.append, lambda: None)
+    task = asyncio.create_task(listener.run())
+    sender = await asyncpg.connect(db_url)
+    try:
+        await asyncio.wait_for(listener.connected.wait(), 10)
+        caplog.set_level(logging.INFO, logger="sidelinja_worker.listener")
+        await _flood(sender, CANCEL_CHANNEL, "x" * 7900, 1.0)
+        job = uuid4()
+        await sender.execute("SELECT pg_notify($1, $2)", CANCEL_CHANNEL, str(job))
+        await wait_for(lambda: named == [job])  # every junk notice before it has been read
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await sender.close()
+    assert [r.getMessage()[:80] for r in caplog.records] == []
+
+
+async def test_a_cancel_notice_costs_the_same_however_many_jobs_the_worker_holds(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """A worker draining short jobs holds up to 4,000 claimed ahead. Each cancel notice looked
+    for its job among them, one by one: 0.45 ms a notice, so one statement of any role sending
+    100,000 notices with made-up ids (`SELECT pg_notify(...) FROM generate_series(...)`) held
+    the event loop of every worker for 45 s. A notice is looked up among the running jobs only;
+    a job claimed ahead that a row asks to cancel is cancelled by the heartbeat's look at the
+    rows."""
+    worker = Worker(pool, db_url, Registry([]), WorkerSettings())
+    worker._ready.extend(
+        ClaimedJob(uuid4(), workspace, "noop", {}, 0, 1, 3, None) for _ in range(PREFETCH_MAX)
+    )
+    notices = [uuid4() for _ in range(20_000)]
+    started = time.perf_counter()
+    for job_id in notices:
+        worker._on_cancel_notice(job_id)
+    assert time.perf_counter() - started < 1.0  # 9 s here before
+    assert not worker._cancel_checks

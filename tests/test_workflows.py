@@ -18,7 +18,7 @@ import asyncpg
 import pytest
 
 from sidelinja_worker.jobs import noop
-from sidelinja_worker.queue import context, maintenance, store
+from sidelinja_worker.queue import context, maintenance, migrate, store
 from sidelinja_worker.queue.client import NewJob, enqueue_many
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.context import MAX_FOLLOW_UPS, JobContext
@@ -1060,3 +1060,147 @@ async def test_meeting_summarize_map_reduce_as_a_graph(
         )
         == 1
     )
+
+
+async def test_an_edge_between_two_workspaces_is_refused_to_every_role(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """A role that sees every workspace (the owner, the platform role) joined a job of one
+    workspace to a job of another: the child waited for, was cancelled by, and read the result
+    of the other workspace's job (`ctx.parent_results`). An edge joins jobs of one workspace."""
+    other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
+    theirs = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, result, completed_at,"
+        " created_at) VALUES ($1, 'noop', '{}', 'completed', '{\"secret\": 1}', now(),"
+        " now() - interval '1 minute') RETURNING id",
+        other,
+    )
+    ours = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'peek', '{}')"
+        " RETURNING id",
+        workspace,
+    )
+    with pytest.raises(asyncpg.CheckViolationError, match="another workspace"):
+        await pool.execute(
+            "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)", theirs, ours
+        )
+    seen: list[Any] = []
+
+    async def peek(ctx: JobContext, payload: Any) -> None:
+        seen.append([p.result for p in await ctx.parent_results()])
+
+    await run_burst(pool, db_url, Registry([job_type("peek", peek)]))
+    assert seen == [[]]
+
+
+async def test_a_deleted_parent_lets_its_waiting_child_go_on(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """Deleting a job deletes its edges. Its waiting child was left `waiting` with no parent
+    left to finish, for good (holding its unique key). It is settled on the edges it has left:
+    here a completed parent, so it runs."""
+    await pool.execute(graph_sql(workspace, ["a", "b", "c"], [("a", "c"), ("b", "c")]))
+    jobs = await by_name(pool)
+    await pool.execute("UPDATE job_queue SET status = 'completed' WHERE id = $1", jobs["b"]["id"])
+    await pool.execute("DELETE FROM job_queue WHERE id = $1", jobs["a"]["id"])
+    assert (await by_name(pool))["c"]["st"] == "pending"
+    await run_burst(pool, db_url)
+    assert (await by_name(pool))["c"]["st"] == "completed"
+
+
+async def test_edges_across_workspaces_made_before_the_rule_are_removed_by_its_migration(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """Migration 0035 deletes the edges across workspaces made before it refused them; a child
+    they held waiting is settled on the edges it has left."""
+    await pool.execute("DROP TRIGGER job_dependencies_in_one_workspace ON job_dependencies")
+    other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
+    theirs, mine, done = [
+        await pool.fetchval(
+            "INSERT INTO job_queue (workspace_id, job_type, payload, status, created_at)"
+            " VALUES ($1, 'noop', '{}', $2, now() - interval '1 minute') RETURNING id",
+            ws,
+            status,
+        )
+        for ws, status in ((other, "pending"), (workspace, "pending"), (workspace, "completed"))
+    ]
+    async with pool.acquire() as conn:
+        held, free = await noop_jobs(conn, workspace, 2)
+    await pool.execute(
+        "INSERT INTO job_dependencies (parent_id, child_id)"
+        " SELECT * FROM unnest($1::uuid[], $2::uuid[])",
+        [theirs, mine, theirs, done],
+        [held, held, free, free],
+    )
+    (migration,) = [m for m in migrate.shipped_migrations() if m.version == 35]
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(migration.sql)
+    edges = await pool.fetch("SELECT parent_id, child_id FROM job_dependencies")
+    assert {(e["parent_id"], e["child_id"]) for e in edges} == {(mine, held), (done, free)}
+    rows = await pool.fetch(
+        "SELECT id, status::text AS st FROM job_queue WHERE id = ANY($1)", [held, free]
+    )
+    assert {r["id"]: r["st"] for r in rows} == {held: "waiting", free: "pending"}
+
+
+async def test_a_job_in_a_graph_keeps_its_instant_so_no_cycle_can_form(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """The cycle check trusts `created_at`: an edge points forward in time, or is checked among
+    the jobs of its instant. A writer that moved a parent's `created_at` past its child's could
+    then add the edge back: a cycle, whose jobs, once cancelled by a failed ancestor, named each
+    other in `cancelled_by`, and no retry of that ancestor brought them back. A job in a graph
+    keeps its `created_at`; a job outside one may change it and join a graph afterwards."""
+    await pool.execute(graph_sql(workspace, ["a", "b", "lone"], [("a", "b")]))
+    jobs = await by_name(pool)
+    a, b = jobs["a"]["id"], jobs["b"]["id"]
+    for job in (a, b):
+        with pytest.raises(asyncpg.CheckViolationError, match="in a job graph"):
+            await pool.execute(
+                "UPDATE job_queue SET created_at = now() + interval '1 hour' WHERE id = $1", job
+            )
+    with pytest.raises(asyncpg.CheckViolationError):
+        await pool.execute(
+            "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)", b, a
+        )
+    await pool.execute(
+        "UPDATE job_queue SET created_at = now() + interval '1 hour', priority = 1 WHERE id = $1",
+        jobs["lone"]["id"],
+    )
+    await pool.execute(
+        "UPDATE job_queue SET created_at = created_at, priority = 2 WHERE id = ANY($1)", [a, b]
+    )
+    await pool.execute(
+        "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)", b, jobs["lone"]["id"]
+    )
+
+
+@pytest.mark.parametrize("how", ["follow-up", "child"])
+async def test_a_job_adds_jobs_to_its_own_workspace_only(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, how: str
+) -> None:
+    """A job's follow-ups and children are committed with its completion by the worker, which
+    may write every workspace: a handler that named another workspace (from its payload, say)
+    put a job there, with no check anywhere. The job fails for good, naming the rule, and
+    nothing is added."""
+    other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
+
+    async def reach(ctx: JobContext, payload: Any) -> None:
+        job = NewJob(str(payload.model_extra["to"]), "noop", {})
+        if how == "child":
+            ctx.add_child(job)
+        else:
+            ctx.enqueue_on_success(job)
+
+    job = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'reach', $2)"
+        " RETURNING id",
+        workspace,
+        {"to": str(other)},
+    )
+    await run_burst(pool, db_url, Registry([job_type("reach", reach)]))
+    row = await pool.fetchrow(
+        "SELECT status::text AS st, error_msg FROM job_queue WHERE id = $1", job
+    )
+    assert row["st"] == "error" and "its own workspace" in row["error_msg"]
+    assert await pool.fetchval("SELECT count(*) FROM job_queue") == 1

@@ -120,6 +120,16 @@ def _traced(job: NewJob) -> NewJob:
     return job
 
 
+def _is_workspace(value: UUID | str, workspace_id: UUID) -> bool:
+    """Whether `value` (a NewJob's workspace: a UUID or its text) names `workspace_id`."""
+    if isinstance(value, UUID):
+        return value == workspace_id
+    try:
+        return UUID(str(value)) == workspace_id
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class ParentResult:
     job_id: UUID
@@ -147,22 +157,31 @@ class JobContext:
     def enqueue_on_success(self, job: NewJob) -> None:
         """`job` is enqueued atomically with this job's completion: if this job fails, is
         retried or its outcome is lost, it is not enqueued (no duplicates on re-runs)."""
-        self._check_room()
+        self._check_room(job)
         self.follow_ups.append(_traced(job).checked())
 
-    def _check_room(self) -> None:
+    def _check_room(self, job: NewJob) -> None:
+        """A PermanentError unless this job may add `job`: at most MAX_FOLLOW_UPS jobs, all in
+        its own workspace. The worker that commits them may write every workspace, so a name
+        a handler took from its input must not carry a job into another one."""
         if len(self.follow_ups) >= MAX_FOLLOW_UPS:
             raise PermanentError(
                 f"job {self.job_id} adds more than {MAX_FOLLOW_UPS:,} jobs; build a bigger"
                 " graph in layers"
+            )
+        if not _is_workspace(job.workspace_id, self.workspace_id):
+            raise PermanentError(
+                f"job {self.job_id} may add jobs to its own workspace only, not to"
+                f" {str(job.workspace_id)[:100]!r}"
             )
 
     def add_child(self, job: NewJob, *, after: Sequence[UUID] = ()) -> UUID:
         """Fan-out: `job` becomes a child of this job, enqueued with its completion (as
         `enqueue_on_success`), and also waits for the jobs in `after` (other children added
         here, for a join). Returns the child's id, fixed now so that a join can name it.
-        A job adds at most MAX_FOLLOW_UPS jobs; one more is a PermanentError."""
-        self._check_room()
+        A job adds at most MAX_FOLLOW_UPS jobs, in its own workspace; one more, or one
+        elsewhere, is a PermanentError."""
+        self._check_room(job)
         child = replace(
             _traced(job),
             job_id=job.job_id or uuid7s(1)[0],

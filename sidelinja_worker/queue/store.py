@@ -307,11 +307,22 @@ async def heartbeat(conn: Conn, worker_id: UUID, lease_s: float) -> bool | None:
     return await conn.fetchval(Q["heartbeat"], worker_id, lease_s, timeout=STATEMENT_TIMEOUT_S)
 
 
-async def held_jobs(conn: Conn, worker_id: UUID) -> dict[UUID, bool]:
-    """Job id -> cancel requested, for every job the database has running under this worker."""
-    return {
-        r[0]: r[1] for r in await conn.fetch(Q["held_jobs"], worker_id, timeout=STATEMENT_TIMEOUT_S)
-    }
+async def cancel_requests(conn: Conn, worker_id: UUID, job_ids: Collection[UUID]) -> set[UUID]:
+    """Those of `job_ids`, running under this worker, whose row asks for their cancellation."""
+    rows = await conn.fetch(
+        Q["cancel_requests"], worker_id, list(job_ids), timeout=STATEMENT_TIMEOUT_S
+    )
+    return {r[0] for r in rows}
+
+
+async def release_lost(
+    conn: Conn, worker_id: UUID, known: Collection[UUID], limit: int
+) -> list[UUID]:
+    """Gives back up to `limit` rows running under this worker that are not in `known`."""
+    rows = await conn.fetch(
+        Q["release_lost"], worker_id, list(known), limit, timeout=STATEMENT_TIMEOUT_S
+    )
+    return [r[0] for r in rows]
 
 
 async def cancel_requested(conn: Conn, job_id: UUID, worker_id: UUID) -> bool:

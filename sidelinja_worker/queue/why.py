@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 
@@ -12,10 +13,7 @@ def explain(facts: Mapping[str, Any], missing_settings: Sequence[str] = ()) -> l
     the settings its job type needs that this machine has not set."""
     status = facts["status"]
     if status == "running":
-        return [
-            f"it is running (since {facts['started_at']:%Y-%m-%d %H:%M:%S %Z}, "
-            f"worker {facts['worker_id']})"
-        ]
+        return [f"it is running (since {_at(facts['started_at'])}, worker {facts['worker_id']})"]
     if status == "waiting":
         waiting = [
             f"waiting for parent {p['id']} ({p['job_type']}, {p['status']})"
@@ -39,7 +37,7 @@ def explain(facts: Mapping[str, Any], missing_settings: Sequence[str] = ()) -> l
             f"`sidelinja-worker resume {facts['job_type']}` lets workers take it again"
         )
     if facts["not_due"]:
-        reasons.append(f"not due until {facts['scheduled_for']:%Y-%m-%d %H:%M:%S %Z}")
+        reasons.append(f"not due until {_at(facts['scheduled_for'])}")
     if facts["live_workers"] == 0:
         reasons.append(
             f"no live worker handles {facts['job_type']} jobs "
@@ -54,6 +52,13 @@ def explain(facts: Mapping[str, Any], missing_settings: Sequence[str] = ()) -> l
             f"older in the same priority"
         )
     return reasons or ["nothing holds it back: a worker should take it at its next claim"]
+
+
+def _at(when: object) -> str:
+    """A row's time as a line shows it. Any writer may leave a running row without its start."""
+    if isinstance(when, datetime):
+        return f"{when:%Y-%m-%d %H:%M:%S %Z}".rstrip()
+    return "an unknown time"
 
 
 def _deferral(facts: Mapping[str, Any]) -> list[str]:

@@ -64,6 +64,7 @@ EMPTY_CLAIM_GAP_S = 0.005
 # notices for it arrive, and once after the last of them.
 CANCEL_RECHECK_S = 0.1
 DRAIN_AT_EXIT_S = 10.0
+LOST_BATCH = 2000  # rows running under this worker that it does not know, given back at once
 LOST_LEASE = "lost-lease"
 # After an internal task dies, the worker gives back what it can within this and raises
 # WorkerDied: the process exits non-zero within ~5 s and its process manager restarts it.
@@ -392,7 +393,7 @@ class Worker:
                     if self._writer.unwritten():
                         await self._drain_unless_dead(DRAIN_AT_EXIT_S)
                         continue
-                    if (await self._give_back_lost())[0]:
+                    if await self._give_back_lost():
                         continue
                     if await self._drained():
                         return
@@ -507,6 +508,11 @@ class Worker:
         return None
 
     async def _run_job(self, job: ClaimedJob, slot_task: asyncio.Task[None]) -> None:
+        if job.id in self._running:
+            # Claimed again while it runs here: plain SQL set its row back to pending, and this
+            # worker took it. The row is this worker's, so the run under way writes its
+            # outcome; a second run would share the first's entries below and end the slot.
+            return
         metrics.picked_up(job.job_type, job.waited_s)
         metrics.CURRENT_JOB.set((job.workspace_id, job.job_type))
         known = self._types.get(job.job_type)
@@ -634,24 +640,36 @@ class Worker:
         """Compares what the database says we run with what we do run. A job we hold but never
         got (the connection died while a claim's answer was on its way) goes back to the queue;
         a job whose cancellation was requested is cancelled."""
-        _, held = await self._give_back_lost()
-        for job_id, cancel_requested in held.items():
-            if cancel_requested:  # read from the row just now
-                self._cancel(job_id)
-
-    async def _give_back_lost(self) -> tuple[int, dict[UUID, bool]]:
-        """Releases held-but-unknown jobs. Returns how many, and the jobs still held (with
-        whether their cancellation was requested)."""
+        await self._give_back_lost()
         async with self._claim_lock:
-            held = await store.held_jobs(self._lease_pool, self.id)
-            known = self._running.keys() | {j.id for j in self._ready} | self._writer.owned_ids()
-            lost = [job_id for job_id in held if job_id not in known]
-            if lost:
-                log.warning(
-                    "giving back %d jobs claimed for this worker that never reached it", len(lost)
+            known = self._known()
+            cancels = await store.cancel_requests(self._lease_pool, self.id, known)
+        for job_id in cancels:  # read from the rows just now
+            self._cancel(job_id)
+
+    def _known(self) -> set[UUID]:
+        """The jobs this worker runs, holds, or is writing the outcome of."""
+        return self._running.keys() | {j.id for j in self._ready} | self._writer.owned_ids()
+
+    async def _give_back_lost(self) -> int:
+        """Releases rows running under this worker that it does not know, LOST_BATCH at a time
+        with the claim lock let go between batches, for at most half a heartbeat interval (the
+        rest at the next look: any writer may set such rows by the hundred thousand). Returns
+        how many."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.settings.heartbeat_interval_s / 2
+        given = 0
+        while True:
+            async with self._claim_lock:
+                lost = await store.release_lost(
+                    self._lease_pool, self.id, self._known(), LOST_BATCH
                 )
-                await store.release(self._lease_pool, self.id, [Release(j, None) for j in lost])
-        return len(lost), {job_id: c for job_id, c in held.items() if job_id not in lost}
+            given += len(lost)
+            if len(lost) < LOST_BATCH or loop.time() >= until:
+                break
+        if given:
+            log.warning("gave back %d jobs claimed for this worker that never reached it", given)
+        return given
 
     async def _declared_dead(self) -> None:
         """Another worker saw our lease expire and rescued our jobs: they may run elsewhere now,
@@ -686,7 +704,10 @@ class Worker:
         check.add_done_callback(self._checks.discard)
 
     def _holds(self, job_id: UUID) -> bool:
-        return job_id in self._running or any(j.id == job_id for j in self._ready)
+        """Whether `job_id` runs here. The jobs claimed ahead are not searched: they are up to
+        PREFETCH_MAX, and any role may send notices by the hundred thousand. A cancel of one
+        of them is read from the rows by the heartbeat (`_reconcile`)."""
+        return job_id in self._running
 
     async def _check_cancel(self, job_id: UUID) -> None:
         """Reads the job's row; again after CANCEL_RECHECK_S while notices kept arriving, as

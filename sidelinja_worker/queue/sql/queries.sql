@@ -130,6 +130,8 @@ WHERE ctid = ANY(ARRAY(SELECT ctid FROM chosen))
 --    share. A workspace that gave its whole share may hold more: its next, unseen job is the
 --    "frontier", and only candidates before the earliest frontier in the fair order
 --    (priority DESC, turn) are taken. The claim may come back short, never out of order.
+--    Priorities are negated as integers: smallint's lowest, -32768, which any writer may
+--    give a job, has no negation in smallint, and failed every claim while it was due.
 -- 4. locked_one: with one workspace asked, its queue order is the fair order, so its jobs are
 --    taken straight from its index: no windows, no sort, no materialised rows (the common
 --    case of a backlog from one workspace).
@@ -212,13 +214,13 @@ WITH RECURSIVE open_types AS MATERIALIZED (
     LIMIT (SELECT room FROM asked LIMIT 1)
     FOR UPDATE SKIP LOCKED
 ), frontier AS (
-    SELECT -priority AS neg_priority, turn FROM locked WHERE frontier
-    ORDER BY -priority, turn LIMIT 1
+    SELECT -priority::int AS neg_priority, turn FROM locked WHERE frontier
+    ORDER BY 1, turn LIMIT 1
 ), chosen AS (
     SELECT c.ctid
     FROM locked c
     WHERE NOT EXISTS (  -- behind the frontier: an unseen job of a cut workspace comes first
-        SELECT 1 FROM frontier f WHERE (-c.priority, c.turn) > (f.neg_priority, f.turn))
+        SELECT 1 FROM frontier f WHERE (-c.priority::int, c.turn) > (f.neg_priority, f.turn))
     ORDER BY c.priority DESC, c.turn, c.scheduled_for, c.luck
     LIMIT $2
 )
@@ -299,15 +301,15 @@ WITH RECURSIVE type_room AS (
         ) q
     ) c
 ), frontier AS (
-    SELECT -priority AS neg_priority, turn FROM locked WHERE frontier
-    ORDER BY -priority, turn LIMIT 1
+    SELECT -priority::int AS neg_priority, turn FROM locked WHERE frontier
+    ORDER BY 1, turn LIMIT 1
 ), ranked AS (
     SELECT c.*, row_number() OVER (PARTITION BY c.job_type
                                    ORDER BY c.priority DESC, c.turn, c.scheduled_for, c.luck)
                AS type_rank
     FROM locked c
     WHERE NOT EXISTS (
-        SELECT 1 FROM frontier f WHERE (-c.priority, c.turn) > (f.neg_priority, f.turn))
+        SELECT 1 FROM frontier f WHERE (-c.priority::int, c.turn) > (f.neg_priority, f.turn))
 ), chosen AS (
     SELECT r.ctid
     FROM ranked r
@@ -595,8 +597,9 @@ WHERE j.id = $1;
 -- join may have thousands of parents and any plain-SQL writer can make a result huge, so a
 -- result comes back only while the results so far fit in $2 bytes of JSON, and `total` is
 -- all of theirs together, for the caller to refuse a join over it. A result stored bigger than
--- $2 is counted by its stored size, never decompressed.
-SELECT p.id, p.job_type, p.status::text AS status,
+-- $2 is counted by its stored size, never decompressed. A parent's type is any text a writer
+-- gave it, megabytes included; no job type is longer than its first 200 characters.
+SELECT p.id, left(p.job_type, 200) AS job_type, p.status::text AS status,
        CASE WHEN sum(s.size) OVER (ORDER BY p.created_at, p.id) <= $2 THEN p.result END AS result,
        sum(s.size) OVER () AS total
 FROM job_dependencies d
@@ -609,12 +612,14 @@ WHERE d.child_id = $1
 ORDER BY p.created_at, p.id;
 
 -- name: job_relatives
--- A job's parents and children, for `jobs show` and `jobs why`.
-SELECT 'parent' AS relation, p.id, p.job_type, p.status::text AS status, d.run_anyway
+-- A job's parents and children, for `jobs show`, `jobs why` and `ctx.children()`; each type to
+-- its first 200 characters, as in `parent_results`.
+SELECT 'parent' AS relation, p.id, left(p.job_type, 200) AS job_type, p.status::text AS status,
+       d.run_anyway
 FROM job_dependencies d JOIN job_queue p ON p.id = d.parent_id
 WHERE d.child_id = $1
 UNION ALL
-SELECT 'child', c.id, c.job_type, c.status::text, d.run_anyway
+SELECT 'child', c.id, left(c.job_type, 200), c.status::text, d.run_anyway
 FROM job_dependencies d JOIN job_queue c ON c.id = d.child_id
 WHERE d.parent_id = $1
 ORDER BY 1 DESC, 3, 2;
@@ -641,13 +646,40 @@ SET expires_at = now() + make_interval(secs => $2),
 WHERE id = $1
 RETURNING drain_requested_at IS NOT NULL AS drain;
 
--- name: held_jobs
--- The jobs the database says this worker runs, and whether their cancellation was requested
--- (the fallback for a lost notification, and the path for a plain-SQL cancel).
-SELECT id, cancel_requested_at IS NOT NULL AS cancel_requested
+-- name: cancel_requests
+-- Which of the jobs $2, which this worker runs, their rows ask to cancel (the fallback for a
+-- lost notification, and the path for a plain-SQL cancel). Only these: any writer may set
+-- rows `running` under this worker by the hundred thousand.
+SELECT id
 FROM job_queue
-WHERE worker_id = $1
-  AND status = 'running';
+WHERE id = ANY($2::uuid[])
+  AND worker_id = $1
+  AND status = 'running'
+  AND cancel_requested_at IS NOT NULL;
+
+-- name: release_lost
+-- Up to $3 of the rows `running` under this worker that it does not know ($2: the jobs it runs,
+-- holds or is writing the outcome of), back to the queue with the attempt returned, as
+-- `release` does: claimed for it, their answer lost on the way (a connection that died), or
+-- set so by another writer. A batch at a time, for any writer may set them by the hundred
+-- thousand, and the claim lock is held meanwhile.
+WITH lost AS (
+    SELECT id FROM job_queue
+    WHERE worker_id = $1
+      AND status = 'running'
+      AND id NOT IN (SELECT unnest($2::uuid[]))
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE job_queue j
+SET status = CASE WHEN j.attempts <= 1 THEN 'pending' ELSE 'retry' END::job_status,
+    attempts = greatest(j.attempts - 1, 0),
+    scheduled_for = now(),
+    started_at = NULL,
+    worker_id = NULL
+FROM lost
+WHERE j.id = lost.id
+RETURNING j.id;
 
 -- name: release_held
 -- At exit, after every outcome is written: anything still `running` under this worker was
