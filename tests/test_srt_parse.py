@@ -361,7 +361,8 @@ async def test_storing_a_long_transcript_does_not_stall_the_event_loop(
     """Building a transcript's plain text, WebVTT and segment columns is most of a second for a
     long file (0.75 s for an 18.5 MB SRT); on the event loop it held every other job of the
     worker, its heartbeat and its timeouts (0.40 s here). It runs in a thread, and the segments
-    go in statements of 20,000, as asyncpg encodes a statement's arrays on the loop."""
+    go in statements of 20,000, as asyncpg encodes a statement's arrays on the loop (the bound
+    leaves room for a loaded machine: a step measured 0.12 s once beside other test runs)."""
     segments = tuple(
         Segment(i * 1000, i * 1000 + 900, f"line {i} of a long transcript, spoken slowly")
         for i in range(200_000)
@@ -376,7 +377,7 @@ async def test_storing_a_long_transcript_does_not_stall_the_event_loop(
             source={},
             job_id=None,
         )
-    assert stall[0] < 0.1, stall[0]
+    assert stall[0] < 0.2, stall[0]
     assert await pool.fetchval(
         "SELECT segment_count FROM transcripts WHERE transcript_ref = 'long'"
     ) == len(segments)
