@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
 
 from sidelinja_worker.jobs.ai.common import DEFAULT_MODEL
+from sidelinja_worker.jobs.media_paths import resolve_media_path
 from sidelinja_worker.jobs.silos import DEFAULT_MAX_PAID_CALLS, call_guard, check_repo
 from sidelinja_worker.queue import client, store
 from sidelinja_worker.queue.config import ServiceConfig
@@ -282,3 +283,15 @@ def test_repository_entries_match_owner_and_name_or_a_whole_owner() -> None:
             check_repo(settings, owner, repo)
     with pytest.raises(PermanentError, match="forgejo.repos: none set"):
         check_repo({}, "org", "transcripts")
+
+
+def test_a_path_through_a_symlink_loop_is_a_permanent_error_naming_it(tmp_path: Path) -> None:
+    # Python 3.11 resolves a loop with RuntimeError: uncaught, a job calling resolve_media_path
+    # failed as transient and was tried again, to the same loop, until its last attempt.
+    workspace = uuid4()
+    folder = tmp_path / str(workspace)
+    folder.mkdir()
+    (folder / "loop").symlink_to(folder / "loop")
+    with pytest.raises(PermanentError) as raised:
+        resolve_media_path(str(tmp_path), workspace, "loop/programme.txt")
+    assert str(raised.value).startswith("path 'loop/programme.txt' cannot be resolved")

@@ -33,7 +33,9 @@ def resolve_media_path(media_root: str, workspace_id: UUID, path: str) -> Path:
     root = workspace_media_root(media_root, workspace_id)
     try:
         target = (root / path).resolve()  # an absolute `path` replaces root here, then is checked
-    except (OSError, ValueError) as exc:  # a NUL byte, a symlink loop
+    # A NUL byte; a symlink loop (RuntimeError on Python 3.11, OSError later): the same on
+    # every attempt.
+    except (OSError, ValueError, RuntimeError) as exc:
         raise PermanentError(f"path {path!r} cannot be resolved: {exc}") from None
     if not target.is_relative_to(root):
         raise PermanentError(

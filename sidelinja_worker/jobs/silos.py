@@ -122,10 +122,7 @@ def _check_regular(info: os.stat_result) -> None:
 def open_media_file(media_root: str, workspace_id: UUID, path: str) -> BinaryIO:
     """The payload's `path` in the workspace's media folder (`resolve_media_path`), opened by
     `open_in_folder`. Every refusal is permanent. Blocking: run it in a thread."""
-    try:
-        target = resolve_media_path(media_root, workspace_id, path)
-    except RuntimeError as exc:  # a symlink loop (Python 3.11): the same on every attempt
-        raise PermanentError(f"path {path!r} cannot be resolved: {exc}") from None
+    target = resolve_media_path(media_root, workspace_id, path)
     folder = workspace_media_root(media_root, workspace_id)
     try:
         return open_in_folder(folder, target)
