@@ -5,16 +5,21 @@ appended while it runs."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import random
 import subprocess
 import sys
 import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import asyncpg
+import pytest
 import zstandard
+from aiohttp import web
 
 from sidelinja_worker.jobs.stats.counting import MAX_EPISODES, EpisodeRules
 from sidelinja_worker.jobs.stats.logfiles import LogFile, read_blocks
@@ -22,15 +27,20 @@ from sidelinja_worker.jobs.stats.parse import ParseResult, parse_files
 from sidelinja_worker.jobs.stats.stats_parse import plan, resolve_logs
 from sidelinja_worker.queue import client
 from sidelinja_worker.queue.config import ServiceConfig
+from sidelinja_worker.services import livekit
 from tests.fakes.fixtures import (  # noqa: F401  (pytest finds fixtures by module name)
     EPISODE_SRT,
+    LIVEKIT_KEY,
+    LIVEKIT_SECRET,
     forgejo_fake_fixture,
     media_root_fixture,
     service_config,
     whisper_fake_fixture,
 )
 from tests.fakes.forgejo_server import FakeForgejo
-from tests.fakes.whisper_server import FakeWhisper
+from tests.fakes.livekit_server import FakeLiveKit
+from tests.fakes.serve import serve
+from tests.fakes.whisper_server import FakeWhisper, fake_audio
 from tests.helpers import run_burst
 from tests.test_silos import _outcome, _workspace
 from tests.test_stats_counting import line
@@ -307,3 +317,93 @@ def test_a_flood_of_paths_under_the_episode_prefix_is_bounded(tmp_path: Path) ->
     assert int(peak_mb) < 100, f"{peak_mb} MB past the start for {episodes} episodes"
     assert int(episodes) == MAX_EPISODES
     assert f"more than {MAX_EPISODES:,} episodes in one run" in errors
+
+
+@dataclass
+class SwappingLiveKit(FakeLiveKit):
+    """A LiveKit that runs `swap` when the room list is first asked for: whisper_transcribe asks
+    it (its governor) after it checks the audio file and before the upload."""
+
+    swap: Callable[[], None] | None = None
+
+    async def list_rooms(self, request: web.Request) -> web.Response:
+        if self.swap is not None:
+            self.swap()
+            self.swap = None
+        return await super().list_rooms(request)
+
+
+@pytest.fixture(name="swapping_livekit")
+async def swapping_livekit_fixture() -> AsyncIterator[SwappingLiveKit]:
+    livekit.clear_cache()  # a room list cached by an earlier test would skip the swap
+    fake = SwappingLiveKit(api_key=LIVEKIT_KEY, api_secret=LIVEKIT_SECRET)
+    async with serve(fake.app()) as url:
+        fake.url = url
+        yield fake
+    livekit.clear_cache()
+
+
+def _swap_in(target: Path, make: Callable[[Path], None]) -> Callable[[], None]:
+    """A swap of `target` for what `make` puts at a name beside it, in one rename."""
+
+    def swap() -> None:
+        spare = target.with_name("swap.tmp")
+        make(spare)
+        os.replace(spare, target)
+
+    return swap
+
+
+def _symlink_to_another_workspaces_audio(at: Path) -> None:
+    other = at.parents[2] / str(uuid4())  # MEDIA_ROOT/<another workspace>
+    other.mkdir()
+    (other / "interview.wav").write_bytes(fake_audio(3))
+    at.symlink_to(other / "interview.wav")
+
+
+@pytest.mark.parametrize("make", [_symlink_to_another_workspaces_audio, os.mkfifo])
+async def test_audio_swapped_after_the_check_is_never_what_is_uploaded(
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+    swapping_livekit: SwappingLiveKit,
+    make: Callable[[Path], None],
+) -> None:
+    # The upload opened the audio file again by name, on the event loop, after the governor
+    # asked LiveKit: a symlink swapped in then sent another workspace's audio to whisper, and a
+    # named pipe held the whole worker until a writer came (then sent nothing).
+    own = media_root / "episodes" / "ep1.wav"
+    own_sha = hashlib.sha256(own.read_bytes()).hexdigest()
+    swapping_livekit.swap = _swap_in(own, make)
+    finished, released = threading.Event(), threading.Event()
+
+    def release() -> None:  # a loop blocked opening a pipe gets a writer, so the test ends
+        if finished.wait(30):
+            return
+        released.set()
+        try:  # without a reader waiting, a non-blocking open fails rather than waits
+            os.close(os.open(own, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+
+    watchdog = threading.Thread(target=release, daemon=True)
+    watchdog.start()
+    target = {"owner": "sidelinja", "repo": "transcripts", "path": "ep1.srt"}
+    body = {"audio_path": "episodes/ep1.wav", "transcript_ref": "ep1", "forgejo": target}
+    job = await client.enqueue(pool, workspace, "whisper_transcribe", body, max_attempts=1)
+    config = service_config(
+        media_root, whisper=whisper_fake, forgejo=forgejo_fake, livekit_fake=swapping_livekit
+    )
+    try:
+        await run_burst(pool, db_url, config=config)
+    finally:
+        finished.set()
+        watchdog.join()
+    assert swapping_livekit.swap is None, "LiveKit was not asked: nothing was swapped"
+    assert not released.is_set(), "the event loop waited on the named pipe"
+    assert [u.sha256 for u in whisper_fake.uploads] == [own_sha]
+    status, _, error = await _outcome(pool, job)
+    assert status == "completed", error

@@ -88,6 +88,18 @@ def assert_no_secrets(row: asyncpg.Record) -> None:
         assert secret not in shown
 
 
+def held_open(path: Path) -> int:
+    """How many of this process's descriptors (the worker's: it runs in the test's process) are
+    open on `path`."""
+    held = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            held += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+        except OSError:  # closed since it was listed
+            pass
+    return held
+
+
 async def only_follow_up(pool: asyncpg.Pool) -> asyncpg.Record:
     rows = await pool.fetch("SELECT * FROM job_queue WHERE job_type = 'srt_parse'")
     assert len(rows) == 1
@@ -275,6 +287,7 @@ async def test_whisper_errors_are_classified(
     assert words in row["error_msg"]
     assert not [c for c in forgejo_fake.calls if c.method != "GET"]
     assert_no_secrets(row)
+    assert not held_open(media_root / "episodes" / "ep1.wav")  # the job closed its audio file
     if setup is _busy:  # Retry-After honoured instead of the 30 s backoff
         wait_s = (row["scheduled_for"] - datetime.now(UTC)).total_seconds()
         assert 100 < wait_s <= 120
@@ -405,6 +418,7 @@ async def test_a_live_room_without_governed_whisper_defers_the_job(
     assert 40 < wait_s <= 60
     assert "no WHISPER_GOVERNED_URL" in row["progress"]["message"]
     assert not whisper_fake.uploads and not forgejo_fake.calls
+    assert not held_open(media_root / "episodes" / "ep1.wav")  # deferred, it closed its file
 
 
 async def test_rooms_without_participants_do_not_govern(
@@ -639,13 +653,14 @@ async def test_the_chain_writes_only_into_the_jobs_workspace(
 async def test_the_upload_is_streamed_in_chunks(tmp_path: Path) -> None:
     audio = tmp_path / "long.wav"
     audio.write_bytes(b"RIFF" + os.urandom(3 * CHUNK_BYTES + 123))
-    body = _Multipart({"model": "m"}, audio)
     seen: list[int] = []
 
     async def on_upload(sent: int, total: int) -> None:
         seen.append(sent)
 
-    chunks = [c async for c in body.stream(on_upload)]
+    with audio.open("rb") as f:
+        body = _Multipart({"model": "m"}, f)
+        chunks = [c async for c in body.stream(on_upload)]
     assert max(len(c) for c in chunks) <= CHUNK_BYTES  # never the whole file in one piece
     assert sum(len(c) for c in chunks) == body.length
     assert seen[-1] == audio.stat().st_size and len(seen) == 4

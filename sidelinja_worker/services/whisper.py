@@ -1,12 +1,16 @@
-"""speaches / faster-whisper-server: an audio file streamed in, SRT text out."""
+"""speaches / faster-whisper-server: an audio file streamed in, SRT text out. The file comes
+open (the one its job checked) and is read in a thread: a name opened again here could be
+another file by then, and an open or read on the event loop could wait for good."""
 
 from __future__ import annotations
 
 import asyncio
 import mimetypes
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 from uuid import uuid4
 
 import httpx
@@ -44,7 +48,7 @@ class WhisperServer:
 
 @dataclass(frozen=True)
 class TranscribeRequest:
-    audio: Path
+    audio: BinaryIO  # open, at its start; its caller closes it
     model: str
     language: str
 
@@ -55,8 +59,8 @@ async def transcribe_srt(
     req: TranscribeRequest,
     on_upload: UploadProgress | None = None,
 ) -> str:
-    """POST /v1/audio/transcriptions with response_format=srt; the SRT text on success. The file
-    is streamed in chunks, never read whole into memory."""
+    """POST /v1/audio/transcriptions with response_format=srt; the SRT text on success. The open
+    file is streamed in chunks read in a thread, never read whole into memory."""
     body = _Multipart(
         {"model": req.model, "language": req.language, "response_format": "srt"}, req.audio
     )
@@ -110,15 +114,18 @@ def _answer(response: httpx.Response, model: str, api_key: Secret | None) -> str
 
 
 class _Multipart:
-    """multipart/form-data with a known length: text fields, then the file in chunks."""
+    """multipart/form-data with a known length: text fields, then the open file in chunks.
+    httpx reads an async iterator without blocking the loop (a file object it would read on the
+    loop, or refuse in an async client), so the body is one, each chunk read in a thread."""
 
-    def __init__(self, fields: dict[str, str], path: Path) -> None:
+    def __init__(self, fields: dict[str, str], audio: BinaryIO) -> None:
         self.boundary = uuid4().hex
-        self._path = path
-        self._size = path.stat().st_size
+        self._audio = audio
+        self._name = Path(audio.name).name
+        self._size = os.fstat(audio.fileno()).st_size  # the open file's: no name looked up
         parts = [self._part(f'name="{name}"', value.encode()) for name, value in fields.items()]
-        content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-        filename = "".join("_" if c in '"\r\n\\' else c for c in path.name)
+        content_type = mimetypes.guess_type(self._name)[0] or "application/octet-stream"
+        filename = "".join("_" if c in '"\r\n\\' else c for c in self._name)
         head = (
             f'--{self.boundary}\r\nContent-Disposition: form-data; name="file"; '
             f'filename="{filename}"\r\nContent-Type: {content_type}\r\n\r\n'
@@ -137,12 +144,11 @@ class _Multipart:
     async def stream(self, on_upload: UploadProgress | None) -> AsyncIterator[bytes]:
         yield self._head
         sent = 0
-        with self._path.open("rb") as f:
-            while chunk := await asyncio.to_thread(f.read, CHUNK_BYTES):
-                sent += len(chunk)
-                yield chunk
-                if on_upload is not None:
-                    await on_upload(sent, self._size)
+        while chunk := await asyncio.to_thread(self._audio.read, CHUNK_BYTES):
+            sent += len(chunk)
+            yield chunk
+            if on_upload is not None:
+                await on_upload(sent, self._size)
         if sent != self._size:  # still being written? the length we announced is wrong
-            raise RetryJob(f"{self._path.name} changed size while it was being uploaded")
+            raise RetryJob(f"{self._name} changed size while it was being uploaded")
         yield self._tail

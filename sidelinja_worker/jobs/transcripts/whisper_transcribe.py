@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Annotated, Any
+from typing import Annotated, Any, BinaryIO
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from sidelinja_worker.jobs.media_paths import resolve_media_path
 from sidelinja_worker.jobs.silos import check_repo, open_media_file
 from sidelinja_worker.jobs.transcripts.governor import Route, choose_whisper
 from sidelinja_worker.jobs.transcripts.subtitles import SrtError, Transcript, parse_srt_off_loop
@@ -45,14 +44,15 @@ class WhisperTranscribePayload(BaseModel):
 async def run_whisper_transcribe(ctx: JobContext, payload: WhisperTranscribePayload) -> Any:
     config = ctx.services.config
     check_repo(await ctx.workspace_settings(), payload.forgejo.owner, payload.forgejo.repo)
-    # Checked first: it refuses every path resolve_media_path refuses, and a symlink loop.
-    await asyncio.to_thread(_check_audio, config.require("MEDIA_ROOT"), ctx, payload.audio_path)
-    audio = resolve_media_path(config.require("MEDIA_ROOT"), ctx.workspace_id, payload.audio_path)
-    route = await choose_whisper(ctx.services.http, config)
-    log.info("job %s whisper_transcribe: %s", ctx.job_id, route.reason)
+    # Opened once, before anything is asked of a service: the upload sends this very file,
+    # whatever its name leads to by then.
+    audio = await _open_audio(config.require("MEDIA_ROOT"), ctx, payload.audio_path)
     model = payload.model or config.get("WHISPER_MODEL") or whisper.DEFAULT_MODEL
-    request = whisper.TranscribeRequest(audio, model, payload.language)
-    srt_text = await _transcribe(ctx, route, request)
+    with audio:  # closed however the job ends: answered, failed, deferred or cancelled
+        route = await choose_whisper(ctx.services.http, config)
+        log.info("job %s whisper_transcribe: %s", ctx.job_id, route.reason)
+        request = whisper.TranscribeRequest(audio, model, payload.language)
+        srt_text = await _transcribe(ctx, route, request)
     transcript = await _checked(srt_text)
     await ctx.progress("Lagrer transkripsjonen i Forgejo…", 85)
     commit = await _commit(ctx, payload, srt_text, model)
@@ -79,10 +79,23 @@ async def run_whisper_transcribe(ctx: JobContext, payload: WhisperTranscribePayl
     }
 
 
-def _check_audio(media_root: str, ctx: JobContext, path: str) -> None:
-    """Refuses an audio file `open_media_file` refuses: a hard link (maybe another workspace's
-    file) or no regular file."""
-    open_media_file(media_root, ctx.workspace_id, path).close()
+async def _open_audio(media_root: str, ctx: JobContext, path: str) -> BinaryIO:
+    """The audio file as `open_media_file` opens it (refusing a hard link, a swap, anything but
+    a regular file), opened in a thread. A job cancelled while the thread runs closes the file
+    the thread goes on to open."""
+    opening = asyncio.ensure_future(
+        asyncio.to_thread(open_media_file, media_root, ctx.workspace_id, path)
+    )
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        opening.add_done_callback(_close_opened)
+        raise
+
+
+def _close_opened(opening: asyncio.Future[BinaryIO]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()
 
 
 async def _transcribe(ctx: JobContext, route: Route, req: whisper.TranscribeRequest) -> str:
