@@ -6,11 +6,12 @@ generate_embeddings failing clearly without pgvector."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import asyncpg
 import pydantic
@@ -28,6 +29,7 @@ from sidelinja_worker.jobs.knowledge.prompt_eval_scoring import (
 )
 from sidelinja_worker.queue import client, store
 from sidelinja_worker.queue.config import ServiceConfig
+from sidelinja_worker.queue.errors import PermanentError
 from tests.fakes.ai_gateway_server import (  # noqa: F401
     FakeAiGateway,
     Recorded,
@@ -140,6 +142,54 @@ async def test_profile_from_a_programme_file(
         "Testpartiet",
     )
     assert saved["profile"]["positions"] == positions
+
+
+async def test_a_programme_hard_linked_from_another_workspace_is_never_read(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway, tmp_path: Path
+) -> None:
+    # The programme was read by name after its path was checked: a hard link in this
+    # workspace's folder (another workspace's file under a second name) was read and sent to
+    # the AI gateway.
+    other = await other_workspace(pool)
+    (tmp_path / str(workspace)).mkdir()
+    (tmp_path / str(other)).mkdir()
+    (tmp_path / str(other) / "secret.txt").write_text(PROGRAMME, encoding="utf-8")
+    os.link(tmp_path / str(other) / "secret.txt", tmp_path / str(workspace) / "ap.txt")
+    ai_gateway.answers["Profile"] = profile_answer
+    job_id = await client.enqueue(
+        pool,
+        workspace,
+        "valgomat_generate_profile",
+        {"quiz_id": "q", "party": "P", "programme_path": "ap.txt", "statements": STATEMENTS},
+    )
+    await run_burst(pool, db_url, config=config(ai_gateway, MEDIA_ROOT=str(tmp_path)))
+
+    row = await job(pool, job_id)
+    assert (row["status"], row["attempts"], row["error_msg"]) == (
+        "error",
+        1,
+        "file 'ap.txt' has 2 links: a hard link may be another workspace's file, refused",
+    )
+    assert not ai_gateway.chat_requests()
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b"x" * 101, "programme 'p.txt' is over 100 bytes"),
+        (b"Program \xff", "programme 'p.txt' is not UTF-8 text"),
+    ],
+)
+def test_a_programme_too_long_or_not_utf8_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: bytes, words: str
+) -> None:
+    monkeypatch.setattr(valgomat_generate_profile, "MAX_PROGRAMME_BYTES", 100)
+    workspace = uuid4()
+    (tmp_path / str(workspace)).mkdir()
+    (tmp_path / str(workspace) / "p.txt").write_bytes(content)
+    with pytest.raises(PermanentError) as raised:
+        valgomat_generate_profile.read_programme(str(tmp_path), workspace, "p.txt")
+    assert str(raised.value).startswith(words)
 
 
 async def test_profile_bad_input_and_a_model_that_skips_statements(

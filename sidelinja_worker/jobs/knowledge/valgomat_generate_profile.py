@@ -6,13 +6,15 @@ with a short justification citing the programme; schema-validated and stored in
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any, Literal
+from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sidelinja_worker.jobs.ai.common import AiRun, AiTask, run_ai_task
 from sidelinja_worker.jobs.knowledge import store as knowledge_store
-from sidelinja_worker.jobs.media_paths import resolve_media_path
+from sidelinja_worker.jobs.silos import open_media_file
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError, RetryJob
 from sidelinja_worker.queue.priorities import default_priority
@@ -104,23 +106,31 @@ async def programme_of(ctx: JobContext, payload: ProfilePayload) -> str:
     if payload.programme_text is not None:
         return payload.programme_text
     assert payload.programme_path is not None
-    path = resolve_media_path(
-        ctx.services.config.require("MEDIA_ROOT"), ctx.workspace_id, payload.programme_path
+    media_root = ctx.services.config.require("MEDIA_ROOT")
+    text = await asyncio.to_thread(
+        read_programme, media_root, ctx.workspace_id, payload.programme_path
     )
-    if path.stat().st_size > MAX_PROGRAMME_BYTES:
-        raise PermanentError(
-            f"programme {payload.programme_path!r} is over {MAX_PROGRAMME_BYTES} bytes"
-        )
-    try:
-        text = await asyncio.to_thread(path.read_text, "utf-8")
-    except UnicodeDecodeError:
-        raise PermanentError(
-            f"programme {payload.programme_path!r} is not UTF-8 text "
-            "(convert PDF or Word files to text first)"
-        ) from None
     if not text.strip():
         raise PermanentError(f"programme {payload.programme_path!r} is empty")
     return text
+
+
+def read_programme(media_root: str, workspace_id: UUID, path: str) -> str:
+    """The programme file's text, read from the file `open_media_file` opened (no hard link, no
+    swap, only a regular file). Blocking: run it in a thread, which closes the file however
+    the job ends."""
+    with open_media_file(media_root, workspace_id, path) as f:
+        size = os.fstat(f.fileno()).st_size
+        # Read one byte past the bound at most: a file growing since it was measured stops there.
+        data = f.read(MAX_PROGRAMME_BYTES + 1) if size <= MAX_PROGRAMME_BYTES else b""
+    if max(size, len(data)) > MAX_PROGRAMME_BYTES:
+        raise PermanentError(f"programme {path!r} is over {MAX_PROGRAMME_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PermanentError(
+            f"programme {path!r} is not UTF-8 text (convert PDF or Word files to text first)"
+        ) from None
 
 
 def statements_note(payload: ProfilePayload) -> str:
