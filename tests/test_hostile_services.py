@@ -62,6 +62,14 @@ def gateway(http: httpx.AsyncClient, url: str, pool: asyncpg.Pool) -> AiGateway:
     return AiGateway(http, url, Secret("key-SECRET"), RateLimiter(pool, LimitsCache(pool)))
 
 
+async def transcribe(http: httpx.AsyncClient, url: str, audio: Path) -> str:
+    """whisper's client sending `audio`, opened here as its job opens it and closed after."""
+    with audio.open("rb") as f:
+        return await whisper.transcribe_srt(
+            http, whisper.WhisperServer(url), whisper.TranscribeRequest(f, "m", "no")
+        )
+
+
 async def test_a_redirect_to_another_host_is_refused_and_not_followed(
     http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, tmp_path: Path
 ) -> None:
@@ -84,11 +92,7 @@ async def test_a_redirect_to_another_host_is_refused_and_not_followed(
         audio = tmp_path / "a.wav"
         audio.write_bytes(b"RIFF" + b"\x00" * 100)
         with pytest.raises(PermanentError) as caught:
-            await whisper.transcribe_srt(
-                http,
-                whisper.WhisperServer(server.url),
-                whisper.TranscribeRequest(audio, "m", "no"),
-            )
+            await transcribe(http, server.url, audio)
         assert str(caught.value) == f"whisper {expected}"
         assert elsewhere.requests == []  # never contacted
 
@@ -229,9 +233,7 @@ async def test_a_whisper_srt_that_is_not_utf8_is_refused(
     audio.write_bytes(b"RIFF" + b"\x00" * 100)
     server.answer = Answer(200, [("Content-Type", "text/plain")], b"1\n00:00:01,000 --> \xff\n")
     with pytest.raises(PermanentError) as caught:
-        await whisper.transcribe_srt(
-            http, whisper.WhisperServer(server.url), whisper.TranscribeRequest(audio, "m", "no")
-        )
+        await transcribe(http, server.url, audio)
     assert str(caught.value) == "whisper answered 200 with bytes that are not UTF-8 (byte 19)"
 
 
@@ -341,9 +343,7 @@ async def test_an_error_body_nested_past_the_parsers_limit_keeps_the_statuss_out
     audio = tmp_path / "a.wav"
     audio.write_bytes(b"RIFF" + b"\x00" * 100)
     with pytest.raises(PermanentError, match="^whisper refused the API key"):
-        await whisper.transcribe_srt(
-            http, whisper.WhisperServer(server.url), whisper.TranscribeRequest(audio, "m", "no")
-        )
+        await transcribe(http, server.url, audio)
     with pytest.raises(PermanentError, match="^Forgejo refused the token"):
         await Forgejo(http, server.url, Secret("t")).read(RepoFile("o", "r", "a.srt"))
     with pytest.raises(PermanentError, match="^AI gateway 401: "):
@@ -513,9 +513,7 @@ async def error_from_each_service(
     LiveKit, AI gateway."""
     livekit.clear_cache()
     calls = [
-        whisper.transcribe_srt(
-            http, whisper.WhisperServer(url), whisper.TranscribeRequest(audio, "m", "no")
-        ),
+        transcribe(http, url, audio),
         Forgejo(http, url, Secret("t")).read(RepoFile("o", "r", "a.srt")),
         livekit.list_rooms(http, livekit.LiveKitServer(url, "k", Secret("s" * 40))),
         gateway(http, url, pool).chat(CHAT),
