@@ -684,3 +684,86 @@ async def test_a_forgejo_file_beside_millions_of_other_values_is_read_without_bu
             state = await Forgejo(http, server.url, Secret("t")).read(RepoFile("o", "r", "a.srt"))
     figures = (state.content, state.sha, gap[0] < 0.5, peak[0] < 400_000_000)
     assert figures == (b"hi", "s", True, True), (gap, peak)
+
+
+def _distinct_keys(count: int) -> bytes:
+    return b"{" + b",".join(b'"k%d":0' % i for i in range(count)) + b"}"
+
+
+@pytest.mark.parametrize(
+    "pad",
+    [
+        pytest.param(b'"pad": [' + b"[]," * 5_500_000 + b"[]]", id="empty-lists"),
+        pytest.param(b'"pad": ' + _distinct_keys(1_200_000), id="distinct-keys"),
+        pytest.param(b'"choices": [' + b"[]," * 5_500_000 + b"[]]", id="more-choices"),
+    ],
+)
+async def test_a_chat_answer_beside_millions_of_other_values_is_read_without_building_them(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, pad: bytes
+) -> None:
+    # A chat answer may hold 16 MB. Parsed whole, in a thread that holds the GIL throughout
+    # (json.loads is one call), millions of empty lists or distinct keys in a field nobody reads
+    # held every job's event loop 1.4-1.9 s and took some 400 MB; a real answer of 16 MB, 0.1 s.
+    # More choices than the first are skipped as well: only the first is read.
+    first = b'"choices": [{"message": {"content": "Oslo"}, "finish_reason": "stop"}'
+    if pad.startswith(b'"choices"'):
+        body = b"{" + first + b"," + pad[len(b'"choices": [') :] + b', "usage": {}}'
+    else:
+        body = b"{" + first + b"], " + pad + b', "usage": {"prompt_tokens": 7}}'
+    assert len(body) < gateway_module.MAX_CHAT_BYTES
+    await http.get(server.url)  # the first request imports httpx's network backend: not timed
+    server.answer = json_answer(body)
+    with peak_memory() as peak:
+        async with longest_gap() as gap:
+            content, usage = await gateway(http, server.url, pool).chat(CHAT)
+    tokens = 0 if pad.startswith(b'"choices"') else 7
+    figures = (content, usage.prompt_tokens, gap[0] < 0.4, peak[0] < 100_000_000)
+    assert figures == ("Oslo", tokens, True, True), (gap, peak)
+
+
+@pytest.mark.parametrize(
+    ("body", "outcome"),
+    [
+        # msgspec refuses a lone surrogate escape anywhere in a body; json read it, and so still.
+        (rb'{"choices": [{"message": {"content": "hei"}}], "x": "\udc00\\ud800"}', "hei"),
+        (
+            rb'{"choices": [{"message": {"content": "a\ud83d\ude00b\\ud800\udc00"}}]}',
+            "a😀b\\ud800?",
+        ),
+        # Choices after the first are skipped, whatever they are.
+        (b'{"choices": [{"message": {"content": "hei"}}, 1, [], {"error": 1}]}', "hei"),
+        (b'{"choices": [{"message": {"content": 7}}], "usage": {"prompt_tokens": 1e999}}', None),
+        (b'{"choices": [[], {"message": {"content": "hei"}}]}', RetryJob),
+        (b'{"choices": {"message": {"content": "hei"}}}', RetryJob),
+        (b'{"choices": []}', RetryJob),
+    ],
+)
+async def test_a_chat_answer_is_read_field_by_field(
+    http: httpx.AsyncClient,
+    pool: asyncpg.Pool,
+    server: HostileServer,
+    body: bytes,
+    outcome: str | type[Exception] | None,
+) -> None:
+    server.answer = json_answer(body)
+    if outcome is RetryJob:
+        with pytest.raises(RetryJob, match="^AI gateway answered without choices$"):
+            await gateway(http, server.url, pool).chat(CHAT)
+        return
+    content, usage = await gateway(http, server.url, pool).chat(CHAT)
+    assert (content, usage) == (outcome, gateway_module.Usage(0, 0, 1))
+
+
+async def test_an_error_in_a_chat_answer_is_described_without_building_its_values(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer
+) -> None:
+    reasons = b"[" + b"[]," * 4_000_000 + b"[]]"
+    error = b'{"code": 503, "message": "down", "metadata": {"reasons": ' + reasons + b"}}"
+    await http.get(server.url)  # the first request imports httpx's network backend: not timed
+    server.answer = json_answer(
+        b'{"choices": [{"finish_reason": "error", "error": ' + error + b"}]}"
+    )
+    with peak_memory() as peak, pytest.raises(RetryJob) as caught:
+        await gateway(http, server.url, pool).chat(CHAT)
+    figures = (str(caught.value)[:50], peak[0] < 100_000_000)
+    assert figures == ("AI gateway 503: down (reasons: [[],[],[],[],[],[],", True), peak

@@ -8,13 +8,14 @@ import logging
 import math
 import reprlib
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Generic, TypeVar
 
 import httpx
+import msgspec
 import orjson
 from pydantic import BaseModel, ValidationError
 
@@ -218,21 +219,15 @@ class AiGateway:
         with HTTP 200 (generation failed after it started) are classified like HTTP errors."""
         if self.guard is not None:
             self.guard.spend(str(body.get("model")))
-        data = await self._post("/chat/completions", body, CHAT_TIMEOUT_S, MAX_CHAT_BYTES)
-        if isinstance(data.get("error"), Mapping):
-            raise self._classify(200, data["error"], None)
-        choices = data.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-            raise RetryJob("AI gateway answered without choices")
-        choice = choices[0]
-        if choice.get("error") or choice.get("finish_reason") == "error":
-            error = choice.get("error")
-            raise self._classify(200, error if isinstance(error, Mapping) else {}, None)
-        message = choice.get("message")
-        content = message.get("content") if isinstance(message, Mapping) else None
-        if not isinstance(content, str):
-            return None, Usage.of(data)
-        return await storable_text(content), Usage.of(data)
+        content = await self._post_raw("/chat/completions", body, CHAT_TIMEOUT_S, MAX_CHAT_BYTES)
+        answer = await _off_loop(_chat_answer, content)
+        if answer.error is not None:
+            raise self._classify(200, answer.error, None)
+        if answer.choice_error is not None:
+            raise self._classify(200, answer.choice_error, None)
+        if answer.content is None:
+            return None, answer.usage
+        return await storable_text(answer.content), answer.usage
 
     async def embeddings(
         self, model: str, inputs: Sequence[str], *, dimensions: int | None = None
@@ -271,6 +266,24 @@ class AiGateway:
     async def _post(
         self, path: str, body: Mapping[str, Any], timeout_s: float, max_bytes: int
     ) -> dict[str, Any]:
+        try:
+            data = await bounded.json_body(await self._answer(path, body, timeout_s, max_bytes))
+        except ValueError:
+            raise RetryJob(_NOT_JSON) from None
+        if not isinstance(data, dict):
+            raise RetryJob(_NOT_AN_OBJECT)
+        return data
+
+    async def _post_raw(
+        self, path: str, body: Mapping[str, Any], timeout_s: float, max_bytes: int
+    ) -> bytes:
+        """The answer's body, unparsed: read field by field by whoever asked for it."""
+        return (await self._answer(path, body, timeout_s, max_bytes)).content
+
+    async def _answer(
+        self, path: str, body: Mapping[str, Any], timeout_s: float, max_bytes: int
+    ) -> httpx.Response:
+        """A successful answer; any other status is raised as the job's outcome."""
         content = await encoded_body(body)
         await self._limiter.acquire(RATE_KEY)
         try:
@@ -291,13 +304,7 @@ class AiGateway:
             raise RetryJob(f"AI gateway unreachable ({type(exc).__name__})") from None
         if resp.status_code >= 300:
             await self._raise_for_status(resp)
-        try:
-            data = await bounded.json_body(resp)
-        except ValueError:
-            raise RetryJob("AI gateway answered with a body that is not JSON") from None
-        if not isinstance(data, dict):
-            raise RetryJob("AI gateway answered with JSON that is not an object")
-        return data
+        return resp
 
     async def _raise_for_status(self, resp: httpx.Response) -> None:
         retry_after_s = parse_retry_after(resp.headers.get("retry-after"))
@@ -422,6 +429,114 @@ def _vectors(items: list[Mapping[str, Any]]) -> list[list[float]]:
             raise RetryJob(_NOT_NUMBERS)
         vectors.append(vector)
     return vectors
+
+
+_NOT_JSON = "AI gateway answered with a body that is not JSON"
+_NOT_AN_OBJECT = "AI gateway answered with JSON that is not an object"
+# A value in an error bigger than this as JSON is shown by its JSON's start, never built.
+ERROR_VALUE_BYTES = 64 * 1024
+_ERROR_METADATA = ("limit_source", "reasons", "provider_name", "provider_code", "model_slug")
+T = TypeVar("T")
+
+
+async def _off_loop(read: Callable[[bytes], T], content: bytes) -> T:
+    """`read(content)`, in a thread when the body is big. Whatever it builds of the answer is
+    built, and what it skips dropped, there."""
+    if len(content) < bounded.OFF_LOOP_JSON_BYTES:
+        return read(content)
+    return await asyncio.to_thread(read, content)
+
+
+def _answer_fields(content: bytes, names: tuple[str, ...]) -> dict[str, msgspec.Raw]:
+    """The named fields of an answer, every other field skipped unbuilt. A lone surrogate
+    escape ("\\ud800"), which json reads and msgspec refuses, is read as '?', the character
+    storable_text makes of one; a body that is not a JSON object retries."""
+    try:
+        try:
+            found = bounded.fields(content, names)
+        except ValueError:
+            replaced = bounded.lone_surrogates_replaced(content)
+            if replaced is None:
+                raise
+            found = bounded.fields(replaced, names)
+    except ValueError:
+        raise RetryJob(_NOT_JSON) from None
+    if found is None:
+        raise RetryJob(_NOT_AN_OBJECT)
+    return found
+
+
+@dataclass(frozen=True)
+class _ChatAnswer:
+    """What a chat answer says: an error (the answer's own, or its first choice's), else the
+    first choice's content (None when it has none) and the call's usage."""
+
+    error: dict[str, Any] | None
+    choice_error: dict[str, Any] | None
+    content: str | None
+    usage: Usage
+
+
+def _chat_answer(content: bytes) -> _ChatAnswer:
+    """The fields of a chat answer the worker reads; choices after the first are skipped. A
+    field read that is not JSON (invalid UTF-8 in a string) is a body that is not JSON; one
+    skipped is never checked."""
+    try:
+        return _chat_fields(_answer_fields(content, ("error", "choices", "usage")))
+    except ValueError:
+        raise RetryJob(_NOT_JSON) from None
+
+
+def _chat_fields(found: dict[str, msgspec.Raw]) -> _ChatAnswer:
+    error = _error_object(found["error"])
+    if error is not None:
+        return _ChatAnswer(error, None, None, Usage())
+    first = bounded.first_item(found["choices"])
+    choice = None if first is None else bounded.fields(first, ("message", "error", "finish_reason"))
+    if choice is None:
+        raise RetryJob("AI gateway answered without choices")
+    usage = _usage(found["usage"])
+    if bounded.is_truthy(choice["error"]) or bounded.field_text(choice["finish_reason"]) == "error":
+        return _ChatAnswer(None, _error_object(choice["error"]) or {}, None, usage)
+    message = bounded.fields(choice["message"], ("content",))
+    text = None if message is None else bounded.field_string(message["content"])
+    return _ChatAnswer(None, None, text, usage)
+
+
+def _error_object(raw: msgspec.Raw) -> dict[str, Any] | None:
+    """An error object's code, message and metadata as describe_error reads them, a value
+    of more than ERROR_VALUE_BYTES as its JSON's start; None when `raw` is no object."""
+    found = bounded.fields(raw, ("code", "message", "metadata"))
+    if found is None:
+        return None
+    error = {name: _value(found[name]) for name in ("code", "message")}
+    meta = bounded.fields(found["metadata"], _ERROR_METADATA)
+    error["metadata"] = {} if meta is None else {k: _value(v) for k, v in meta.items()}
+    return error
+
+
+def _value(raw: msgspec.Raw) -> Any:
+    return bounded.small_value(raw, ERROR_VALUE_BYTES)
+
+
+_NUMBER = msgspec.json.Decoder(int | float)
+
+
+def _usage(raw: msgspec.Raw) -> Usage:
+    """Usage.of for a raw `usage` field: a count that is no finite number is unknown."""
+    found = bounded.fields(raw, ("prompt_tokens", "completion_tokens"))
+    if found is None:
+        return Usage(0, 0, 1)
+    return Usage(
+        _count(_number(found["prompt_tokens"])), _count(_number(found["completion_tokens"])), 1
+    )
+
+
+def _number(raw: msgspec.Raw) -> int | float | None:
+    try:
+        return _NUMBER.decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError):  # 1e999, a string, a list
+        return None
 
 
 _NOT_NUMBERS = "AI gateway returned an embedding that is not a list of numbers"
