@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import time
 import zlib
 from collections.abc import AsyncIterator
@@ -38,7 +39,7 @@ from sidelinja_worker.queue.errors import PermanentError, RetryJob
 from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
 from sidelinja_worker.services import ai_gateway as gateway_module
 from sidelinja_worker.services import bounded, livekit, whisper
-from sidelinja_worker.services.ai_gateway import AiGateway, parse_retry_after
+from sidelinja_worker.services.ai_gateway import AiGateway, Usage, parse_retry_after
 from sidelinja_worker.services.forgejo import Forgejo, RepoFile
 from tests.fakes.hostile_server import Answer, HostileServer, hostile_server, json_answer
 from tests.fakes.stalls import longest_gap, longest_stall, peak_memory
@@ -713,11 +714,12 @@ async def test_a_chat_answer_beside_millions_of_other_values_is_read_without_bui
     assert len(body) < gateway_module.MAX_CHAT_BYTES
     await http.get(server.url)  # the first request imports httpx's network backend: not timed
     server.answer = json_answer(body)
+    gc.collect()  # a collection of earlier tests' garbage is no stall of the answer's parse
     with peak_memory() as peak:
         async with longest_gap() as gap:
             content, usage = await gateway(http, server.url, pool).chat(CHAT)
     tokens = 0 if pad.startswith(b'"choices"') else 7
-    figures = (content, usage.prompt_tokens, gap[0] < 0.4, peak[0] < 100_000_000)
+    figures = (content, usage.prompt_tokens, gap[0] < 0.4, peak[0] < 80_000_000)
     assert figures == ("Oslo", tokens, True, True), (gap, peak)
 
 
@@ -767,3 +769,60 @@ async def test_an_error_in_a_chat_answer_is_described_without_building_its_value
         await gateway(http, server.url, pool).chat(CHAT)
     figures = (str(caught.value)[:50], peak[0] < 100_000_000)
     assert figures == ("AI gateway 503: down (reasons: [[],[],[],[],[],[],", True), peak
+
+
+@pytest.mark.parametrize(
+    "pad",
+    [
+        pytest.param(b'"pad": [' + b"[]," * 3_500_000 + b"[]]", id="empty-lists"),
+        pytest.param(b'"pad": ' + _distinct_keys(800_000), id="distinct-keys"),
+    ],
+)
+async def test_an_embeddings_answer_beside_millions_of_other_values_is_read_without_building_them(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, pad: bytes
+) -> None:
+    # An answer for 16 inputs of unknown dimensions may hold 12 MB: parsed whole, millions of
+    # values in a field nobody reads held every job's event loop as long as they took to build.
+    vector = b"[" + b", ".join(b"0.25" for _ in range(1536)) + b"]"
+    items = b", ".join(b'{"index": %d, "embedding": %s}' % (15 - i, vector) for i in range(16))
+    body = (
+        b'{"data": [' + items + b"], " + pad + b', "model": "m-2", "usage": {"prompt_tokens": 3}}'
+    )
+    assert len(body) < gateway_module.embeddings_answer_bytes(16, None)
+    await http.get(server.url)  # the first request imports httpx's network backend: not timed
+    server.answer = json_answer(body)
+    gc.collect()  # a collection of earlier tests' garbage is no stall of the answer's parse
+    with peak_memory() as peak:
+        async with longest_gap() as gap:
+            got = await gateway(http, server.url, pool).embeddings("m", ["a"] * 16)
+    figures = (len(got.vectors), got.vectors[0][:2], got.model, got.usage.prompt_tokens)
+    assert figures == (16, [0.25, 0.25], "m-2", 3)
+    assert (gap[0] < 0.3, peak[0] < 80_000_000) == (True, True), (gap, peak)
+
+
+@pytest.mark.parametrize(
+    ("extra", "outcome"),
+    [
+        (b'"object": "list", "pad": [[], {"a": 1e999}]', "m-2"),
+        (rb'"model": "m\ud800"', "m?"),  # a lone surrogate anywhere is read as '?'
+        (b'"model": ""', "m"),
+        # msgspec reads no NaN or Infinity, wherever it is: json read one beside the vectors.
+        (b'"pad": [NaN]', RetryJob),
+    ],
+)
+async def test_an_embeddings_answer_is_read_field_by_field(
+    http: httpx.AsyncClient,
+    pool: asyncpg.Pool,
+    server: HostileServer,
+    extra: bytes,
+    outcome: str | type[Exception],
+) -> None:
+    items = b'{"index": 1, "embedding": [2]}, {"embedding": [0.5, 1e3]}'
+    model = b'"model": "m-2", ' if b'"model"' not in extra else b""
+    server.answer = json_answer(b'{"data": [' + items + b"], " + model + extra + b"}")
+    if outcome is RetryJob:
+        with pytest.raises(RetryJob, match="^AI gateway returned an embedding that is not a list"):
+            await gateway(http, server.url, pool).embeddings("m", ["a", "b"])
+        return
+    got = await gateway(http, server.url, pool).embeddings("m", ["a", "b"])
+    assert (got.vectors, got.model, got.usage) == ([[0.5, 1000.0], [2.0]], outcome, Usage(0, 0, 1))
