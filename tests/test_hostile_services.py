@@ -826,3 +826,17 @@ async def test_an_embeddings_answer_is_read_field_by_field(
         return
     got = await gateway(http, server.url, pool).embeddings("m", ["a", "b"])
     assert (got.vectors, got.model, got.usage) == ([[0.5, 1000.0], [2.0]], outcome, Usage(0, 0, 1))
+
+
+async def test_a_lone_surrogate_beside_millions_of_escapes_is_a_body_that_is_not_json(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer
+) -> None:
+    # A body msgspec refuses for a lone surrogate is rewritten an escape at a time: 7 million
+    # escaped backslashes beside one took 3.6 s and a gigabyte. Past REWRITTEN_ESCAPES it is
+    # refused as not JSON instead.
+    text = b"\\\\" * 7_000_000 + b"\\ud800"
+    server.answer = json_answer(b'{"choices": [{"message": {"content": "' + text + b'"}}]}')
+    with peak_memory() as peak, pytest.raises(RetryJob) as caught:
+        await gateway(http, server.url, pool).chat(CHAT)
+    figures = (str(caught.value), peak[0] < 100_000_000)
+    assert figures == ("AI gateway answered with a body that is not JSON", True), peak

@@ -239,6 +239,9 @@ def is_absent(raw: msgspec.Raw) -> bool:
     return memoryview(raw) == b"null"
 
 
+# A body with a lone surrogate is rewritten only when it holds at most this many escapes of
+# backslashes and of \\u (a real answer holds few): more is read as a body that is not JSON.
+REWRITTEN_ESCAPES = 200_000
 # A JSON string escape: an escaped backslash (matched first, so that what follows it is never
 # read as an escape), a surrogate pair, or a lone surrogate (group 1).
 _ESCAPE = re.compile(
@@ -251,8 +254,12 @@ _LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 def lone_surrogates_replaced(content: bytes) -> bytes | None:
     """`content` with each escaped lone surrogate ("\\ud800") written as '?', what an encoder
     makes of one; None when it holds none. msgspec refuses a body with one anywhere, json
-    reads it as a character no UTF-8 encoder takes. A pair (one character) is kept."""
+    reads it as a character no UTF-8 encoder takes. A pair (one character) is kept. None too
+    for a body with more than REWRITTEN_ESCAPES escapes that may need a look (escaped backslashes
+    and \\u escapes): each is a call, and millions of them took seconds and a gigabyte."""
     if _LONE_SURROGATE.search(content) is None:
+        return None
+    if content.count(b"\\\\") + content.count(b"\\u") > REWRITTEN_ESCAPES:
         return None
 
     def replace(match: re.Match[bytes]) -> bytes:
