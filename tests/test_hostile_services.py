@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import time
 import zlib
 from collections.abc import AsyncIterator
@@ -38,7 +39,7 @@ from sidelinja_worker.queue.errors import PermanentError, RetryJob
 from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
 from sidelinja_worker.services import ai_gateway as gateway_module
 from sidelinja_worker.services import bounded, livekit, whisper
-from sidelinja_worker.services.ai_gateway import AiGateway, parse_retry_after
+from sidelinja_worker.services.ai_gateway import AiGateway, Usage, parse_retry_after
 from sidelinja_worker.services.forgejo import Forgejo, RepoFile
 from tests.fakes.hostile_server import Answer, HostileServer, hostile_server, json_answer
 from tests.fakes.stalls import longest_gap, longest_stall, peak_memory
@@ -682,3 +683,158 @@ async def test_a_forgejo_file_beside_millions_of_other_values_is_read_without_bu
             state = await Forgejo(http, server.url, Secret("t")).read(RepoFile("o", "r", "a.srt"))
     figures = (state.content, state.sha, gap[0] < 0.5, peak[0] < 400_000_000)
     assert figures == (b"hi", "s", True, True), (gap, peak)
+
+
+def _distinct_keys(count: int) -> bytes:
+    return b"{" + b",".join(b'"k%d":0' % i for i in range(count)) + b"}"
+
+
+@pytest.mark.parametrize(
+    "pad",
+    [
+        pytest.param(b'"pad": [' + b"[]," * 5_500_000 + b"[]]", id="empty-lists"),
+        pytest.param(b'"pad": ' + _distinct_keys(1_200_000), id="distinct-keys"),
+        pytest.param(b'"choices": [' + b"[]," * 5_500_000 + b"[]]", id="more-choices"),
+    ],
+)
+async def test_a_chat_answer_beside_millions_of_other_values_is_read_without_building_them(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, pad: bytes
+) -> None:
+    # A chat answer may hold 16 MB. Parsed whole, in a thread that holds the GIL throughout
+    # (json.loads is one call), millions of empty lists or distinct keys in a field nobody reads
+    # held every job's event loop 1.4-1.9 s and took some 400 MB; a real answer of 16 MB, 0.1 s.
+    # More choices than the first are skipped as well: only the first is read.
+    first = b'"choices": [{"message": {"content": "Oslo"}, "finish_reason": "stop"}'
+    if pad.startswith(b'"choices"'):
+        body = b"{" + first + b"," + pad[len(b'"choices": [') :] + b', "usage": {}}'
+    else:
+        body = b"{" + first + b"], " + pad + b', "usage": {"prompt_tokens": 7}}'
+    assert len(body) < gateway_module.MAX_CHAT_BYTES
+    await http.get(server.url)  # the first request imports httpx's network backend: not timed
+    server.answer = json_answer(body)
+    gc.collect()  # a collection of earlier tests' garbage is no stall of the answer's parse
+    with peak_memory() as peak:
+        async with longest_gap() as gap:
+            content, usage = await gateway(http, server.url, pool).chat(CHAT)
+    tokens = 0 if pad.startswith(b'"choices"') else 7
+    figures = (content, usage.prompt_tokens, gap[0] < 0.4, peak[0] < 80_000_000)
+    assert figures == ("Oslo", tokens, True, True), (gap, peak)
+
+
+@pytest.mark.parametrize(
+    ("body", "outcome"),
+    [
+        # msgspec refuses a lone surrogate escape anywhere in a body; json read it, and so still.
+        (rb'{"choices": [{"message": {"content": "hei"}}], "x": "\udc00\\ud800"}', "hei"),
+        (
+            rb'{"choices": [{"message": {"content": "a\ud83d\ude00b\\ud800\udc00"}}]}',
+            "a😀b\\ud800?",
+        ),
+        # Choices after the first are skipped, whatever they are.
+        (b'{"choices": [{"message": {"content": "hei"}}, 1, [], {"error": 1}]}', "hei"),
+        (b'{"choices": [{"message": {"content": 7}}], "usage": {"prompt_tokens": 1e999}}', None),
+        (b'{"choices": [[], {"message": {"content": "hei"}}]}', RetryJob),
+        (b'{"choices": {"message": {"content": "hei"}}}', RetryJob),
+        (b'{"choices": []}', RetryJob),
+    ],
+)
+async def test_a_chat_answer_is_read_field_by_field(
+    http: httpx.AsyncClient,
+    pool: asyncpg.Pool,
+    server: HostileServer,
+    body: bytes,
+    outcome: str | type[Exception] | None,
+) -> None:
+    server.answer = json_answer(body)
+    if outcome is RetryJob:
+        with pytest.raises(RetryJob, match="^AI gateway answered without choices$"):
+            await gateway(http, server.url, pool).chat(CHAT)
+        return
+    content, usage = await gateway(http, server.url, pool).chat(CHAT)
+    assert (content, usage) == (outcome, gateway_module.Usage(0, 0, 1))
+
+
+async def test_an_error_in_a_chat_answer_is_described_without_building_its_values(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer
+) -> None:
+    reasons = b"[" + b"[]," * 4_000_000 + b"[]]"
+    error = b'{"code": 503, "message": "down", "metadata": {"reasons": ' + reasons + b"}}"
+    await http.get(server.url)  # the first request imports httpx's network backend: not timed
+    server.answer = json_answer(
+        b'{"choices": [{"finish_reason": "error", "error": ' + error + b"}]}"
+    )
+    with peak_memory() as peak, pytest.raises(RetryJob) as caught:
+        await gateway(http, server.url, pool).chat(CHAT)
+    figures = (str(caught.value)[:50], peak[0] < 100_000_000)
+    assert figures == ("AI gateway 503: down (reasons: [[],[],[],[],[],[],", True), peak
+
+
+@pytest.mark.parametrize(
+    "pad",
+    [
+        pytest.param(b'"pad": [' + b"[]," * 3_500_000 + b"[]]", id="empty-lists"),
+        pytest.param(b'"pad": ' + _distinct_keys(800_000), id="distinct-keys"),
+    ],
+)
+async def test_an_embeddings_answer_beside_millions_of_other_values_is_read_without_building_them(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, pad: bytes
+) -> None:
+    # An answer for 16 inputs of unknown dimensions may hold 12 MB: parsed whole, millions of
+    # values in a field nobody reads held every job's event loop as long as they took to build.
+    vector = b"[" + b", ".join(b"0.25" for _ in range(1536)) + b"]"
+    items = b", ".join(b'{"index": %d, "embedding": %s}' % (15 - i, vector) for i in range(16))
+    body = (
+        b'{"data": [' + items + b"], " + pad + b', "model": "m-2", "usage": {"prompt_tokens": 3}}'
+    )
+    assert len(body) < gateway_module.embeddings_answer_bytes(16, None)
+    await http.get(server.url)  # the first request imports httpx's network backend: not timed
+    server.answer = json_answer(body)
+    gc.collect()  # a collection of earlier tests' garbage is no stall of the answer's parse
+    with peak_memory() as peak:
+        async with longest_gap() as gap:
+            got = await gateway(http, server.url, pool).embeddings("m", ["a"] * 16)
+    figures = (len(got.vectors), got.vectors[0][:2], got.model, got.usage.prompt_tokens)
+    assert figures == (16, [0.25, 0.25], "m-2", 3)
+    assert (gap[0] < 0.3, peak[0] < 80_000_000) == (True, True), (gap, peak)
+
+
+@pytest.mark.parametrize(
+    ("extra", "outcome"),
+    [
+        (b'"object": "list", "pad": [[], {"a": 1e999}]', "m-2"),
+        (rb'"model": "m\ud800"', "m?"),  # a lone surrogate anywhere is read as '?'
+        (b'"model": ""', "m"),
+        # msgspec reads no NaN or Infinity, wherever it is: json read one beside the vectors.
+        (b'"pad": [NaN]', RetryJob),
+    ],
+)
+async def test_an_embeddings_answer_is_read_field_by_field(
+    http: httpx.AsyncClient,
+    pool: asyncpg.Pool,
+    server: HostileServer,
+    extra: bytes,
+    outcome: str | type[Exception],
+) -> None:
+    items = b'{"index": 1, "embedding": [2]}, {"embedding": [0.5, 1e3]}'
+    model = b'"model": "m-2", ' if b'"model"' not in extra else b""
+    server.answer = json_answer(b'{"data": [' + items + b"], " + model + extra + b"}")
+    if outcome is RetryJob:
+        with pytest.raises(RetryJob, match="^AI gateway returned an embedding that is not a list"):
+            await gateway(http, server.url, pool).embeddings("m", ["a", "b"])
+        return
+    got = await gateway(http, server.url, pool).embeddings("m", ["a", "b"])
+    assert (got.vectors, got.model, got.usage) == ([[0.5, 1000.0], [2.0]], outcome, Usage(0, 0, 1))
+
+
+async def test_a_lone_surrogate_beside_millions_of_escapes_is_a_body_that_is_not_json(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer
+) -> None:
+    # A body msgspec refuses for a lone surrogate is rewritten an escape at a time: 7 million
+    # escaped backslashes beside one took 3.6 s and a gigabyte. Past REWRITTEN_ESCAPES it is
+    # refused as not JSON instead.
+    text = b"\\\\" * 7_000_000 + b"\\ud800"
+    server.answer = json_answer(b'{"choices": [{"message": {"content": "' + text + b'"}}]}')
+    with peak_memory() as peak, pytest.raises(RetryJob) as caught:
+        await gateway(http, server.url, pool).chat(CHAT)
+    figures = (str(caught.value), peak[0] < 100_000_000)
+    assert figures == ("AI gateway answered with a body that is not JSON", True), peak

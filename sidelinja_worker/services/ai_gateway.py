@@ -4,17 +4,20 @@ embeddings, with the gateway's errors mapped to the job outcomes (RetryJob / Per
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
+import re
 import reprlib
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Generic, TypeVar
 
 import httpx
+import msgspec
 import orjson
 from pydantic import BaseModel, ValidationError
 
@@ -91,17 +94,6 @@ class Usage:
             self.completion_tokens + other.completion_tokens,
             self.calls + other.calls,
         )
-
-    @classmethod
-    def of(cls, data: Mapping[str, Any]) -> Usage:
-        """The call's counts; one that cannot be true (not a whole number, negative, or past
-        MAX_TOKENS_PER_CALL) reads as 0, unknown. The call is made and paid for by now: its
-        report must not fail the job, as an infinity or a string did, nor a job that stores
-        it later, as a count past an INTEGER column did."""
-        usage = data.get("usage")
-        if not isinstance(usage, Mapping):
-            return cls(0, 0, 1)
-        return cls(_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")), 1)
 
 
 def _count(value: Any) -> int:
@@ -218,21 +210,15 @@ class AiGateway:
         with HTTP 200 (generation failed after it started) are classified like HTTP errors."""
         if self.guard is not None:
             self.guard.spend(str(body.get("model")))
-        data = await self._post("/chat/completions", body, CHAT_TIMEOUT_S, MAX_CHAT_BYTES)
-        if isinstance(data.get("error"), Mapping):
-            raise self._classify(200, data["error"], None)
-        choices = data.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-            raise RetryJob("AI gateway answered without choices")
-        choice = choices[0]
-        if choice.get("error") or choice.get("finish_reason") == "error":
-            error = choice.get("error")
-            raise self._classify(200, error if isinstance(error, Mapping) else {}, None)
-        message = choice.get("message")
-        content = message.get("content") if isinstance(message, Mapping) else None
-        if not isinstance(content, str):
-            return None, Usage.of(data)
-        return await storable_text(content), Usage.of(data)
+        content = await self._post_raw("/chat/completions", body, CHAT_TIMEOUT_S, MAX_CHAT_BYTES)
+        answer = await _off_loop(_chat_answer, content)
+        if answer.error is not None:
+            raise self._classify(200, answer.error, None)
+        if answer.choice_error is not None:
+            raise self._classify(200, answer.choice_error, None)
+        if answer.content is None:
+            return None, answer.usage
+        return await storable_text(answer.content), answer.usage
 
     async def embeddings(
         self, model: str, inputs: Sequence[str], *, dimensions: int | None = None
@@ -244,33 +230,23 @@ class AiGateway:
         if self.guard is not None:
             self.guard.spend(model)
         max_bytes = embeddings_answer_bytes(len(inputs), dimensions)
-        data = await self._post("/embeddings", body, EMBED_TIMEOUT_S, max_bytes)
-        if isinstance(data.get("error"), Mapping):
-            raise self._classify(200, data["error"], None)
-        items = data.get("data") or []
-        if not isinstance(items, list):
-            raise RetryJob(_NOT_A_LIST)
-        # Counted before any item is looked at, on the event loop: the 12 MB an answer for 16
-        # inputs of unknown dimensions may hold fit 4.1 million items, checked and sorted in 1.2 s.
-        if len(items) != len(inputs):
-            raise RetryJob(f"AI gateway returned {len(items)} embeddings for {len(inputs)} inputs")
-        if not all(
-            isinstance(item, Mapping) and type(item.get("index", 0)) is int for item in items
-        ):
-            raise RetryJob(_NOT_A_LIST)
-        items = sorted(items, key=lambda item: item.get("index", 0))
-        # Millions of numbers in a big batch: checked in a thread, off the event loop.
-        vectors = await asyncio.to_thread(_vectors, items)
-        # The model the gateway says answered, when it says so with a name: anything else made
-        # a string is written out on the event loop, whatever its size.
-        reported = data.get("model")
-        return Embeddings(
-            vectors, reported if isinstance(reported, str) and reported else model, Usage.of(data)
-        )
+        content = await self._post_raw("/embeddings", body, EMBED_TIMEOUT_S, max_bytes)
+        # Millions of numbers in a big batch: read in a thread, off the event loop.
+        answer = await _off_loop(functools.partial(_embeddings_answer, inputs=len(inputs)), content)
+        if answer.error is not None:
+            raise self._classify(200, answer.error, None)
+        return Embeddings(answer.vectors, answer.model or model, answer.usage)
 
-    async def _post(
+    async def _post_raw(
         self, path: str, body: Mapping[str, Any], timeout_s: float, max_bytes: int
-    ) -> dict[str, Any]:
+    ) -> bytes:
+        """The answer's body, unparsed: read field by field by whoever asked for it."""
+        return (await self._answer(path, body, timeout_s, max_bytes)).content
+
+    async def _answer(
+        self, path: str, body: Mapping[str, Any], timeout_s: float, max_bytes: int
+    ) -> httpx.Response:
+        """A successful answer; any other status is raised as the job's outcome."""
         content = await encoded_body(body)
         await self._limiter.acquire(RATE_KEY)
         try:
@@ -291,13 +267,7 @@ class AiGateway:
             raise RetryJob(f"AI gateway unreachable ({type(exc).__name__})") from None
         if resp.status_code >= 300:
             await self._raise_for_status(resp)
-        try:
-            data = await bounded.json_body(resp)
-        except ValueError:
-            raise RetryJob("AI gateway answered with a body that is not JSON") from None
-        if not isinstance(data, dict):
-            raise RetryJob("AI gateway answered with JSON that is not an object")
-        return data
+        return resp
 
     async def _raise_for_status(self, resp: httpx.Response) -> None:
         retry_after_s = parse_retry_after(resp.headers.get("retry-after"))
@@ -404,24 +374,203 @@ def embeddings_answer_bytes(inputs: int, dimensions: int | None) -> int:
     return min(MAX_EMBED_BYTES, EMBED_ANSWER_BYTES + inputs * per_item)
 
 
-def _vectors(items: list[Mapping[str, Any]]) -> list[list[float]]:
-    """Each item's embedding as floats. Anything but a list of finite numbers is refused:
-    json reads NaN and Infinity (and 1e999 as infinity), float() reads "nan", and a vector
-    stored with one is never embedded again while its text is unchanged, every similarity
-    with it NaN."""
-    vectors = []
-    for item in items:
-        raw = item.get("embedding")
-        if not isinstance(raw, list) or not all(type(x) in (int, float) for x in raw):
-            raise RetryJob(_NOT_NUMBERS)
+_NOT_JSON = "AI gateway answered with a body that is not JSON"
+_NOT_AN_OBJECT = "AI gateway answered with JSON that is not an object"
+# A value in an error bigger than this as JSON is shown by its JSON's start, never built.
+ERROR_VALUE_BYTES = 64 * 1024
+_ERROR_METADATA = ("limit_source", "reasons", "provider_name", "provider_code", "model_slug")
+T = TypeVar("T")
+
+
+async def _off_loop(read: Callable[[bytes], T], content: bytes) -> T:
+    """`read(content)`, in a thread when the body is big. Whatever it builds of the answer is
+    built, and what it skips dropped, there."""
+    if len(content) < bounded.OFF_LOOP_JSON_BYTES:
+        return read(content)
+    return await asyncio.to_thread(read, content)
+
+
+def _answer_fields(content: bytes, names: tuple[str, ...]) -> dict[str, msgspec.Raw]:
+    """The named fields of an answer, every other field skipped unbuilt. A lone surrogate
+    escape ("\\ud800"), which json reads and msgspec refuses, is read as '?', the character
+    storable_text makes of one; a body that is not a JSON object retries."""
+    try:
         try:
-            vector = [float(x) for x in raw]
-        except OverflowError:  # an integer of hundreds of digits
+            found = bounded.fields(content, names)
+        except ValueError:
+            replaced = bounded.lone_surrogates_replaced(content)
+            if replaced is None:
+                raise
+            found = bounded.fields(replaced, names)
+    except ValueError:
+        raise RetryJob(_NOT_JSON) from None
+    if found is None:
+        raise RetryJob(_NOT_AN_OBJECT)
+    return found
+
+
+@dataclass(frozen=True)
+class _ChatAnswer:
+    """What a chat answer says: an error (the answer's own, or its first choice's), else the
+    first choice's content (None when it has none) and the call's usage."""
+
+    error: dict[str, Any] | None
+    choice_error: dict[str, Any] | None
+    content: str | None
+    usage: Usage
+
+
+def _chat_answer(content: bytes) -> _ChatAnswer:
+    """The fields of a chat answer the worker reads; choices after the first are skipped. A
+    field read that is not JSON (invalid UTF-8 in a string) is a body that is not JSON; one
+    skipped is never checked."""
+    try:
+        return _chat_fields(_answer_fields(content, ("error", "choices", "usage")))
+    except ValueError:
+        raise RetryJob(_NOT_JSON) from None
+
+
+def _chat_fields(found: dict[str, msgspec.Raw]) -> _ChatAnswer:
+    error = _error_object(found["error"])
+    if error is not None:
+        return _ChatAnswer(error, None, None, Usage())
+    first = bounded.first_item(found["choices"])
+    choice = None if first is None else bounded.fields(first, ("message", "error", "finish_reason"))
+    if choice is None:
+        raise RetryJob("AI gateway answered without choices")
+    usage = _usage(found["usage"])
+    if bounded.is_truthy(choice["error"]) or bounded.field_text(choice["finish_reason"]) == "error":
+        return _ChatAnswer(None, _error_object(choice["error"]) or {}, None, usage)
+    message = bounded.fields(choice["message"], ("content",))
+    text = None if message is None else bounded.field_string(message["content"])
+    return _ChatAnswer(None, None, text, usage)
+
+
+def _error_object(raw: msgspec.Raw) -> dict[str, Any] | None:
+    """An error object's code, message and metadata as describe_error reads them, a value
+    of more than ERROR_VALUE_BYTES as its JSON's start; None when `raw` is no object."""
+    found = bounded.fields(raw, ("code", "message", "metadata"))
+    if found is None:
+        return None
+    error = {name: _value(found[name]) for name in ("code", "message")}
+    meta = bounded.fields(found["metadata"], _ERROR_METADATA)
+    error["metadata"] = {} if meta is None else {k: _value(v) for k, v in meta.items()}
+    return error
+
+
+def _value(raw: msgspec.Raw) -> Any:
+    return bounded.small_value(raw, ERROR_VALUE_BYTES)
+
+
+_NUMBER = msgspec.json.Decoder(int | float)
+
+
+def _usage(raw: msgspec.Raw) -> Usage:
+    """The call's counts; one that cannot be true (not a whole number, negative, or past
+    MAX_TOKENS_PER_CALL) reads as 0, unknown. The call is made and paid for by now: its report
+    must not fail the job, as an infinity or a string did, nor a job that stores it later, as a
+    count past an INTEGER column did."""
+    found = bounded.fields(raw, ("prompt_tokens", "completion_tokens"))
+    if found is None:
+        return Usage(0, 0, 1)
+    return Usage(
+        _count(_number(found["prompt_tokens"])), _count(_number(found["completion_tokens"])), 1
+    )
+
+
+def _number(raw: msgspec.Raw) -> int | float | None:
+    try:
+        return _NUMBER.decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError):  # 1e999, a string, a list
+        return None
+
+
+@dataclass(frozen=True)
+class _EmbeddingsAnswer:
+    """What an embeddings answer says: an error, else the vectors in input order, the model
+    it names (None when it names none with a string) and the call's usage."""
+
+    error: dict[str, Any] | None
+    vectors: list[list[float]]
+    model: str | None
+    usage: Usage
+
+
+_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+_INDEX = msgspec.json.Decoder(int)
+_VECTOR = msgspec.json.Decoder(list[float])
+# Where msgspec stops on what it cannot read, in its message: "... (byte 123)".
+_REFUSED_AT = re.compile(r"\(byte (\d+)\)")
+
+
+def _embeddings_answer(content: bytes, inputs: int) -> _EmbeddingsAnswer:
+    """The fields of an embeddings answer the worker reads, every other field skipped."""
+    try:
+        found = _answer_fields(content, ("error", "data", "model", "usage"))
+    except RetryJob:
+        if _non_finite_number(content):
             raise RetryJob(_NOT_NUMBERS) from None
-        if not all(map(math.isfinite, vector)):
-            raise RetryJob(_NOT_NUMBERS)
-        vectors.append(vector)
-    return vectors
+        raise
+    try:
+        error = _error_object(found["error"])
+        model = bounded.field_string(found["model"])
+    except ValueError:
+        raise RetryJob(_NOT_JSON) from None
+    if error is not None:
+        return _EmbeddingsAnswer(error, [], None, Usage())
+    vectors = _embedding_vectors(found["data"], inputs)
+    return _EmbeddingsAnswer(None, vectors, model or None, _usage(found["usage"]))
+
+
+def _non_finite_number(content: bytes) -> bool:
+    """Whether msgspec refuses `content` at a NaN or an Infinity, which json reads as numbers
+    (and msgspec does not): a vector with one is refused as not finite, wherever it is."""
+    try:
+        msgspec.json.decode(content, type=msgspec.Raw)
+    except msgspec.DecodeError as exc:
+        found = _REFUSED_AT.search(str(exc))
+        at = int(found.group(1)) if found else -1
+        return at >= 0 and content[at : at + 9].lstrip(b"-").startswith((b"NaN", b"Infinity"))
+    return False
+
+
+def _embedding_vectors(data: msgspec.Raw, inputs: int) -> list[list[float]]:
+    """Each item's embedding as floats, in the order of the items' indexes. Counted before any
+    item is looked at: the 12 MB an answer for 16 inputs of unknown dimensions may hold fit 4.1
+    million items. Anything but a list of finite numbers is refused: json read NaN and Infinity
+    (msgspec refuses both, and 1e999), and a vector stored with one is never embedded again
+    while its text is unchanged, every similarity with it NaN."""
+    if not bounded.is_truthy(data):
+        items: list[msgspec.Raw] = []
+    else:
+        try:
+            items = _ITEMS.decode(data)
+        except msgspec.ValidationError:
+            raise RetryJob(_NOT_A_LIST) from None
+    if len(items) != inputs:
+        raise RetryJob(f"AI gateway returned {len(items)} embeddings for {inputs} inputs")
+    indexed = []
+    for raw in items:
+        item = bounded.fields(raw, ("index", "embedding"))
+        if item is None:
+            raise RetryJob(_NOT_A_LIST)
+        try:
+            index = 0 if bounded.is_absent(item["index"]) else _INDEX.decode(item["index"])
+        except msgspec.ValidationError:
+            raise RetryJob(_NOT_A_LIST) from None
+        indexed.append((index, item["embedding"]))
+    indexed.sort(key=lambda pair: pair[0])
+    return [_vector(embedding) for _, embedding in indexed]
+
+
+def _vector(raw: msgspec.Raw) -> list[float]:
+    try:
+        vector = _VECTOR.decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        raise RetryJob(_NOT_NUMBERS) from None
+    if not all(map(math.isfinite, vector)):
+        raise RetryJob(_NOT_NUMBERS)
+    return vector
 
 
 _NOT_NUMBERS = "AI gateway returned an embedding that is not a list of numbers"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import re
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -236,3 +237,94 @@ def field_text(raw: msgspec.Raw) -> str | None:
 def is_absent(raw: msgspec.Raw) -> bool:
     """Whether a field was null or not there at all."""
     return memoryview(raw) == b"null"
+
+
+# A body with a lone surrogate is rewritten only when it holds at most this many escapes of
+# backslashes and of \\u (a real answer holds few): more is read as a body that is not JSON.
+REWRITTEN_ESCAPES = 200_000
+# A JSON string escape: an escaped backslash (matched first, so that what follows it is never
+# read as an escape), a surrogate pair, or a lone surrogate (group 1).
+_ESCAPE = re.compile(
+    rb"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+    rb"|(\\u[dD][89a-fA-F][0-9a-fA-F]{2})"
+)
+_LONE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def lone_surrogates_replaced(content: bytes) -> bytes | None:
+    """`content` with each escaped lone surrogate ("\\ud800") written as '?', what an encoder
+    makes of one; None when it holds none. msgspec refuses a body with one anywhere, json
+    reads it as a character no UTF-8 encoder takes. A pair (one character) is kept. None too
+    for a body with more than REWRITTEN_ESCAPES escapes that may need a look (escaped backslashes
+    and \\u escapes): each is a call, and millions of them took seconds and a gigabyte."""
+    if _LONE_SURROGATE.search(content) is None:
+        return None
+    if content.count(b"\\\\") + content.count(b"\\u") > REWRITTEN_ESCAPES:
+        return None
+
+    def replace(match: re.Match[bytes]) -> bytes:
+        return b"?" if match.group(1) else match.group(0)
+
+    replaced = _ESCAPE.sub(replace, content)
+    return None if replaced == content else replaced
+
+
+@functools.cache
+def _first_decoder() -> msgspec.json.Decoder[Any]:
+    # An array-like struct reads its fields from an array's first items and skips the rest
+    # unbuilt: millions of items after the first cost a skip each, not an object each.
+    first = msgspec.defstruct("First", [("item", msgspec.Raw, _ABSENT)], array_like=True)
+    return msgspec.json.Decoder(first)
+
+
+def first_item(raw: msgspec.Raw) -> msgspec.Raw | None:
+    """An array's first item as raw JSON (null when the array is empty), None when `raw` is
+    not an array (found at its first byte); the other items are skipped, never built."""
+    try:
+        item: msgspec.Raw = _first_decoder().decode(raw).item
+    except msgspec.ValidationError:
+        return None
+    return item
+
+
+def field_string(raw: msgspec.Raw) -> str | None:
+    """A field's string, a lone surrogate in it kept as json reads it (msgspec refuses one);
+    None when it is null or anything else. ValueError for a string that is not JSON (invalid
+    UTF-8): a raw field is skipped over, not checked, when the body is read."""
+    text = field_text(raw)
+    if text is None and bytes(memoryview(raw)[:1]) == b'"':
+        found = json.loads(bytes(raw))  # one string: read in one linear pass
+        return found if isinstance(found, str) else None
+    return text
+
+
+_FALSY = frozenset({b"null", b"false", b'""', b"0"})
+
+
+def is_truthy(raw: msgspec.Raw) -> bool:
+    """What Python's truth of the field's value would be, read from its raw JSON without
+    building it: null, false, "", 0 and an empty array or object are false."""
+    text = bytes(memoryview(raw)[:64]).strip()
+    if text in _FALSY:
+        return False
+    if text[:1] in (b"[", b"{"):
+        return text[1:].lstrip()[:1] not in (b"]", b"}")
+    if text[:1] in b"-0123456789" and len(raw) < 64:
+        try:
+            return float(text) != 0
+        except ValueError:
+            return True
+    return True
+
+
+def small_value(raw: msgspec.Raw, max_bytes: int) -> Any:
+    """A field's value: a string whatever its length, anything else built when its JSON is at
+    most `max_bytes`, else its JSON's start as text (a value of millions of items is never
+    built to be written out as a message of a few hundred characters). ValueError for JSON
+    that is not (invalid UTF-8)."""
+    text = field_string(raw)
+    if text is not None:
+        return text
+    if len(raw) <= max_bytes:
+        return loads(bytes(raw))
+    return bytes(memoryview(raw)[:max_bytes]).decode("utf-8", "replace")
