@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import gc
 import time
 import zlib
 from collections.abc import AsyncIterator
@@ -712,7 +711,6 @@ async def test_a_chat_answer_beside_millions_of_other_values_is_read_without_bui
     assert len(body) < gateway_module.MAX_CHAT_BYTES
     await http.get(server.url)  # the first request imports httpx's network backend: not timed
     server.answer = json_answer(body)
-    gc.collect()  # a collection of earlier tests' garbage is no stall of the answer's parse
     with peak_memory() as peak:
         async with longest_gap() as gap:
             content, usage = await gateway(http, server.url, pool).chat(CHAT)
@@ -789,7 +787,6 @@ async def test_an_embeddings_answer_beside_millions_of_other_values_is_read_with
     assert len(body) < gateway_module.embeddings_answer_bytes(16, None)
     await http.get(server.url)  # the first request imports httpx's network backend: not timed
     server.answer = json_answer(body)
-    gc.collect()  # a collection of earlier tests' garbage is no stall of the answer's parse
     with peak_memory() as peak:
         async with longest_gap() as gap:
             got = await gateway(http, server.url, pool).embeddings("m", ["a"] * 16)

@@ -77,7 +77,9 @@ async def longest_gap(tick_s: float = 0.001) -> AsyncIterator[list[float]]:
     """Yields a one-item list that holds, once the block ends, the longest time in seconds a
     task that sleeps `tick_s` at a time woke late. It sees what the debug timing of a step does
     not: another thread holding the GIL (a C call such as json.loads never hands it over)
-    between two steps, while the loop waits to take it back."""
+    between two steps, while the loop waits to take it back. The garbage collector is off
+    meanwhile, as in `longest_stall`: a full collection of earlier tests' garbage (a few tenths
+    of a second in a long test run) is no stall of the code under test."""
     longest = [0.0]
     done = asyncio.Event()
 
@@ -89,6 +91,8 @@ async def longest_gap(tick_s: float = 0.001) -> AsyncIterator[list[float]]:
             longest[0] = max(longest[0], now - last - tick_s)
             last = now
 
+    collecting = gc.isenabled()
+    gc.disable()
     ticker = asyncio.create_task(tick())
     await asyncio.sleep(0)  # the ticker is running before the block begins
     try:
@@ -96,3 +100,5 @@ async def longest_gap(tick_s: float = 0.001) -> AsyncIterator[list[float]]:
     finally:
         done.set()
         await ticker
+        if collecting:
+            gc.enable()
