@@ -14,6 +14,7 @@ from uuid import UUID
 import asyncpg
 import pytest
 
+from sidelinja_worker.jobs.transcripts import srt_parse
 from sidelinja_worker.jobs.transcripts import store as transcripts_store
 from sidelinja_worker.jobs.transcripts.subtitles import (
     Segment,
@@ -21,7 +22,7 @@ from sidelinja_worker.jobs.transcripts.subtitles import (
     Transcript,
     parse_srt,
 )
-from sidelinja_worker.queue import client
+from sidelinja_worker.queue import client, executor
 from tests.fakes.fixtures import (  # noqa: F401  (pytest finds fixtures by module name)
     EPISODE_SRT,
     forgejo_fake_fixture,
@@ -434,3 +435,51 @@ def test_an_srt_of_millions_of_lines_or_cues_is_refused_in_bounded_memory(
     peak_mb, outcome = done.stdout.strip().split(" ", 1)
     assert int(peak_mb) < 150, f"{peak_mb} MB above the text: {outcome}"
     assert error in outcome
+
+
+async def test_a_long_transcript_is_embedded_in_bounded_passages_and_children(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path
+) -> None:
+    """A cue of 3.9 MB became one passage of 3.9 MB, far more than an embedding model reads,
+    and every passage went into one generate_embeddings child: 7.9 MB of payload here, over
+    the job payload cap (4 MB), so the child failed at once and the transcript got no
+    embeddings at all."""
+    words = " ".join(f"ord{i}" for i in range(400_000))  # ~3.3 MB in one cue
+    lines = "\n".join(words[i : i + 15_000] for i in range(0, len(words), 15_000))
+    cues = [f"1\n00:00:00,000 --> 00:00:01,000\n{lines}\n"]
+    cues += [
+        f"{i}\n00:00:{i // 1000 % 60:02d},{i % 1000:03d} --> 00:00:{i // 1000 % 60:02d},"
+        f"{i % 1000:03d}\nDette er setning nummer {i} i en lang episode.\n"
+        for i in range(2, 80_000)
+    ]
+    (media_root / "srt" / "long.srt").write_text("\n".join(cues))
+    row = await parse_job(
+        pool, db_url, workspace, {"srt_path": "srt/long.srt", "embed": True}, media_root
+    )
+    assert row["status"] == "completed", row["error_msg"]
+    children = await pool.fetch(
+        "SELECT payload, octet_length(payload::text) AS size, error_msg FROM job_queue"
+        " WHERE job_type = 'generate_embeddings'"
+    )
+    assert len(children) > 1
+    for child in children:
+        assert child["size"] < executor.MAX_PAYLOAD_BYTES // 4, child["size"]
+        assert "over the cap" not in (child["error_msg"] or "")
+    items = sorted(
+        (item for c in children for item in c["payload"]["items"]),
+        key=lambda item: int(item["ref"].rpartition("#")[2]),
+    )
+    assert [item["ref"] for item in items] == [f"ep-1#{i}" for i in range(1, len(items) + 1)]
+    assert max(len(item["text"]) for item in items) <= 2 * srt_parse.PASSAGE_CHARS
+    # Nothing is lost or doubled at the cuts: the passages hold every word in order.
+    spoken = " ".join(lines.split())  # the cue's words, some cut by its line breaks
+    assert " ".join(item["text"] for item in items).startswith(spoken + " Dette er setning")
+    assert items[-1]["text"].endswith("nummer 79999 i en lang episode.")
+
+
+def test_a_word_longer_than_a_passage_is_cut_at_the_bound() -> None:
+    word = "x" * (3 * srt_parse.PASSAGE_CHARS + 7)
+    transcript = Transcript((Segment(0, 1000, f"kort {word} slutt"),))
+    got = srt_parse.passages(transcript)
+    assert "".join(got).replace(" ", "") == f"kort{word}slutt"
+    assert all(len(p) <= 2 * srt_parse.PASSAGE_CHARS for p in got)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -54,8 +55,16 @@ class SrtParsePayload(BaseModel):
         return self
 
 
-# Passages embedded per transcript: about a minute of speech each.
+# Passages embedded per transcript: about a minute of speech each. A cue longer than this is
+# cut at spaces, so no passage holds more than twice it (an embedding model reads a few
+# thousand tokens at most).
 PASSAGE_CHARS = 1500
+# What one generate_embeddings child carries: a transcript's passages are shared out among as
+# many children as these bounds need, so that a long transcript's embeddings stay under a
+# job's payload cap (1,000 passages are ~17 hours of speech; 512 kB of text stays under the
+# cap even if JSON escapes every character).
+PASSAGES_PER_CHILD = 1000
+CHILD_TEXT_BYTES = 512 * 1024
 
 
 async def run_srt_parse(ctx: JobContext, payload: SrtParsePayload) -> Any:
@@ -76,11 +85,8 @@ async def run_srt_parse(ctx: JobContext, payload: SrtParsePayload) -> Any:
         job_id=ctx.job_id,
     )
     if payload.embed:
-        items = [
-            {"ref": f"{payload.transcript_ref}#{i}", "text": text}
-            for i, text in enumerate(passages(transcript), 1)
-        ]
-        if items:
+        # Off the loop: joining and cutting 20 MB of text takes a while.
+        for items in await asyncio.to_thread(embedding_items, payload.transcript_ref, transcript):
             ctx.add_child(NewJob(ctx.workspace_id, "generate_embeddings", {"items": items}))
     return {
         "transcript_ref": payload.transcript_ref,
@@ -133,23 +139,59 @@ async def _parent_source(ctx: JobContext) -> ForgejoSource:
     return ForgejoSource.model_validate(forgejo_source(forgejo, forgejo.get("commit_sha")))
 
 
+def embedding_items(transcript_ref: str, transcript: Transcript) -> list[list[dict[str, str]]]:
+    """The items of each generate_embeddings child: the transcript's passages, numbered
+    `ref#1`, `ref#2`, ... across the children, at most PASSAGES_PER_CHILD and about
+    CHILD_TEXT_BYTES of text to a child."""
+    children: list[list[dict[str, str]]] = []
+    items: list[dict[str, str]] = []
+    size = 0
+    for i, text in enumerate(passages(transcript), 1):
+        length = len(text.encode())
+        if items and (len(items) == PASSAGES_PER_CHILD or size + length > CHILD_TEXT_BYTES):
+            children.append(items)
+            items, size = [], 0
+        items.append({"ref": f"{transcript_ref}#{i}", "text": text})
+        size += length
+    if items:
+        children.append(items)
+    return children
+
+
 def passages(transcript: Transcript) -> list[str]:
-    """The transcript's segments joined into passages of about PASSAGE_CHARS characters."""
+    """The transcript's segments joined into passages of about PASSAGE_CHARS characters, none
+    over twice that."""
     out: list[str] = []
     current: list[str] = []
     size = 0
     for segment in transcript.segments:
-        text = " ".join(segment.text.split())
-        if not text:
-            continue
-        current.append(text)
-        size += len(text) + 1
-        if size >= PASSAGE_CHARS:
-            out.append(" ".join(current))
-            current, size = [], 0
+        for text in _pieces(" ".join(segment.text.split())):
+            current.append(text)
+            size += len(text) + 1
+            if size >= PASSAGE_CHARS:
+                out.append(" ".join(current))
+                current, size = [], 0
     if current:
         out.append(" ".join(current))
     return out
+
+
+def _pieces(text: str) -> Iterator[str]:
+    """`text` (its spaces single) in pieces of at most PASSAGE_CHARS, cut at the last space
+    before the bound, or at the bound in a word that long. By index: slicing the rest off at
+    each cut would copy a 20 MB cue thousands of times."""
+    start, end = 0, len(text)
+    while end - start > PASSAGE_CHARS:
+        cut = text.rfind(" ", start, start + PASSAGE_CHARS + 1)
+        if cut <= start:
+            cut = start + PASSAGE_CHARS
+            yield text[start:cut]
+            start = cut
+        else:
+            yield text[start:cut]
+            start = cut + 1
+    if start < end:
+        yield text[start:]
 
 
 def _decode(raw: bytes) -> str:
