@@ -258,23 +258,6 @@ async def test_a_livekit_room_list_that_cannot_be_read_retries(
     assert str(caught.value) == "LiveKit answered 200 with a room list that cannot be read"
 
 
-async def test_big_json_is_parsed_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    threads: list[str] = []
-
-    def loads(data: bytes) -> object:
-        import threading
-
-        threads.append(threading.current_thread().name)
-        return {}
-
-    monkeypatch.setattr(bounded.json, "loads", loads)
-    small = httpx.Response(200, content=b"{}")
-    big = httpx.Response(200, content=b" " * bounded.OFF_LOOP_JSON_BYTES + b"{}")
-    await bounded.json_body(small)
-    await bounded.json_body(big)
-    assert threads[0] == "MainThread" and threads[1] != "MainThread"
-
-
 @pytest.mark.parametrize(
     "embedding",
     [

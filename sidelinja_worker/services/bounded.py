@@ -182,14 +182,6 @@ def small_json(response: httpx.Response) -> Any:
         return None
 
 
-async def json_body(response: httpx.Response) -> Any:
-    """The body as JSON, parsed in a thread when it is big. ValueError when it is not JSON."""
-    content = response.content
-    if len(content) < OFF_LOOP_JSON_BYTES:
-        return loads(content)
-    return await asyncio.to_thread(loads, content)
-
-
 def loads(content: bytes) -> Any:
     """JSON, or ValueError. The parser recurses per level of nesting: a body of 100 kB of '['
     raises RecursionError, which callers that handle 'not JSON' as ValueError would miss."""
