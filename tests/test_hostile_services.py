@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
 import zlib
 from collections.abc import AsyncIterator
@@ -256,6 +257,19 @@ async def test_a_livekit_room_list_that_cannot_be_read_retries(
     with pytest.raises(RetryJob) as caught:
         await livekit.list_rooms(http, livekit.LiveKitServer(server.url, "k", Secret("s" * 40)))
     assert str(caught.value) == "LiveKit answered 200 with a room list that cannot be read"
+
+
+async def test_a_big_body_is_read_off_the_event_loop() -> None:
+    def thread(body: bytes, fail: bool = False) -> str:
+        if fail:
+            raise ValueError("not JSON")
+        return threading.current_thread().name
+
+    here = threading.current_thread().name
+    assert await bounded.off_loop(thread, b" " * (bounded.OFF_LOOP_JSON_BYTES - 1)) == here
+    assert await bounded.off_loop(thread, b" " * bounded.OFF_LOOP_JSON_BYTES) != here
+    with pytest.raises(ValueError, match="not JSON"):
+        await bounded.off_loop(thread, b" " * bounded.OFF_LOOP_JSON_BYTES, fail=True)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import math
 import re
 import reprlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -211,7 +211,7 @@ class AiGateway:
         if self.guard is not None:
             self.guard.spend(str(body.get("model")))
         content = await self._post_raw("/chat/completions", body, CHAT_TIMEOUT_S, MAX_CHAT_BYTES)
-        answer = await _off_loop(_chat_answer, content)
+        answer = await bounded.off_loop(_chat_answer, content)
         if answer.error is not None:
             raise self._classify(200, answer.error, None)
         if answer.choice_error is not None:
@@ -232,7 +232,7 @@ class AiGateway:
         max_bytes = embeddings_answer_bytes(len(inputs), dimensions)
         content = await self._post_raw("/embeddings", body, EMBED_TIMEOUT_S, max_bytes)
         # Millions of numbers in a big batch: read in a thread, off the event loop.
-        answer = await _off_loop(functools.partial(_embeddings_answer, inputs=len(inputs)), content)
+        answer = await bounded.off_loop(_embeddings_answer, content, len(inputs))
         if answer.error is not None:
             raise self._classify(200, answer.error, None)
         return Embeddings(answer.vectors, answer.model or model, answer.usage)
@@ -303,13 +303,13 @@ async def storable_text(text: str) -> str:
     hold none), a lone surrogate (JSON's \\ud800 reads as one; no UTF-8 encoder takes it, and
     a retry that fed the answer back failed to encode) as '?'. A long text in a thread, in
     pieces, as each string method holds the GIL for all of the string it is given."""
-    if len(text) < bounded.OFF_LOOP_JSON_BYTES:
-        return _storable(text)
-    return await asyncio.to_thread(
-        lambda: "".join(
-            _storable(text[start : start + BODY_PIECE_CHARS])
-            for start in range(0, len(text), BODY_PIECE_CHARS)
-        )
+    return await bounded.off_loop(_storable_pieces, text)
+
+
+def _storable_pieces(text: str) -> str:
+    return "".join(
+        _storable(text[start : start + BODY_PIECE_CHARS])
+        for start in range(0, len(text), BODY_PIECE_CHARS)
     )
 
 
@@ -379,15 +379,6 @@ _NOT_AN_OBJECT = "AI gateway answered with JSON that is not an object"
 # A value in an error bigger than this as JSON is shown by its JSON's start, never built.
 ERROR_VALUE_BYTES = 64 * 1024
 _ERROR_METADATA = ("limit_source", "reasons", "provider_name", "provider_code", "model_slug")
-T = TypeVar("T")
-
-
-async def _off_loop(read: Callable[[bytes], T], content: bytes) -> T:
-    """`read(content)`, in a thread when the body is big. Whatever it builds of the answer is
-    built, and what it skips dropped, there."""
-    if len(content) < bounded.OFF_LOOP_JSON_BYTES:
-        return read(content)
-    return await asyncio.to_thread(read, content)
 
 
 def _answer_fields(content: bytes, names: tuple[str, ...]) -> dict[str, msgspec.Raw]:
@@ -616,9 +607,9 @@ async def _parsed(answer: type[M], content: str | None, limit_chars: int) -> M:
             f"the answer is {len(content)} characters, more than the {limit_chars} allowed "
             "for this request; answer concisely"
         )
-    if content is not None and len(content) >= bounded.OFF_LOOP_JSON_BYTES:
-        return await asyncio.to_thread(parse_answer, answer, content)
-    return parse_answer(answer, content)
+    if content is None:
+        return parse_answer(answer, content)
+    return await bounded.off_loop(functools.partial(parse_answer, answer), content)
 
 
 def parse_answer(answer: type[M], content: str | None) -> M:
