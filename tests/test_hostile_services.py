@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
 import zlib
 from collections.abc import AsyncIterator
@@ -258,21 +259,17 @@ async def test_a_livekit_room_list_that_cannot_be_read_retries(
     assert str(caught.value) == "LiveKit answered 200 with a room list that cannot be read"
 
 
-async def test_big_json_is_parsed_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    threads: list[str] = []
+async def test_a_big_body_is_read_off_the_event_loop() -> None:
+    def thread(body: bytes, fail: bool = False) -> str:
+        if fail:
+            raise ValueError("not JSON")
+        return threading.current_thread().name
 
-    def loads(data: bytes) -> object:
-        import threading
-
-        threads.append(threading.current_thread().name)
-        return {}
-
-    monkeypatch.setattr(bounded.json, "loads", loads)
-    small = httpx.Response(200, content=b"{}")
-    big = httpx.Response(200, content=b" " * bounded.OFF_LOOP_JSON_BYTES + b"{}")
-    await bounded.json_body(small)
-    await bounded.json_body(big)
-    assert threads[0] == "MainThread" and threads[1] != "MainThread"
+    here = threading.current_thread().name
+    assert await bounded.off_loop(thread, b" " * (bounded.OFF_LOOP_JSON_BYTES - 1)) == here
+    assert await bounded.off_loop(thread, b" " * bounded.OFF_LOOP_JSON_BYTES) != here
+    with pytest.raises(ValueError, match="not JSON"):
+        await bounded.off_loop(thread, b" " * bounded.OFF_LOOP_JSON_BYTES, fail=True)
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """The OpenAI-compatible AI gateway (OpenRouter): strict structured chat completions and
-embeddings, with the gateway's errors mapped to the job outcomes (RetryJob / PermanentError)."""
+embeddings, with the gateway's errors mapped to the job outcomes (RetryJob / PermanentError).
+What its answers say is read in ai_answers."""
 
 from __future__ import annotations
 
@@ -7,17 +8,15 @@ import asyncio
 import functools
 import logging
 import math
-import re
 import reprlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Generic, TypeVar
 
 import httpx
-import msgspec
 import orjson
 from pydantic import BaseModel, ValidationError
 
@@ -27,6 +26,7 @@ from sidelinja_worker.queue.errors import PermanentError, RetryJob
 from sidelinja_worker.queue.limits import RateLimiter
 from sidelinja_worker.queue.registry import describe_validation_error
 from sidelinja_worker.services import bounded
+from sidelinja_worker.services.ai_answers import Usage, chat_answer, embeddings_answer
 
 log = logging.getLogger("sidelinja_worker.ai_gateway")
 
@@ -53,8 +53,6 @@ MAX_EMBED_DIMENSIONS = 16_000
 # A Retry-After beyond this is not believed: the pause is cut to it.
 MAX_RETRY_AFTER_S = 3600.0
 MAX_MESSAGE_CHARS = 400
-# Tokens one call can report: far past any model's context; sums of a few still fit INTEGER.
-MAX_TOKENS_PER_CALL = 100_000_000
 # Statuses that will not change on a retry: bad request, bad key, no
 # credits, moderation. 404/413/422 are bad requests too (unknown model, input too large).
 PERMANENT_STATUSES = frozenset({400, 401, 402, 403, 404, 413, 422})
@@ -80,26 +78,6 @@ MIN_ANSWER_LIMIT_CHARS = 256 * 1024
 _DROPPED_KEYWORDS = frozenset({"title", "default", "minLength", "maxLength"})
 
 M = TypeVar("M", bound=BaseModel)
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    calls: int = 0
-
-    def __add__(self, other: Usage) -> Usage:
-        return Usage(
-            self.prompt_tokens + other.prompt_tokens,
-            self.completion_tokens + other.completion_tokens,
-            self.calls + other.calls,
-        )
-
-
-def _count(value: Any) -> int:
-    if type(value) is float and value.is_integer():
-        value = int(value)
-    return value if type(value) is int and 0 <= value <= MAX_TOKENS_PER_CALL else 0
 
 
 @dataclass(frozen=True)
@@ -211,7 +189,7 @@ class AiGateway:
         if self.guard is not None:
             self.guard.spend(str(body.get("model")))
         content = await self._post_raw("/chat/completions", body, CHAT_TIMEOUT_S, MAX_CHAT_BYTES)
-        answer = await _off_loop(_chat_answer, content)
+        answer = await bounded.off_loop(chat_answer, content)
         if answer.error is not None:
             raise self._classify(200, answer.error, None)
         if answer.choice_error is not None:
@@ -232,7 +210,7 @@ class AiGateway:
         max_bytes = embeddings_answer_bytes(len(inputs), dimensions)
         content = await self._post_raw("/embeddings", body, EMBED_TIMEOUT_S, max_bytes)
         # Millions of numbers in a big batch: read in a thread, off the event loop.
-        answer = await _off_loop(functools.partial(_embeddings_answer, inputs=len(inputs)), content)
+        answer = await bounded.off_loop(embeddings_answer, content, len(inputs))
         if answer.error is not None:
             raise self._classify(200, answer.error, None)
         return Embeddings(answer.vectors, answer.model or model, answer.usage)
@@ -303,13 +281,13 @@ async def storable_text(text: str) -> str:
     hold none), a lone surrogate (JSON's \\ud800 reads as one; no UTF-8 encoder takes it, and
     a retry that fed the answer back failed to encode) as '?'. A long text in a thread, in
     pieces, as each string method holds the GIL for all of the string it is given."""
-    if len(text) < bounded.OFF_LOOP_JSON_BYTES:
-        return _storable(text)
-    return await asyncio.to_thread(
-        lambda: "".join(
-            _storable(text[start : start + BODY_PIECE_CHARS])
-            for start in range(0, len(text), BODY_PIECE_CHARS)
-        )
+    return await bounded.off_loop(_storable_pieces, text)
+
+
+def _storable_pieces(text: str) -> str:
+    return "".join(
+        _storable(text[start : start + BODY_PIECE_CHARS])
+        for start in range(0, len(text), BODY_PIECE_CHARS)
     )
 
 
@@ -374,209 +352,6 @@ def embeddings_answer_bytes(inputs: int, dimensions: int | None) -> int:
     return min(MAX_EMBED_BYTES, EMBED_ANSWER_BYTES + inputs * per_item)
 
 
-_NOT_JSON = "AI gateway answered with a body that is not JSON"
-_NOT_AN_OBJECT = "AI gateway answered with JSON that is not an object"
-# A value in an error bigger than this as JSON is shown by its JSON's start, never built.
-ERROR_VALUE_BYTES = 64 * 1024
-_ERROR_METADATA = ("limit_source", "reasons", "provider_name", "provider_code", "model_slug")
-T = TypeVar("T")
-
-
-async def _off_loop(read: Callable[[bytes], T], content: bytes) -> T:
-    """`read(content)`, in a thread when the body is big. Whatever it builds of the answer is
-    built, and what it skips dropped, there."""
-    if len(content) < bounded.OFF_LOOP_JSON_BYTES:
-        return read(content)
-    return await asyncio.to_thread(read, content)
-
-
-def _answer_fields(content: bytes, names: tuple[str, ...]) -> dict[str, msgspec.Raw]:
-    """The named fields of an answer, every other field skipped unbuilt. A lone surrogate
-    escape ("\\ud800"), which json reads and msgspec refuses, is read as '?', the character
-    storable_text makes of one; a body that is not a JSON object retries."""
-    try:
-        try:
-            found = bounded.fields(content, names)
-        except ValueError:
-            replaced = bounded.lone_surrogates_replaced(content)
-            if replaced is None:
-                raise
-            found = bounded.fields(replaced, names)
-    except ValueError:
-        raise RetryJob(_NOT_JSON) from None
-    if found is None:
-        raise RetryJob(_NOT_AN_OBJECT)
-    return found
-
-
-@dataclass(frozen=True)
-class _ChatAnswer:
-    """What a chat answer says: an error (the answer's own, or its first choice's), else the
-    first choice's content (None when it has none) and the call's usage."""
-
-    error: dict[str, Any] | None
-    choice_error: dict[str, Any] | None
-    content: str | None
-    usage: Usage
-
-
-def _chat_answer(content: bytes) -> _ChatAnswer:
-    """The fields of a chat answer the worker reads; choices after the first are skipped. A
-    field read that is not JSON (invalid UTF-8 in a string) is a body that is not JSON; one
-    skipped is never checked."""
-    try:
-        return _chat_fields(_answer_fields(content, ("error", "choices", "usage")))
-    except ValueError:
-        raise RetryJob(_NOT_JSON) from None
-
-
-def _chat_fields(found: dict[str, msgspec.Raw]) -> _ChatAnswer:
-    error = _error_object(found["error"])
-    if error is not None:
-        return _ChatAnswer(error, None, None, Usage())
-    first = bounded.first_item(found["choices"])
-    choice = None if first is None else bounded.fields(first, ("message", "error", "finish_reason"))
-    if choice is None:
-        raise RetryJob("AI gateway answered without choices")
-    usage = _usage(found["usage"])
-    if bounded.is_truthy(choice["error"]) or bounded.field_text(choice["finish_reason"]) == "error":
-        return _ChatAnswer(None, _error_object(choice["error"]) or {}, None, usage)
-    message = bounded.fields(choice["message"], ("content",))
-    text = None if message is None else bounded.field_string(message["content"])
-    return _ChatAnswer(None, None, text, usage)
-
-
-def _error_object(raw: msgspec.Raw) -> dict[str, Any] | None:
-    """An error object's code, message and metadata as describe_error reads them, a value
-    of more than ERROR_VALUE_BYTES as its JSON's start; None when `raw` is no object."""
-    found = bounded.fields(raw, ("code", "message", "metadata"))
-    if found is None:
-        return None
-    error = {name: _value(found[name]) for name in ("code", "message")}
-    meta = bounded.fields(found["metadata"], _ERROR_METADATA)
-    error["metadata"] = {} if meta is None else {k: _value(v) for k, v in meta.items()}
-    return error
-
-
-def _value(raw: msgspec.Raw) -> Any:
-    return bounded.small_value(raw, ERROR_VALUE_BYTES)
-
-
-_NUMBER = msgspec.json.Decoder(int | float)
-
-
-def _usage(raw: msgspec.Raw) -> Usage:
-    """The call's counts; one that cannot be true (not a whole number, negative, or past
-    MAX_TOKENS_PER_CALL) reads as 0, unknown. The call is made and paid for by now: its report
-    must not fail the job, as an infinity or a string did, nor a job that stores it later, as a
-    count past an INTEGER column did."""
-    found = bounded.fields(raw, ("prompt_tokens", "completion_tokens"))
-    if found is None:
-        return Usage(0, 0, 1)
-    return Usage(
-        _count(_number(found["prompt_tokens"])), _count(_number(found["completion_tokens"])), 1
-    )
-
-
-def _number(raw: msgspec.Raw) -> int | float | None:
-    try:
-        return _NUMBER.decode(raw)
-    except (msgspec.ValidationError, msgspec.DecodeError):  # 1e999, a string, a list
-        return None
-
-
-@dataclass(frozen=True)
-class _EmbeddingsAnswer:
-    """What an embeddings answer says: an error, else the vectors in input order, the model
-    it names (None when it names none with a string) and the call's usage."""
-
-    error: dict[str, Any] | None
-    vectors: list[list[float]]
-    model: str | None
-    usage: Usage
-
-
-_ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
-_INDEX = msgspec.json.Decoder(int)
-_VECTOR = msgspec.json.Decoder(list[float])
-# Where msgspec stops on what it cannot read, in its message: "... (byte 123)".
-_REFUSED_AT = re.compile(r"\(byte (\d+)\)")
-
-
-def _embeddings_answer(content: bytes, inputs: int) -> _EmbeddingsAnswer:
-    """The fields of an embeddings answer the worker reads, every other field skipped."""
-    try:
-        found = _answer_fields(content, ("error", "data", "model", "usage"))
-    except RetryJob:
-        if _non_finite_number(content):
-            raise RetryJob(_NOT_NUMBERS) from None
-        raise
-    try:
-        error = _error_object(found["error"])
-        model = bounded.field_string(found["model"])
-    except ValueError:
-        raise RetryJob(_NOT_JSON) from None
-    if error is not None:
-        return _EmbeddingsAnswer(error, [], None, Usage())
-    vectors = _embedding_vectors(found["data"], inputs)
-    return _EmbeddingsAnswer(None, vectors, model or None, _usage(found["usage"]))
-
-
-def _non_finite_number(content: bytes) -> bool:
-    """Whether msgspec refuses `content` at a NaN or an Infinity, which json reads as numbers
-    (and msgspec does not): a vector with one is refused as not finite, wherever it is."""
-    try:
-        msgspec.json.decode(content, type=msgspec.Raw)
-    except msgspec.DecodeError as exc:
-        found = _REFUSED_AT.search(str(exc))
-        at = int(found.group(1)) if found else -1
-        return at >= 0 and content[at : at + 9].lstrip(b"-").startswith((b"NaN", b"Infinity"))
-    return False
-
-
-def _embedding_vectors(data: msgspec.Raw, inputs: int) -> list[list[float]]:
-    """Each item's embedding as floats, in the order of the items' indexes. Counted before any
-    item is looked at: the 12 MB an answer for 16 inputs of unknown dimensions may hold fit 4.1
-    million items. Anything but a list of finite numbers is refused: json read NaN and Infinity
-    (msgspec refuses both, and 1e999), and a vector stored with one is never embedded again
-    while its text is unchanged, every similarity with it NaN."""
-    if not bounded.is_truthy(data):
-        items: list[msgspec.Raw] = []
-    else:
-        try:
-            items = _ITEMS.decode(data)
-        except msgspec.ValidationError:
-            raise RetryJob(_NOT_A_LIST) from None
-    if len(items) != inputs:
-        raise RetryJob(f"AI gateway returned {len(items)} embeddings for {inputs} inputs")
-    indexed = []
-    for raw in items:
-        item = bounded.fields(raw, ("index", "embedding"))
-        if item is None:
-            raise RetryJob(_NOT_A_LIST)
-        try:
-            index = 0 if bounded.is_absent(item["index"]) else _INDEX.decode(item["index"])
-        except msgspec.ValidationError:
-            raise RetryJob(_NOT_A_LIST) from None
-        indexed.append((index, item["embedding"]))
-    indexed.sort(key=lambda pair: pair[0])
-    return [_vector(embedding) for _, embedding in indexed]
-
-
-def _vector(raw: msgspec.Raw) -> list[float]:
-    try:
-        vector = _VECTOR.decode(raw)
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        raise RetryJob(_NOT_NUMBERS) from None
-    if not all(map(math.isfinite, vector)):
-        raise RetryJob(_NOT_NUMBERS)
-    return vector
-
-
-_NOT_NUMBERS = "AI gateway returned an embedding that is not a list of numbers"
-_NOT_A_LIST = "AI gateway answered with an embeddings list that cannot be read"
-
-
 def chat_body(
     model: str, messages: list[dict[str, str]], answer: type[BaseModel]
 ) -> dict[str, Any]:
@@ -616,9 +391,9 @@ async def _parsed(answer: type[M], content: str | None, limit_chars: int) -> M:
             f"the answer is {len(content)} characters, more than the {limit_chars} allowed "
             "for this request; answer concisely"
         )
-    if content is not None and len(content) >= bounded.OFF_LOOP_JSON_BYTES:
-        return await asyncio.to_thread(parse_answer, answer, content)
-    return parse_answer(answer, content)
+    if content is None:
+        return parse_answer(answer, content)
+    return await bounded.off_loop(functools.partial(parse_answer, answer), content)
 
 
 def parse_answer(answer: type[M], content: str | None) -> M:

@@ -10,8 +10,8 @@ import functools
 import json
 import re
 import zlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sized
+from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -182,12 +182,23 @@ def small_json(response: httpx.Response) -> Any:
         return None
 
 
-async def json_body(response: httpx.Response) -> Any:
-    """The body as JSON, parsed in a thread when it is big. ValueError when it is not JSON."""
-    content = response.content
-    if len(content) < OFF_LOOP_JSON_BYTES:
-        return loads(content)
-    return await asyncio.to_thread(loads, content)
+B = TypeVar("B", bound=Sized)
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+async def off_loop(
+    work: Callable[Concatenate[B, P], T], body: B, *args: P.args, **kwargs: P.kwargs
+) -> T:
+    """`work(body, *args, **kwargs)`: on the event loop when `body` is shorter than
+    OFF_LOOP_JSON_BYTES, else in a thread; what it raises is raised here. Reading a big body on
+    the loop holds it, and every job on it, for as long as that takes. In a thread it still holds
+    the GIL, and with it the loop, for each call into a parser; most readers of answers keep
+    that short by skipping with msgspec what they do not build. Below the threshold the thread
+    hop costs more than the work."""
+    if len(body) < OFF_LOOP_JSON_BYTES:
+        return work(body, *args, **kwargs)
+    return await asyncio.to_thread(work, body, *args, **kwargs)
 
 
 def loads(content: bytes) -> Any:

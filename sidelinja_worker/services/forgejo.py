@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 from collections.abc import Callable
@@ -162,9 +161,7 @@ async def _read_answer(read: Callable[[bytes, str], T], response: httpx.Response
     """`read(body, arg)`, in a thread when the body is big (a file's base64, or anything a
     server sends up to MAX_ANSWER_BYTES); a body that is not JSON retries."""
     try:
-        if len(response.content) < bounded.OFF_LOOP_JSON_BYTES:
-            return read(response.content, arg)
-        return await asyncio.to_thread(read, response.content, arg)
+        return await bounded.off_loop(read, response.content, arg)
     except ValueError:
         raise RetryJob(
             f"{SERVICE} answered {response.status_code} with a body that is not JSON"
