@@ -8,7 +8,7 @@ rotates, so that a slow minute of a shared machine falls on every size alike:
 
 Prints each drain and, per size, the median jobs/s (and range) and the worker's and
 PostgreSQL's CPU per job. Bigger claims share each statement's costs among more jobs; the
-price is how many jobs one worker holds ahead of its slots (see worker.py)."""
+price is how many jobs one worker holds ahead of its slots (see queue/prefetch.py)."""
 
 from __future__ import annotations
 

@@ -26,8 +26,7 @@ from procmem import print_report
 
 from sidelinja_worker.jobs import noop
 from sidelinja_worker.jobs.catalog import REGISTRY
-from sidelinja_worker.queue import logs
-from sidelinja_worker.queue import worker as worker_module
+from sidelinja_worker.queue import logs, prefetch
 from sidelinja_worker.queue.db import create_pool
 from sidelinja_worker.queue.gctune import tune_for_serving
 from sidelinja_worker.queue.registry import Registry
@@ -66,8 +65,8 @@ def main() -> None:
     parser.add_argument("--claim-max", type=int, help="the most one claim asks for")
     args = parser.parse_args()
     if args.claim_max:
-        worker_module.CLAIM_MAX = args.claim_max
-        worker_module.PREFETCH_MAX = 2 * args.claim_max
+        prefetch.CLAIM_MAX = args.claim_max
+        prefetch.PREFETCH_MAX = 2 * args.claim_max
     # As cli.main configures it.
     logging.basicConfig(
         level=args.log_level.upper(),

@@ -12,8 +12,8 @@ import pytest
 
 from sidelinja_worker.queue import analyze, store
 from sidelinja_worker.queue.db import init_connection
+from sidelinja_worker.queue.pools import open_claim_pool
 from sidelinja_worker.queue.queries import QUERIES as Q
-from sidelinja_worker.queue.worker import open_claim_pool
 from tests.helpers import running_worker, wait_for, wait_for_sql
 
 ROWS = 20_000

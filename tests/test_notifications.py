@@ -14,18 +14,15 @@ import asyncpg
 import pytest
 
 from sidelinja_worker.queue import store
+from sidelinja_worker.queue.cancels import CANCEL_RECHECK_S
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.jobs import ClaimedJob
 from sidelinja_worker.queue.limits import RELOAD_MIN_S, LimitsCache
 from sidelinja_worker.queue.listener import CANCEL_CHANNEL, DUE_CHANNEL, LIMITS_CHANNEL, Listener
+from sidelinja_worker.queue.prefetch import PREFETCH_MAX
 from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.settings import WorkerSettings
-from sidelinja_worker.queue.worker import (
-    CANCEL_RECHECK_S,
-    EMPTY_CLAIM_GAP_S,
-    PREFETCH_MAX,
-    Worker,
-)
+from sidelinja_worker.queue.worker import EMPTY_CLAIM_GAP_S, Worker
 from tests.helpers import job_type, running_worker, wait_for, wait_for_sql
 
 EVENTS_CHANNEL = "sidelinja_job_events"
@@ -97,7 +94,7 @@ async def test_notifications_from_a_role_with_no_rights_change_no_job(
             for body in payloads:
                 await evil.execute("SELECT pg_notify($1, $2)", channel, body)
         # The worker has taken the hint for its running job, and looked at its row.
-        await wait_for(lambda: running in seen and not worker._cancel_checks)
+        await wait_for(lambda: running in seen and not worker._cancel_notices.checking)
         assert worker._limits.current == limits_before
         release.set()
         await asyncio.wait_for(task, 20)
@@ -287,4 +284,4 @@ async def test_a_cancel_notice_costs_the_same_however_many_jobs_the_worker_holds
     for job_id in notices:
         worker._on_cancel_notice(job_id)
     assert time.perf_counter() - started < 1.0  # 9 s here before
-    assert not worker._cancel_checks
+    assert not worker._cancel_notices.checking

@@ -12,9 +12,9 @@ import pytest
 
 from sidelinja_worker.queue import client, store
 from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.pools import open_claim_pool
 from sidelinja_worker.queue.queries import QUERIES as Q
 from sidelinja_worker.queue.registry import Registry
-from sidelinja_worker.queue.worker import open_claim_pool
 from tests.helpers import insert_jobs, job_type, make_workspace, run_burst, statuses
 
 

@@ -9,7 +9,7 @@ import os
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from importlib import metadata
 from typing import Any
 from uuid import UUID, uuid4
@@ -18,15 +18,18 @@ import asyncpg
 
 from sidelinja_worker.queue import executor, metrics, store, threads, tracing
 from sidelinja_worker.queue.analyze import analyze_loop
+from sidelinja_worker.queue.cancels import CancelNotices
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.context import Services, clean_text
-from sidelinja_worker.queue.db import DB_ERRORS, create_pool
+from sidelinja_worker.queue.db import DB_ERRORS
 from sidelinja_worker.queue.errors import UserError
 from sidelinja_worker.queue.jobs import ClaimedJob
 from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
 from sidelinja_worker.queue.listener import Listener
 from sidelinja_worker.queue.maintenance import prune_loop, rescue_loop
 from sidelinja_worker.queue.outcomes import OutcomeWriter
+from sidelinja_worker.queue.pools import open_claim_pool, open_lease_pool
+from sidelinja_worker.queue.prefetch import claim_size, prefetch
 from sidelinja_worker.queue.registry import JobType, Registry
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.store import Release
@@ -34,35 +37,12 @@ from sidelinja_worker.queue.store import Release
 log = logging.getLogger("sidelinja_worker.worker")
 
 CLAIM_RETRY_MAX_S = 5.0
-# Jobs that take less than this on average are claimed ahead, so the next batch is in hand when
-# the current one ends and the claim's round trip overlaps with running jobs. Longer jobs are
-# never hoarded from other workers.
-PREFETCH_BELOW_S = 0.005
-PREFETCH_MIN = 64  # even a worker of concurrency 1 claims short jobs in batches
-# Held jobs are bounded by time and by count: at most PREFETCH_WORK_S of work (at the moving
-# average run time, spread over the slots) and at most PREFETCH_MAX jobs wait here. So a job of
-# another workspace claimed next waits behind no more than that: 50 ms of work, or, for jobs
-# shorter than the worker's own cost of running one (~15 µs a noop here), 4,000 jobs, which
-# this machine starts in 55-160 ms (70,000 jobs/s on a quiet hour, 25,000 on a slow one). Big
-# claims are what make short jobs cheap: the per-statement costs (round trip, commit, trigger,
-# the fair claim's sorts) are shared by more jobs. Drains of 20,000 noop jobs at concurrency 50,
-# claims of 1,000 / 2,000 / 4,000 alternated in six rounds: 70,300 / 74,600 / 75,800 jobs/s
-# with one workspace, and 65,100 / 68,000 for 1,000 / 2,000 over ten; 4,000 gained too little
-# for twice the hoard. (A bound by the measured start rate instead of PREFETCH_MAX ramped up
-# too slowly for a 20,000-job drain: 5 % slower.)
-PREFETCH_WORK_S = 0.05
-PREFETCH_MAX = 4000
-CLAIM_MIN = 32  # the least a claim asks for when prefetching
-CLAIM_MAX = 2000
 TIMEOUT_TICK_S = 0.05  # how late a timeout may fire
 # A wake-up is a hint that any role can send (NOTIFY): after a claim that found nothing, the
 # next one waits until this long after it, so a stream of wake-ups costs a worker at most 200
 # empty claims a second (one per notification before: ~1,800 a second), and a job inserted
 # right after an empty claim is picked up at most this much later.
 EMPTY_CLAIM_GAP_S = 0.005
-# A cancel notice names a job; the job's row is read at most once per this long while more
-# notices for it arrive, and once after the last of them.
-CANCEL_RECHECK_S = 0.1
 DRAIN_AT_EXIT_S = 10.0
 LOST_BATCH = 2000  # rows running under this worker that it does not know, given back at once
 LOST_LEASE = "lost-lease"
@@ -89,30 +69,6 @@ class WorkerDied(Exception):
         )
         self.task = task
         self.error = error
-
-
-async def open_claim_pool(url: str, job_types: Sequence[str]) -> asyncpg.Pool:
-    """The pool for claims and outcome writes, with generic plans. Both connections open now,
-    the claims and the completion prepared on each, and stay open (a pool's floor is never
-    closed for idleness): the first job after start-up or a quiet spell pays no connect, parse
-    or planning in its pickup."""
-    return await create_pool(
-        url,
-        min_size=2,
-        max_size=2,
-        generic_plans=True,
-        prepare=lambda conn: store.prepare_hot_path(conn, job_types),
-    )
-
-
-async def open_lease_pool(url: str) -> asyncpg.Pool:
-    """The connection for the worker's own bookkeeping: registration, heartbeats, the rows read
-    for cancels and reconciliation, giving jobs back. Handlers never take it: on the shared
-    pool, handlers holding every connection (long writes of stats or knowledge) kept the
-    heartbeat waiting past the lease, so other workers rescued jobs that were running
-    healthily, again and again until they ended in `error`. Its statements are short (each
-    bounded by store.STATEMENT_TIMEOUT_S), so one connection serves them in turn."""
-    return await create_pool(url, min_size=1, max_size=1)
 
 
 class Worker:
@@ -172,11 +128,9 @@ class Worker:
         self._fatal: WorkerDied | None = None
         self._died = asyncio.Event()
         self._extra: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
-        self._cancel_checks: set[UUID] = set()  # jobs whose row is being read for a cancel
-        self._cancel_again: set[UUID] = set()  # ... and noticed again meanwhile
+        self._cancel_notices = CancelNotices(self._runs_here, self._cancel_requested, self._cancel)
         self._empty_claim_at = -EMPTY_CLAIM_GAP_S  # loop time a claim last came back empty
         self.claims_made = 0  # claim statements sent
-        self._checks: set[asyncio.Task[None]] = set()
 
     def supervise_also(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """One more task to run, under the same supervision, while the worker runs (the
@@ -443,19 +397,12 @@ class Worker:
         return not due
 
     def _prefetch(self) -> int:
-        """Jobs to hold beyond the free slots: at least twice the concurrency, so that when a
-        claim's answer arrives the next claim goes out at once and is on the wire while the slots
-        run the batch just received; more for very short jobs, up to PREFETCH_WORK_S of work."""
-        if self._job_time_s > PREFETCH_BELOW_S or self._limits.capped(self.job_types):
-            return 0
-        conc = self.settings.max_concurrent
-        by_time = int(conc * PREFETCH_WORK_S / max(self._job_time_s, 1e-6))
-        return max(2 * conc, PREFETCH_MIN, min(by_time, PREFETCH_MAX))
+        return prefetch(
+            self.settings.max_concurrent, self._job_time_s, self._limits.capped(self.job_types)
+        )
 
     def _claim_size(self) -> int:
-        """The most one claim asks for: a slot-full, or half the prefetch for short jobs (so one
-        claim is in flight while the slots run the other half)."""
-        return max(self.settings.max_concurrent, CLAIM_MIN, min(self._prefetch() // 2, CLAIM_MAX))
+        return claim_size(self.settings.max_concurrent, self._prefetch())
 
     async def _claim(self, want: int) -> list[ClaimedJob]:
         async with self._claim_lock:
@@ -690,43 +637,16 @@ class Worker:
         await self._register()
 
     def _on_cancel_notice(self, job_id: UUID) -> None:
-        """A notification on the cancel channel: a hint, never a command (any role may NOTIFY
-        any channel). If the job is ours, its row is read, and only a row that says so
-        (`cancel_requested_at`, still running under this worker) cancels it."""
-        if not self._holds(job_id):
-            return
-        if job_id in self._cancel_checks:  # read once more after the read under way
-            self._cancel_again.add(job_id)
-            return
-        self._cancel_checks.add(job_id)
-        check = asyncio.create_task(self._check_cancel(job_id), name="cancel-check")
-        self._checks.add(check)
-        check.add_done_callback(self._checks.discard)
+        self._cancel_notices.notice(job_id)
 
-    def _holds(self, job_id: UUID) -> bool:
+    def _runs_here(self, job_id: UUID) -> bool:
         """Whether `job_id` runs here. The jobs claimed ahead are not searched: they are up to
         PREFETCH_MAX, and any role may send notices by the hundred thousand. A cancel of one
         of them is read from the rows by the heartbeat (`_reconcile`)."""
         return job_id in self._running
 
-    async def _check_cancel(self, job_id: UUID) -> None:
-        """Reads the job's row; again after CANCEL_RECHECK_S while notices kept arriving, as
-        the read under way may predate the cancel a later notice announces. A stream of
-        (forged) notices for one job costs one read per CANCEL_RECHECK_S."""
-        try:
-            while True:
-                self._cancel_again.discard(job_id)
-                if await store.cancel_requested(self._lease_pool, job_id, self.id):
-                    self._cancel(job_id)
-                    return
-                await asyncio.sleep(CANCEL_RECHECK_S)
-                if job_id not in self._cancel_again or not self._holds(job_id):
-                    return
-        except DB_ERRORS as exc:  # the heartbeat's reconciliation reads it again
-            log.debug("job %s: cancel not checked (%s)", job_id, exc)
-        finally:
-            self._cancel_checks.discard(job_id)
-            self._cancel_again.discard(job_id)
+    async def _cancel_requested(self, job_id: UUID) -> bool:
+        return await store.cancel_requested(self._lease_pool, job_id, self.id)
 
     def _cancel(self, job_id: UUID) -> None:
         """Cancels a job whose row says its cancellation was requested."""
@@ -760,8 +680,7 @@ class Worker:
     ) -> None:
         self._stop.set()
         self._job_ready.set()  # idle slots see the stop and end
-        for check in list(self._checks):  # a row read for a cancel matters no more
-            check.cancel()
+        self._cancel_notices.stop()
         while self._ready:  # claimed ahead, never started: straight back to the queue
             self._writer.released(Release(self._ready.popleft().id, None))
         if not await self._jobs_done(self.settings.grace_s):
