@@ -109,3 +109,39 @@ async def test_the_summary_timer_writes_each_window(
     while len(caplog.records) < 2 and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.01)
     assert caplog.records[1].summary["by_type"] == {"c": 1}  # type: ignore[attr-defined]
+
+
+# A failure's message is any text a plain-SQL payload (here noop's own) or an outside service's
+# answer puts there: a terminal title and bell, a line break starting a forged line, a colour,
+# C1's CSI and a bidi override.
+HOSTILE = "boom\x1b]0;pwned\x07\n12:00:00 INFO forged line\x1b[31m red \x9b2J \u202eesrever"
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+async def test_a_hostile_message_never_reaches_the_terminal_raw(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, log_format: str
+) -> None:
+    """A text log line carried a failure's message as it was: its escape sequences retitled,
+    cleared or coloured the operator's terminal, and its line break started a line that read
+    like the worker's own. Every control and bidi character is written as its escape; a JSON
+    line, which escapes C0 already, escapes C1 and bidi too, and reads back the same."""
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, max_attempts)"
+        " VALUES ($1, 'noop', jsonb_build_object('fail_permanent', $2::text), 1)",
+        workspace,
+        HOSTILE,
+    )
+    env = {"SIDELINJA_LOG_FORMAT": log_format}
+    proc = await asyncio.to_thread(cli, "run", "--burst", url=db_url, env=env)
+    assert proc.returncode == 0, proc.stderr
+    for raw in ("\x1b", "\x07", "\x9b", "\u202e"):
+        assert raw not in proc.stderr, (raw, proc.stderr)
+    assert not [ln for ln in proc.stderr.splitlines() if ln.startswith("12:00:00 INFO forged")]
+    if log_format == "text":
+        failed = [ln for ln in proc.stderr.splitlines() if "failed for good" in ln]
+        assert len(failed) == 1, proc.stderr
+        assert "boom\\x1b]0;pwned\\x07\\n12:00:00 INFO forged line\\x1b[31m" in failed[0]
+    else:
+        failed = [ln for ln in json_lines(proc.stderr) if "failed for good" in ln["msg"]]
+        assert len(failed) == 1, proc.stderr
+        assert HOSTILE in failed[0]["msg"]

@@ -16,9 +16,9 @@ from sidelinja_worker.admin import auth, store
 from sidelinja_worker.admin.spacetime import SpacetimeTarget
 from sidelinja_worker.admin.store import JobFilter, Scope
 from sidelinja_worker.cli.session import opened
-from sidelinja_worker.cli.terminal import printable, printable_json
 from sidelinja_worker.queue.config import Secret
 from sidelinja_worker.queue.errors import UserError
+from sidelinja_worker.queue.escapes import printable, printable_json
 from sidelinja_worker.settings import Settings
 
 ALL = Scope(token_id=None, workspace_id=None)

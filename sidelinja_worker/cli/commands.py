@@ -17,7 +17,6 @@ from sidelinja_worker.cli import bulk, newjob, progress, retention
 from sidelinja_worker.cli import limits as limits_cli
 from sidelinja_worker.cli import operator as operator_cli
 from sidelinja_worker.cli.session import opened, parse_uuid
-from sidelinja_worker.cli.terminal import printable, printable_json
 from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.jobs.transcripts import pipeline
 from sidelinja_worker.queue import client, embedded, gctune, metrics, migrate, store
@@ -27,6 +26,7 @@ from sidelinja_worker.queue.db import (
     say,
 )
 from sidelinja_worker.queue.errors import UserError
+from sidelinja_worker.queue.escapes import printable, printable_json
 from sidelinja_worker.queue.why import explain
 from sidelinja_worker.queue.worker import EXIT_WORKER_DIED, Worker, WorkerDied
 

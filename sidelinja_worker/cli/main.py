@@ -140,13 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sidelinja-worker: error: {exc}", file=sys.stderr)
         return 2
     debug = args.settings.debug
-    logging.basicConfig(
-        level=args.settings.level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    logs.setup(args.settings.log_format)
+    logging.basicConfig(level=args.settings.level, stream=sys.stderr)
+    logs.setup(args.settings.log_format)  # the format: text or JSON lines
     try:
         return asyncio.run(commands.dispatch(args))
     except UserError as exc:

@@ -30,6 +30,8 @@ from typing import Any
 
 import orjson
 
+from sidelinja_worker.queue.escapes import printable, printable_json, printable_lines
+
 # Set once per job in the job's own task (asyncio copies the context per task), so every
 # line that task logs is tagged without passing the job around.
 # The job itself is stored, not a tuple of its fields: that tuple was built for every job, and
@@ -123,6 +125,27 @@ def flush_summary() -> None:
 atexit.register(flush_summary)
 
 
+# A text line: the time, the level, the message (cli.main sets it up this way).
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+TEXT_DATE_FORMAT = "%H:%M:%S"
+
+
+class TextFormatter(logging.Formatter):
+    """One line a record, the message's control and bidi characters as escapes: a failure's
+    message quotes a payload or a service's answer, whose escape sequences would act on the
+    operator's terminal and whose line breaks would start lines that read like ours. A
+    traceback keeps its line breaks."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT, TEXT_DATE_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return printable_lines(super().formatException(ei))
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
@@ -137,7 +160,8 @@ class JsonFormatter(logging.Formatter):
             line.update(summary)
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
-        return orjson.dumps(line, default=str).decode()
+        # orjson escapes C0 controls; C1 and bidi characters act on a terminal too.
+        return printable_json(orjson.dumps(line, default=str).decode())
 
 
 def want_json(stream: Any = None, forced: str | None = None) -> bool:
@@ -151,7 +175,6 @@ def want_json(stream: Any = None, forced: str | None = None) -> bool:
 
 def setup(forced: str | None = None) -> None:
     """Replaces the root handler's formatter; call after logging.basicConfig."""
-    if not want_json(forced=forced):
-        return
+    formatter = JsonFormatter() if want_json(forced=forced) else TextFormatter()
     for handler in logging.getLogger().handlers:
-        handler.setFormatter(JsonFormatter())
+        handler.setFormatter(formatter)
