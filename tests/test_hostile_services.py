@@ -37,8 +37,8 @@ import zstandard
 from sidelinja_worker.queue.config import Secret
 from sidelinja_worker.queue.errors import PermanentError, RetryJob
 from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
+from sidelinja_worker.services import ai_answers, bounded, livekit, whisper
 from sidelinja_worker.services import ai_gateway as gateway_module
-from sidelinja_worker.services import bounded, livekit, whisper
 from sidelinja_worker.services.ai_gateway import AiGateway, Usage, parse_retry_after
 from sidelinja_worker.services.forgejo import Forgejo, RepoFile
 from tests.fakes.hostile_server import Answer, HostileServer, hostile_server, json_answer
@@ -608,24 +608,45 @@ async def test_a_livekit_list_of_a_million_rooms_is_read_off_the_event_loop(
     assert figures == (1_390_001, livekit.Room("studio", 2), True), longest
 
 
-async def test_an_embeddings_list_of_millions_of_items_is_counted_before_it_is_read(
+async def test_an_embeddings_list_of_millions_of_items_is_refused_before_it_is_built(
     http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer
 ) -> None:
-    # An answer for 16 inputs of unknown dimensions may hold 12 MB: 4.1 million empty items, each
-    # checked and then sorted on the event loop before their number was compared with the inputs'.
+    # An answer for 16 inputs of unknown dimensions may hold 12 MB: 4.1 million empty items.
+    # Each was checked and sorted on the event loop before their number was compared with the
+    # inputs'; then, in a thread, each became an object before the list's length was compared:
+    # ~250 MB, and 0.26 s of the GIL. The decoder now expects 16 items and stops at the 17th.
     # The last one is no item at all: a list looked at before it is counted is one that "cannot
     # be read", found at its end.
     count = (gateway_module.embeddings_answer_bytes(16, None) - 100) // 3
     await http.get(server.url)  # the first request imports httpx's network backend: not timed
     server.answer = json_answer(b'{"data": [' + b"{}," * (count - 1) + b"null]}")
-    with longest_stall() as longest:
+    with peak_memory() as peak, longest_stall() as longest:
         await asyncio.sleep(0)  # a new step, timed: this one started before the block
         with pytest.raises(RetryJob) as caught:
             await gateway(http, server.url, pool).embeddings("m", ["a"] * 16)
         await asyncio.sleep(0)  # the step that raised ends inside the block
-    # The parse itself, in a thread, still holds the GIL (json.loads is one call).
-    figures = (str(caught.value), longest[0] < 1.0)
-    assert figures == (f"AI gateway returned {count} embeddings for 16 inputs", True), longest
+    figures = (str(caught.value), longest[0] < 1.0, peak[0] < 100_000_000)
+    assert figures == (
+        "AI gateway returned a list that is not one embedding for each of the 16 inputs",
+        True,
+        True,
+    ), (longest, peak)
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"[" + b",".join([b'{"embedding": [0.5]}'] * 3) + b"]", "returned 3 embeddings for 16"),
+        (b"[" + b"{}," * 20 + b"{}]", "returned 21 embeddings for 16"),
+        (b"null", "returned 0 embeddings for 16"),
+        (b'{"0": []}', "an embeddings list that cannot be read"),
+    ],
+)
+def test_an_embeddings_list_of_the_wrong_length_is_counted_when_small(
+    data: bytes, message: str
+) -> None:
+    with pytest.raises(RetryJob, match=message):
+        ai_answers.embeddings_answer(b'{"data": ' + data + b"}", 16)
 
 
 async def test_a_model_name_that_is_not_a_string_is_the_model_asked_for(

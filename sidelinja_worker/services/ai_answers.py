@@ -4,8 +4,10 @@ field is skipped unbuilt (msgspec); an answer that cannot be read is a RetryJob.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +154,9 @@ class EmbeddingsAnswer:
 
 
 _ITEMS = msgspec.json.Decoder(list[msgspec.Raw])
+# Below this, a list of the wrong length is read whole to say how many items it holds: at most
+# ~330,000 empty items, a few milliseconds.
+COUNTED_ITEMS_BYTES = 1024 * 1024
 _INDEX = msgspec.json.Decoder(int)
 _VECTOR = msgspec.json.Decoder(list[float])
 # Where msgspec stops on what it cannot read, in its message: "... (byte 123)".
@@ -189,21 +194,44 @@ def _non_finite_number(content: bytes) -> bool:
     return False
 
 
-def _embedding_vectors(data: msgspec.Raw, inputs: int) -> list[list[float]]:
-    """Each item's embedding as floats, in the order of the items' indexes. Counted before any
-    item is looked at: the 12 MB an answer for 16 inputs of unknown dimensions may hold fit 4.1
-    million items. Anything but a list of finite numbers is refused: json read NaN and Infinity
-    (msgspec refuses both, and 1e999), and a vector stored with one is never embedded again
-    while its text is unchanged, every similarity with it NaN."""
+@functools.lru_cache(maxsize=16)
+def _items_decoder(inputs: int) -> msgspec.json.Decoder[tuple[msgspec.Raw, ...]]:
+    """A list of exactly `inputs` items, each left unread: one more item, and msgspec stops
+    there (a list of any length would be built whole before its length could be compared)."""
+    return msgspec.json.Decoder(tuple.__class_getitem__((msgspec.Raw,) * inputs))
+
+
+def _embedding_items(data: msgspec.Raw, inputs: int) -> Sequence[msgspec.Raw]:
+    """The `inputs` items of the answer's list, unread; any other number is a RetryJob, found
+    before the items past `inputs` are built: the 12 MB an answer for 16 inputs of unknown
+    dimensions may hold fit 4.1 million items (250 MB and 0.26 s of the GIL as a list). A short
+    list, or a long one in a small answer, is counted for the message."""
     if not bounded.is_truthy(data):
-        items: list[msgspec.Raw] = []
+        items: Sequence[msgspec.Raw] = []
     else:
         try:
-            items = _ITEMS.decode(data)
+            return _items_decoder(inputs).decode(data)
         except msgspec.ValidationError:
-            raise RetryJob(_NOT_A_LIST) from None
-    if len(items) != inputs:
-        raise RetryJob(f"AI gateway returned {len(items)} embeddings for {inputs} inputs")
+            if len(data) > COUNTED_ITEMS_BYTES and memoryview(data)[:1] == b"[":
+                raise RetryJob(
+                    f"AI gateway returned a list that is not one embedding for each of the"
+                    f" {inputs} inputs"
+                ) from None
+            try:
+                items = _ITEMS.decode(data)
+            except msgspec.ValidationError:
+                raise RetryJob(_NOT_A_LIST) from None
+    if len(items) == inputs:
+        return items
+    raise RetryJob(f"AI gateway returned {len(items)} embeddings for {inputs} inputs")
+
+
+def _embedding_vectors(data: msgspec.Raw, inputs: int) -> list[list[float]]:
+    """Each item's embedding as floats, in the order of the items' indexes. Anything but a
+    list of finite numbers is refused: json read NaN and Infinity (msgspec refuses both, and
+    1e999), and a vector stored with one is never embedded again while its text is unchanged,
+    every similarity with it NaN."""
+    items = _embedding_items(data, inputs)
     indexed = []
     for raw in items:
         item = bounded.fields(raw, ("index", "embedding"))
