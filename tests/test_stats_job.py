@@ -444,3 +444,30 @@ async def test_logs_through_a_symlink_loop_fail_at_once_naming_it(
     [job] = await _run(pool, db_url, workspace, media, logs="loop/*.log")
     assert (job["status"], job["attempts"]) == ("error", 1), job["error_msg"]
     assert job["error_msg"].startswith("logs 'loop/*.log' cannot be resolved: Symlink loop")
+
+
+async def test_a_listener_day_at_bigints_top_stops_there_and_the_runs_go_on(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
+) -> None:
+    # A listener's bytes of a day are any writer's row, and every run adds to them: one near
+    # BIGINT's top made the next run's sum fail (bigint out of range), and every run after it,
+    # so the workspace's downloads were never counted again.
+    log = media / "logs" / "access.log"
+    _write(log, ln(ip="203.0.113.9"))
+    [first] = await _run(pool, db_url, workspace, media)
+    assert first["status"] == "completed", first["error_msg"]
+    await pool.execute(
+        "UPDATE podcast_listener_days SET bytes = 9223372036854775000 WHERE workspace_id = $1",
+        workspace,
+    )
+    with log.open("ab") as f:
+        f.write(ln(3700, ip="203.0.113.9"))
+    [second] = await _run(pool, db_url, workspace, media)
+    assert second["status"] == "completed", second["error_msg"]
+    assert (
+        await pool.fetchval(
+            "SELECT bytes FROM podcast_listener_days WHERE workspace_id = $1", workspace
+        )
+        == (1 << 63) - 1
+    )
+    assert await _daily(pool, workspace) == [(DAY, EP, "Apple Podcasts", 1)]

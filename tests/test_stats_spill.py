@@ -18,6 +18,12 @@ from sidelinja_worker.jobs.stats import store as stats_store
 from sidelinja_worker.jobs.stats.counting import EpisodeRules
 from sidelinja_worker.jobs.stats.logfiles import MAX_EXPANSION_RATIO
 from sidelinja_worker.jobs.stats.parse import FileTask, ParseResult, parse_files
+from sidelinja_worker.jobs.stats.spill import (
+    MAX_LISTENER_BYTES,
+    merge_runs,
+    read_records,
+    write_records,
+)
 from sidelinja_worker.queue import client, store
 from sidelinja_worker.queue.config import ServiceConfig
 from tests.helpers import run_burst
@@ -130,3 +136,18 @@ async def test_a_decompression_bomb_fails_naming_the_file(
         f"({MAX_EXPANSION_RATIO} times its compressed size): not a log, refused"
     )
     assert await stats_store.daily_downloads(pool, workspace) == []
+
+
+def test_summed_bytes_stop_at_bigints_top(tmp_path: Path) -> None:
+    # Three runs of one listener, each 2^62 bytes: their sum passed msgpack's integers and
+    # PostgreSQL's BIGINT, and failed the run, every run.
+    record = (1, "ep", "203.0.113.9", "agent", "app", 1 << 62, False)
+    runs = []
+    for i in range(3):
+        run = tmp_path / f"run-{i}"
+        write_records(run, [record])
+        runs.append(run)
+    out = tmp_path / "merged"
+    assert merge_runs(runs, out) == 1
+    [merged] = list(read_records(out))
+    assert merged[5] == MAX_LISTENER_BYTES == (1 << 63) - 1

@@ -26,7 +26,7 @@ from sidelinja_worker.jobs.stats.records import (
     decoder_for,
     response_headers,
 )
-from sidelinja_worker.jobs.stats.spill import Record, write_records
+from sidelinja_worker.jobs.stats.spill import MAX_LISTENER_BYTES, Record, write_records
 
 DAY_S = 86400
 AUDIO_EXTENSIONS = (".mp3", ".m4a", ".aac", ".ogg", ".opus", ".mp4", ".m4b", ".flac", ".wav")
@@ -169,7 +169,15 @@ class Tally:
         """The listeners in memory as spill records, in key order."""
         whole, families = self._whole, self.families
         return [
-            (key[0], key[1], key[2], key[3], families.get(key[3], ""), sent, key in whole)
+            (
+                key[0],
+                key[1],
+                key[2],
+                key[3],
+                families.get(key[3], ""),
+                min(sent, MAX_LISTENER_BYTES),
+                key in whole,
+            )
             for key, sent in sorted(self._bytes.items())
         ]
 

@@ -25,7 +25,11 @@ SELECT $1, r.day, r.episode, r.listener, r.app, r.country, r.bytes, r.whole
 FROM unnest($2::date[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::bigint[],
             $8::boolean[]) AS r(day, episode, listener, app, country, bytes, whole)
 ON CONFLICT (workspace_id, day, episode, listener)
-DO UPDATE SET bytes = l.bytes + EXCLUDED.bytes, whole = l.whole OR EXCLUDED.whole;
+-- The sum stops at BIGINT's top (the row's bytes are any writer's, and many runs add to one):
+-- past it, the statement failed, and with it every run of the workspace.
+DO UPDATE SET bytes = CASE WHEN l.bytes > 9223372036854775807 - EXCLUDED.bytes
+                           THEN 9223372036854775807 ELSE l.bytes + EXCLUDED.bytes END,
+              whole = l.whole OR EXCLUDED.whole;
 
 -- name: count_downloads
 -- Listeners of the touched days and episodes who now reached their episode's threshold (or, with

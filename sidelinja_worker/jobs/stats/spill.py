@@ -20,6 +20,10 @@ import msgspec
 Record = tuple[int, str, str, str, str, int, bool]
 
 CHUNK_RECORDS = 2000  # per chunk read or written: a merge holds one chunk per run
+# A listener's bytes of an episode in a day stop here, as PostgreSQL's BIGINT does: sums of
+# many lines (the file's numbers are bounded a line, not a listener) went past it, and past
+# msgpack's integers, and failed the run, every run.
+MAX_LISTENER_BYTES = (1 << 63) - 1
 _LENGTH = struct.Struct("<I")
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(list[tuple[int, str, str, str, str, int, bool]])
@@ -75,7 +79,7 @@ def _combine(records: Iterator[Record]) -> Iterator[Record]:
             current = (
                 *current[:4],
                 current[4] or record[4],
-                current[5] + record[5],
+                min(current[5] + record[5], MAX_LISTENER_BYTES),
                 current[6] or record[6],
             )  # type: ignore[assignment]
             continue

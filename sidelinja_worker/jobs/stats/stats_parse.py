@@ -39,7 +39,7 @@ from sidelinja_worker.jobs.stats.geo import country_lookup
 from sidelinja_worker.jobs.stats.logfiles import LogFile, discover, fingerprint, utf8_text
 from sidelinja_worker.jobs.stats.media import threshold_bytes
 from sidelinja_worker.jobs.stats.parse import FileTask, ParseResult
-from sidelinja_worker.jobs.stats.spill import Record
+from sidelinja_worker.jobs.stats.spill import MAX_LISTENER_BYTES, Record
 from sidelinja_worker.jobs.stats.store import FileSave, ListenRow
 from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.context import JobContext
@@ -322,6 +322,7 @@ def _hash_batch(
             key = hashlib.blake2b(
                 f"{ip}\n{agent}".encode(), digest_size=16, key=salts[day]
             ).digest()
+            sent = min(sent, MAX_LISTENER_BYTES)
             rows.append(ListenRow(day, episode, key, family, country(ip), sent, whole))
         if len(rows) >= ROW_BATCH:
             break
