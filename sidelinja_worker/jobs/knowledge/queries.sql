@@ -5,8 +5,18 @@
 SELECT to_regclass('knowledge_embeddings') IS NOT NULL
 
 -- name: node_texts
-SELECT node_id, content FROM knowledge_nodes
+-- The nodes' texts, each only while it is at most $3 bytes and the texts so far (by node id) at
+-- most $4: a node's content is any writer's text, up to a gigabyte, and a job may name 10,000.
+-- `size` is each one's and `total` all of theirs, for the caller to refuse the job over a cap;
+-- octet_length reads a stored text's size from its header, never decompressing it.
+SELECT node_id, octet_length(content)::bigint AS size,
+       CASE WHEN octet_length(content) <= $3
+             AND sum(octet_length(content)::bigint) OVER (ORDER BY node_id) <= $4
+            THEN content END AS content,
+       (sum(octet_length(content)::bigint) OVER ())::bigint AS total
+FROM knowledge_nodes
 WHERE workspace_id = $1 AND node_id = ANY($2::text[])
+ORDER BY node_id
 
 -- name: embedding_state
 SELECT ref, content_sha256, dims FROM knowledge_embeddings

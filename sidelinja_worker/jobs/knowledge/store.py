@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import asyncpg
@@ -68,9 +68,29 @@ async def pgvector_ready(conn: Conn) -> bool:
     return bool(await conn.fetchval(Q["pgvector_ready"]))
 
 
-async def node_texts(conn: Conn, workspace_id: UUID, node_ids: Sequence[str]) -> dict[str, str]:
-    rows = await conn.fetch(Q["node_texts"], workspace_id, list(node_ids))
-    return {r["node_id"]: r["content"] for r in rows}
+# The most text of one node an embeddings job reads (as much as a whole job payload carries;
+# an embedding model reads a few thousand tokens), and of all the nodes it names together.
+MAX_NODE_TEXT_BYTES = 4 * 1024 * 1024
+MAX_NODE_TEXTS_BYTES = 64 * 1024 * 1024
+
+
+class NodeTexts(NamedTuple):
+    texts: dict[str, str]  # node id -> its text, for every node found, when none is over a cap
+    too_big: dict[str, int]  # node id -> its size in bytes, for those over MAX_NODE_TEXT_BYTES
+    total: int  # the bytes of every node found, together
+
+
+async def node_texts(conn: Conn, workspace_id: UUID, node_ids: Sequence[str]) -> NodeTexts:
+    """The nodes' texts, none read past the caps: a node over MAX_NODE_TEXT_BYTES is named in
+    `too_big`, and with one, or a total over MAX_NODE_TEXTS_BYTES, `texts` is empty."""
+    rows = await conn.fetch(
+        Q["node_texts"], workspace_id, list(node_ids), MAX_NODE_TEXT_BYTES, MAX_NODE_TEXTS_BYTES
+    )
+    too_big = {r["node_id"]: r["size"] for r in rows if r["size"] > MAX_NODE_TEXT_BYTES}
+    total = rows[0]["total"] if rows else 0
+    if too_big or total > MAX_NODE_TEXTS_BYTES:
+        return NodeTexts({}, too_big, total)
+    return NodeTexts({r["node_id"]: r["content"] for r in rows}, {}, total)
 
 
 async def embedding_state(
