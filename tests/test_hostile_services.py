@@ -39,8 +39,9 @@ from sidelinja_worker.queue.errors import PermanentError, RetryJob
 from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
 from sidelinja_worker.services import ai_errors, bounded, livekit, whisper
 from sidelinja_worker.services import ai_gateway as gateway_module
+from sidelinja_worker.services.ai_answers import Usage
 from sidelinja_worker.services.ai_errors import parse_retry_after
-from sidelinja_worker.services.ai_gateway import AiGateway, Usage
+from sidelinja_worker.services.ai_gateway import AiGateway
 from sidelinja_worker.services.forgejo import Forgejo, RepoFile
 from tests.fakes.hostile_server import Answer, HostileServer, hostile_server, json_answer
 from tests.fakes.stalls import longest_gap, longest_stall, peak_memory
@@ -747,7 +748,7 @@ async def test_a_chat_answer_is_read_field_by_field(
             await gateway(http, server.url, pool).chat(CHAT)
         return
     content, usage = await gateway(http, server.url, pool).chat(CHAT)
-    assert (content, usage) == (outcome, gateway_module.Usage(0, 0, 1))
+    assert (content, usage) == (outcome, Usage(0, 0, 1))
 
 
 async def test_an_error_in_a_chat_answer_is_described_without_building_its_values(
