@@ -27,7 +27,7 @@ from sidelinja_worker.jobs.ai.meeting_summarize import Minutes
 from sidelinja_worker.queue.config import Secret
 from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
-from sidelinja_worker.services import ai_gateway
+from sidelinja_worker.services import ai_requests
 from sidelinja_worker.services.ai_gateway import AiGateway
 from tests.fakes.hostile_server import hostile_server, json_answer
 from tests.fakes.stalls import longest_stall
@@ -105,8 +105,8 @@ JSON_VALUES = st.recursive(
 @given(value=JSON_VALUES)
 def test_a_body_encoded_in_pieces_is_the_body_encoded_whole(value: object) -> None:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ai_gateway, "BODY_PIECE_CHARS", 3)  # every string of 4+ characters cut
-        pieces = b"".join(ai_gateway._json_pieces(value))
+        patch.setattr(ai_requests, "BODY_PIECE_CHARS", 3)  # every string of 4+ characters cut
+        pieces = b"".join(ai_requests._json_pieces(value))
     assert pieces == orjson.dumps(value)
 
 

@@ -15,12 +15,8 @@ from sidelinja_worker.jobs.ai.dictation_cleanup import Note, NoteTask, merge_not
 from sidelinja_worker.jobs.ai.meeting_summarize import Minutes
 from sidelinja_worker.jobs.ai.text import group_for_combine, split_text
 from sidelinja_worker.queue.errors import PermanentError
-from sidelinja_worker.services.ai_gateway import (
-    describe_error,
-    parse_answer,
-    parse_retry_after,
-    strict_schema,
-)
+from sidelinja_worker.services.ai_errors import describe_error, parse_retry_after
+from sidelinja_worker.services.ai_gateway import parse_answer, strict_schema
 
 
 def test_split_text_is_lossless_and_respects_the_budget() -> None:

@@ -37,9 +37,11 @@ import zstandard
 from sidelinja_worker.queue.config import Secret
 from sidelinja_worker.queue.errors import PermanentError, RetryJob
 from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
-from sidelinja_worker.services import ai_answers, bounded, livekit, whisper
+from sidelinja_worker.services import ai_answers, ai_errors, bounded, livekit, whisper
 from sidelinja_worker.services import ai_gateway as gateway_module
-from sidelinja_worker.services.ai_gateway import AiGateway, Usage, parse_retry_after
+from sidelinja_worker.services.ai_answers import Usage
+from sidelinja_worker.services.ai_errors import parse_retry_after
+from sidelinja_worker.services.ai_gateway import AiGateway
 from sidelinja_worker.services.forgejo import Forgejo, RepoFile
 from tests.fakes.hostile_server import Answer, HostileServer, hostile_server, json_answer
 from tests.fakes.stalls import longest_gap, longest_stall, peak_memory
@@ -679,9 +681,9 @@ def test_an_error_of_any_size_is_described_without_being_written_out_whole(
     # event loop, to be cut to a message of 400 characters: 5 million empty lists took 0.2-0.3 s.
     # Timed alone: the answer's parse, in a thread, holds the GIL and would blur a loop's step.
     started = time.perf_counter()
-    text = gateway_module.describe_error(500, error)
+    text = ai_errors.describe_error(500, error)
     took = time.perf_counter() - started
-    figures = (text[:16], len(text) <= gateway_module.MAX_MESSAGE_CHARS, took < 0.1)
+    figures = (text[:16], len(text) <= ai_errors.MAX_MESSAGE_CHARS, took < 0.1)
     assert figures == ("AI gateway 500: ", True, True), took
 
 
@@ -767,7 +769,7 @@ async def test_a_chat_answer_is_read_field_by_field(
             await gateway(http, server.url, pool).chat(CHAT)
         return
     content, usage = await gateway(http, server.url, pool).chat(CHAT)
-    assert (content, usage) == (outcome, gateway_module.Usage(0, 0, 1))
+    assert (content, usage) == (outcome, Usage(0, 0, 1))
 
 
 async def test_an_error_in_a_chat_answer_is_described_without_building_its_values(

@@ -1,23 +1,17 @@
 """The OpenAI-compatible AI gateway (OpenRouter): strict structured chat completions and
 embeddings, with the gateway's errors mapped to the job outcomes (RetryJob / PermanentError).
-What its answers say is read in ai_answers."""
+What its answers say is read in ai_answers, its request bodies are encoded in ai_requests and
+its errors are described in ai_errors."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
-import math
-import reprlib
-import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any, Generic, TypeVar
 
 import httpx
-import orjson
 from pydantic import BaseModel, ValidationError
 
 from sidelinja_worker.queue.config import Secret
@@ -27,6 +21,8 @@ from sidelinja_worker.queue.limits import RateLimiter
 from sidelinja_worker.queue.registry import describe_validation_error
 from sidelinja_worker.services import bounded
 from sidelinja_worker.services.ai_answers import Usage, chat_answer, embeddings_answer
+from sidelinja_worker.services.ai_errors import describe_error, error_object, parse_retry_after
+from sidelinja_worker.services.ai_requests import encoded_body, in_pieces, storable_text
 
 log = logging.getLogger("sidelinja_worker.ai_gateway")
 
@@ -50,23 +46,9 @@ EMBED_NUMBER_BYTES = 48
 EMBED_ITEM_BYTES = 1024
 EMBED_ANSWER_BYTES = 64 * 1024
 MAX_EMBED_DIMENSIONS = 16_000
-# A Retry-After beyond this is not believed: the pause is cut to it.
-MAX_RETRY_AFTER_S = 3600.0
-MAX_MESSAGE_CHARS = 400
 # Statuses that will not change on a retry: bad request, bad key, no
 # credits, moderation. 404/413/422 are bad requests too (unknown model, input too large).
 PERMANENT_STATUSES = frozenset({400, 401, 402, 403, 404, 413, 422})
-# A request body with more characters of text than this is encoded in a thread, a string
-# BODY_PIECE_CHARS characters at a time: one encoder call over a string of millions of
-# characters holds the GIL, and so the event loop, until it is done (json.dumps took 0.10-0.15 s
-# for the 16 M characters of a retry that feeds back an answer of 16 MB). After each piece the
-# thread hands the GIL over (time.sleep(0)): else the loop waits up to the interpreter's switch
-# interval, 5 ms, each time it takes the GIL back after a system call.
-OFF_LOOP_BODY_CHARS = 256 * 1024
-BODY_PIECE_CHARS = 64 * 1024
-# The encoded body is handed to the connection this many bytes at a time: given whole, the
-# transport copied 16 MB into its buffer in one step (~20 ms), each piece now waits its turn.
-SEND_PIECE_BYTES = 1 << 20
 # A structured answer longer than twice the request's text plus this is refused unparsed, as a
 # mismatch the model is told about. Validating is one call that holds the GIL, so the event loop,
 # even in a thread, for as long as it takes: 0.46 s for an answer of 300,000 action points. A
@@ -235,7 +217,7 @@ class AiGateway:
                 service="AI gateway",
                 max_bytes=max_bytes,
                 deadline_s=timeout_s + CONNECT_TIMEOUT_S,
-                content=_in_pieces(content),
+                content=in_pieces(content),
                 headers={**self._headers(), "Content-Length": str(len(content))},
                 timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S),
             )
@@ -274,75 +256,6 @@ class AiGateway:
         """A gateway or provider may echo the request; the key must never reach error_msg."""
         key = self._key.reveal()
         return text.replace(key, "***") if key else text
-
-
-async def storable_text(text: str) -> str:
-    """`text` as PostgreSQL and a JSON encoder take it: without NUL characters (text and jsonb
-    hold none), a lone surrogate (JSON's \\ud800 reads as one; no UTF-8 encoder takes it, and
-    a retry that fed the answer back failed to encode) as '?'. A long text in a thread, in
-    pieces, as each string method holds the GIL for all of the string it is given."""
-    return await bounded.off_loop(_storable_pieces, text)
-
-
-def _storable_pieces(text: str) -> str:
-    return "".join(
-        _storable(text[start : start + BODY_PIECE_CHARS])
-        for start in range(0, len(text), BODY_PIECE_CHARS)
-    )
-
-
-def _storable(text: str) -> str:
-    text = text.replace("\x00", "")
-    return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
-
-
-async def encoded_body(body: Mapping[str, Any]) -> bytes:
-    """`body` as JSON; in a thread, in pieces, when it holds much text (OFF_LOOP_BODY_CHARS)."""
-    if _text_chars(body) < OFF_LOOP_BODY_CHARS:
-        return orjson.dumps(body)
-    return await asyncio.to_thread(lambda: b"".join(_json_pieces(body)))
-
-
-async def _in_pieces(content: bytes) -> AsyncIterator[bytes]:
-    for start in range(0, len(content), SEND_PIECE_BYTES):
-        yield content[start : start + SEND_PIECE_BYTES]
-
-
-def _text_chars(value: Any) -> int:
-    """The characters of every string in a request body (a few dozen values, and the texts)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, Mapping):
-        return sum(len(k) + _text_chars(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return sum(_text_chars(v) for v in value)
-    return 0
-
-
-def _json_pieces(value: Any) -> Iterator[bytes]:
-    """JSON of `value`, a long string BODY_PIECE_CHARS characters per encoder call. A string's
-    escapes are per character, so its pieces' encodings joined are the whole one's."""
-    if isinstance(value, str) and len(value) > BODY_PIECE_CHARS:
-        yield b'"'
-        for start in range(0, len(value), BODY_PIECE_CHARS):
-            yield orjson.dumps(value[start : start + BODY_PIECE_CHARS])[1:-1]
-            time.sleep(0)
-        yield b'"'
-    elif isinstance(value, Mapping) and _text_chars(value) > BODY_PIECE_CHARS:
-        yield b"{"
-        for i, (key, item) in enumerate(value.items()):
-            yield (b"," if i else b"") + orjson.dumps(key) + b":"
-            yield from _json_pieces(item)
-        yield b"}"
-    elif isinstance(value, list | tuple) and _text_chars(value) > BODY_PIECE_CHARS:
-        yield b"["
-        for i, item in enumerate(value):
-            if i:
-                yield b","
-            yield from _json_pieces(item)
-        yield b"]"
-    else:
-        yield orjson.dumps(value)
 
 
 def embeddings_answer_bytes(inputs: int, dimensions: int | None) -> int:
@@ -440,68 +353,3 @@ def _strict(node: Any, defs: Mapping[str, Any]) -> Any:
         out["additionalProperties"] = False
         out["required"] = list(out.get("properties", {}))
     return out
-
-
-def error_object(resp: httpx.Response) -> dict[str, Any]:
-    """`{"code", "message", "metadata"}` from the OpenRouter error shape, or a stand-in built
-    from a body that is not (a proxy's HTML page, say)."""
-    data = bounded.small_json(resp)  # an error body is small; a huge one is not parsed
-    if isinstance(data, dict) and isinstance(data.get("error"), dict):
-        return data["error"]
-    if isinstance(data, dict) and isinstance(data.get("error"), str):
-        return {"code": resp.status_code, "message": data["error"]}
-    text = " ".join(bounded.text_start(resp)[:2000].split())[:200]
-    return {"code": resp.status_code, "message": text or resp.reason_phrase}
-
-
-def describe_error(code: Any, error: Mapping[str, Any]) -> str:
-    """`AI gateway 402: message (limit_source: key)`: the gateway's words and the metadata that
-    says what to fix, short enough for error_msg."""
-    message = _text(error.get("message") or "no message")
-    found = error.get("metadata")
-    meta: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-    details = [
-        f"{k}: {_short(meta[k])}"
-        for k in ("limit_source", "reasons", "provider_name", "provider_code", "model_slug")
-        if meta.get(k) not in (None, "", [])
-    ]
-    suffix = f" ({'; '.join(details)})" if details else ""
-    return f"AI gateway {code}: {message}{suffix}"[:MAX_MESSAGE_CHARS]
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, list):
-        return ", ".join(_text(v) for v in value[:_SHOWN_ITEMS])
-    return _text(value)
-
-
-def _text(value: Any) -> str:
-    """`value` as text no longer than a message: a string itself, anything else written out by
-    reprlib, which stops after a few items and levels. A 200 answer may hold 16 MB, and its
-    error written out whole, on the event loop, took 0.4-0.7 s to be cut to a message."""
-    return (value if isinstance(value, str) else _BOUNDED.repr(value))[:MAX_MESSAGE_CHARS]
-
-
-_SHOWN_ITEMS = 10
-_BOUNDED = reprlib.Repr()
-_BOUNDED.maxstring = _BOUNDED.maxother = MAX_MESSAGE_CHARS
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Retry-After as seconds (delta-seconds or an HTTP date), at most MAX_RETRY_AFTER_S; None
-    when absent or unreadable."""
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        seconds = (when - datetime.now(UTC)).total_seconds()
-    if not math.isfinite(seconds):  # "nan", "inf": not a time
-        return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)

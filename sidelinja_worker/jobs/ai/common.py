@@ -26,7 +26,8 @@ from sidelinja_worker.jobs.silos import call_guard, check_planned_calls
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.queue.registry import describe_validation_error
-from sidelinja_worker.services.ai_gateway import AiGateway, Usage
+from sidelinja_worker.services.ai_answers import Usage
+from sidelinja_worker.services.ai_gateway import AiGateway
 
 # A cheap model that supports strict structured outputs on OpenRouter; workspaces pick their own.
 DEFAULT_MODEL = "openai/gpt-4o-mini"

@@ -31,7 +31,8 @@ from sidelinja_worker.queue.context import JobContext, ParentResult
 from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.registry import JobType, describe_validation_error
-from sidelinja_worker.services.ai_gateway import AiGateway, CallGuard, Usage
+from sidelinja_worker.services.ai_answers import Usage
+from sidelinja_worker.services.ai_gateway import AiGateway, CallGuard
 
 
 class PartOf(BaseModel):

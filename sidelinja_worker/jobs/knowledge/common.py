@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.queue.registry import describe_validation_error
-from sidelinja_worker.services.ai_gateway import AiGateway, Usage
+from sidelinja_worker.services.ai_answers import Usage
+from sidelinja_worker.services.ai_gateway import AiGateway
 
 # OpenAI's small embedding model through OpenRouter: 1536 dimensions, the HNSW-indexed size.
 DEFAULT_EMBEDDING_MODEL = "openai/text-embedding-3-small"

@@ -26,7 +26,8 @@ from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.registry import JobType
-from sidelinja_worker.services.ai_gateway import AiGateway, Usage
+from sidelinja_worker.services.ai_answers import Usage
+from sidelinja_worker.services.ai_gateway import AiGateway
 
 MAX_ITEMS = 10_000
 NO_PGVECTOR = (
