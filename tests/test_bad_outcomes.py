@@ -20,6 +20,7 @@ from sidelinja_worker.admin import store as admin_store
 from sidelinja_worker.cli.main import build_parser
 from sidelinja_worker.queue import maintenance, store
 from sidelinja_worker.queue.backoff import DEFER_MAX_S, RETRY_MAX_S, clamp_s, defer_until
+from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.db import RawJson
 from sidelinja_worker.queue.errors import Defer, RetryJob, UserError
@@ -45,6 +46,60 @@ async def _claimed(pool: asyncpg.Pool, workspace: UUID, n: int) -> tuple[UUID, l
     )
     jobs = await store.claim(pool, worker_id, n, None)
     return worker_id, [j.id for j in jobs]
+
+
+async def test_a_follow_up_whose_unique_key_never_resolves_fails_its_job_not_the_writer(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """A follow-up job whose unique key is held at every insert, its holder gone by the look-up
+    after it (finished between the two, five times over: the client's rounds), made the client
+    raise RuntimeError inside the completion's write. No write caught it: the outcome writer
+    died, and with it the worker (exit 3), every other job it ran handed on. Two statement
+    triggers stand in for the writers that keep making and finishing the holder: one adds a
+    holder before each insert into job_queue, the other finishes it after. Now that job's
+    attempt fails (transient), and the writer writes every other outcome and lives on."""
+    worker_id, ids = await _claimed(pool, workspace, 3)
+    await pool.execute(
+        "CREATE FUNCTION test_hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF pg_trigger_depth() = 1 THEN"
+        "  INSERT INTO job_queue (workspace_id, job_type, payload, unique_key)"
+        f"  VALUES ('{workspace}', 'noop', '{{}}', 'contended');"
+        " END IF; RETURN NULL; END $$;"
+        " CREATE FUNCTION test_finish() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF pg_trigger_depth() = 1 THEN"
+        "  UPDATE job_queue SET status = 'completed', completed_at = now()"
+        "  WHERE unique_key = 'contended' AND status = 'pending';"
+        " END IF; RETURN NULL; END $$;"
+        " CREATE TRIGGER test_hold BEFORE INSERT ON job_queue"
+        " FOR EACH STATEMENT EXECUTE FUNCTION test_hold();"
+        " CREATE TRIGGER test_finish AFTER INSERT ON job_queue"
+        " FOR EACH STATEMENT EXECUTE FUNCTION test_finish()"
+    )
+    writer = OutcomeWriter(pool, worker_id)
+    task = asyncio.create_task(writer.run())
+    try:
+        writer.completed(
+            ids[0], RawJson(b"{}"), [NewJob(workspace, "noop", unique_key="contended")]
+        )
+        writer.completed(ids[1], RawJson(b"{}"), [NewJob(workspace, "noop", unique_key="free")])
+        writer.completed(ids[2], RawJson(b"{}"))
+        drained = asyncio.create_task(writer.drain(30))
+        await asyncio.wait([task, drained], return_when=asyncio.FIRST_COMPLETED)
+        assert not task.done(), task.exception()
+        assert drained.result()
+    finally:
+        task.cancel()
+    rows = {
+        r[0]: (r[1], r[2])
+        for r in await pool.fetch(
+            "SELECT id, status::text, error_msg FROM job_queue WHERE id = ANY($1)", ids
+        )
+    }
+    assert [rows[i][0] for i in ids] == ["retry", "completed", "completed"]
+    assert rows[ids[0]][1].startswith(
+        "its follow-up jobs could not be enqueued: UniqueKeyUnresolved"
+    )
+    assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE unique_key = 'free'") == 1
 
 
 async def test_a_refused_value_in_a_batch_fails_only_its_job(

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
 
+from sidelinja_worker.queue import store
 from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.db import init_connection
 from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.worker import Worker
@@ -188,6 +190,107 @@ async def test_rows_set_running_under_a_live_worker_by_the_hundred_thousand_are_
         )
         assert worker.id == first_id and not worker._fatal  # never declared dead
         await pool.execute("DELETE FROM job_queue WHERE status = 'running'")
+
+
+# Each statement on a pool made by _short_statements is cut off by the server after this long:
+# the give-backs below took 3.3-4.0 s (release_held), 4.5-6.6 s (abandon_worker) and 5.6-7.9 s
+# (the rescue) for 200,000 rows in one statement on 2 busy cores, and take 50-230 ms a batch.
+SHORT_STATEMENT_MS = 1000
+FORGED = 200_000
+
+
+async def _short_statements(db_url: str) -> asyncpg.Pool:
+    return await asyncpg.create_pool(
+        db_url,
+        min_size=1,
+        max_size=2,
+        init=init_connection,
+        server_settings={"statement_timeout": str(SHORT_STATEMENT_MS)},
+    )
+
+
+async def _forge_running(
+    pool: asyncpg.Pool, workspace: UUID, worker_id: UUID, n: int, *, expires: str
+) -> None:
+    """A worker row expiring at `expires` (SQL) and `n` rows set running under it by plain SQL,
+    at their second of three attempts."""
+    await pool.execute(
+        "INSERT INTO job_workers (id, hostname, pid, expires_at)"
+        f" VALUES ($1, 'forged', 1, {expires})",
+        worker_id,
+    )
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, worker_id, attempts,"
+        " started_at) SELECT $1, 'parked', '{}', 'running', $2, 2, now()"
+        " FROM generate_series(1, $3)",
+        workspace,
+        worker_id,
+        n,
+    )
+
+
+async def test_a_dead_worker_s_rows_by_the_hundred_thousand_are_rescued_in_short_statements(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """Any writer may set rows running under a worker's id by the hundred thousand. The rescue
+    put back every dead worker's jobs in one statement: 200,000 of them took 6 to 8 s, some
+    250,000 outlast its 10 s timeout, which then grew at every try while every worker ran the
+    same statement, and no dead worker's job came back meanwhile. Here the server cuts off any
+    statement past 1 s: the rescue still brings them all back, and leaves a renewing worker's
+    jobs and a just-started orphan alone."""
+    dead, live, gone = uuid4(), uuid4(), uuid4()
+    await _forge_running(pool, workspace, dead, FORGED, expires="now() - interval '1 minute'")
+    await _forge_running(pool, workspace, live, 3, expires="now() + interval '1 hour'")
+    await pool.execute(  # claimed by a worker a moment ago, its row not yet seen
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, worker_id, attempts,"
+        " started_at) VALUES ($1, 'parked', '{}', 'running', $2, 1, now())",
+        workspace,
+        gone,
+    )
+    short = await _short_statements(db_url)
+    try:
+        rescued = await store.rescue(short, 60)
+    finally:
+        await short.close()
+    assert len(rescued) == len(set(rescued)) == FORGED
+    rows = await pool.fetch(
+        "SELECT worker_id, status::text, attempts, count(*) FROM job_queue GROUP BY 1, 2, 3"
+    )
+    assert {(r[0], r[1], r[2], r[3]) for r in rows} == {
+        (None, "retry", 2, FORGED),
+        (live, "running", 2, 3),
+        (gone, "running", 1, 1),
+    }
+    assert await pool.fetchval("SELECT array_agg(id) FROM job_workers") == [live]
+
+
+async def test_a_worker_s_exit_gives_back_its_rows_by_the_hundred_thousand_in_short_statements(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """At exit a worker gives back every row still running under it (release_held), and one
+    whose internal task died hands them on, each an attempt (abandon_worker): each did all of
+    them in one statement, 4 s and 6 s for 200,000 forged rows: past its 10 s timeout, at some
+    500,000 and 330,000, none came back. The server here cuts off any statement past 1 s."""
+    held, abandoned = uuid4(), uuid4()
+    for worker_id in (held, abandoned):
+        await _forge_running(
+            pool, workspace, worker_id, FORGED, expires="now() + interval '1 hour'"
+        )
+    short = await _short_statements(db_url)
+    try:
+        assert len(set(await store.release_held(short, held))) == FORGED
+        assert (
+            len(set(await store.abandon_worker(short, abandoned, "its claim loop died"))) == FORGED
+        )
+    finally:
+        await short.close()
+    rows = await pool.fetch(
+        "SELECT status::text, attempts, error_msg, count(*) FROM job_queue GROUP BY 1, 2, 3"
+    )
+    assert {(r[0], r[1], r[2], r[3]) for r in rows} == {
+        ("retry", 1, None, FORGED),
+        ("retry", 2, f"abandoned by worker {abandoned}: its claim loop died", FORGED),
+    }
 
 
 async def _quick(ctx: JobContext, payload: Any) -> None:

@@ -309,5 +309,5 @@ async def test_a_unique_key_held_out_of_sight_fails_instead_of_looping(
     )
     async with connected(db_url, web) as conn, conn.transaction():
         await in_workspace(conn, a)
-        with pytest.raises(RuntimeError, match="held by a job this connection cannot see"):
+        with pytest.raises(client.UniqueKeyUnresolved, match="held by a job this connection"):
             await client.enqueue(conn, a, "noop", {}, unique_key="nightly")

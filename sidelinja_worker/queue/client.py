@@ -72,6 +72,12 @@ class NewJob:
 DUPLICATE_ROUNDS = 5
 
 
+class UniqueKeyUnresolved(RuntimeError):
+    """A job's unique key was held at every insert and its holder never seen at the look-up
+    after it, DUPLICATE_ROUNDS times: a holder this connection cannot see (row-level security),
+    or holders that kept finishing between the two. No job was enqueued for it."""
+
+
 async def enqueue_many(conn: store.Conn, jobs: Sequence[NewJob]) -> list[UUID]:
     """Enqueues `jobs` and returns their ids in the same order. A job whose unique key is held
     gets the holder's id instead of a new row. Jobs with `parents` are inserted with their
@@ -183,9 +189,11 @@ async def _resolve_duplicates(
         else:
             result[i] = holder
     if again and rounds <= 1:
-        raise RuntimeError(
-            f"unique key {jobs[again[0]].unique_key!r} is held by a job this connection cannot "
-            "see (row-level security?), and no new job can take it"
+        held = jobs[again[0]].unique_key or ""
+        raise UniqueKeyUnresolved(
+            f"unique key {held[:200]!r} is held by a job this connection cannot"
+            f" see (row-level security?) or by jobs that kept finishing while it was looked up"
+            f" ({DUPLICATE_ROUNDS} tries), and no new job can take it"
         )
     if again:
         retried = await _enqueue_jobs(conn, [jobs[i] for i in again], rounds - 1)

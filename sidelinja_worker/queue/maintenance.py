@@ -24,15 +24,18 @@ async def rescue_loop(
     """Every poll interval, puts back the jobs of workers whose lease expired: a dead worker's
     jobs are back in the queue within its lease plus one poll.
 
-    The rescue is one statement for every dead worker's jobs, and a job it ends in `error` (its
-    last attempt) cancels its graph children in it too, ~35 µs each: a parent of 300,000
-    children outlasts the usual timeout. With that timeout fixed, the same rescue timed out at
-    every turn and no dead worker's job came back; one that times out is tried again with twice
-    the time (store.longer_timeout), and one that succeeds starts over."""
+    The rescue goes GIVE_BACK_BATCH jobs a statement (store.rescue), however many rows any
+    writer set running under a dead worker. A job it ends in `error` (its last attempt) still
+    cancels its graph children in the same statement, ~35 µs each: a batch holding a parent of
+    300,000 children outlasts the usual timeout. With that timeout fixed, the same batch timed
+    out at every turn and no dead worker's job came back; a batch that times out is tried again
+    with twice the time (store.longer_timeout), and a rescue that gets through starts over.
+    The workers it reaped are kept till their jobs are all back, for their rows are gone."""
     allowed_s = timeout_s
+    dead: set[UUID] = set()
     while True:
         try:
-            rescued = await store.rescue(pool, settings.lease_s, allowed_s)
+            rescued = await store.rescue(pool, settings.lease_s, allowed_s, dead=dead)
             allowed_s = timeout_s
             if rescued:
                 log.warning(

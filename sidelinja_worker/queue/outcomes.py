@@ -16,8 +16,8 @@ from uuid import UUID
 import asyncpg
 from asyncpg.exceptions._base import DataError as ArgumentError
 
-from sidelinja_worker.queue import store
-from sidelinja_worker.queue.client import NewJob, enqueue_many
+from sidelinja_worker.queue import backoff, store
+from sidelinja_worker.queue.client import NewJob, UniqueKeyUnresolved, enqueue_many
 from sidelinja_worker.queue.db import DB_ERRORS, RawJson
 from sidelinja_worker.queue.store import Failure, Release
 
@@ -201,15 +201,17 @@ class OutcomeWriter:
         job_id: Callable[[T], UUID],
     ) -> None:
         """Writes `batch` in one statement; if PostgreSQL refuses it for its values (a NUL in
-        text, `\\u0000` in JSON, a number out of range, a value too big), writes it row by
-        row, and each row refused again ends its job in `error` saying what was wrong with its
-        outcome. So one bad outcome never holds up the others, nor stops this writer. A lost
-        connection is not a bad value: it raises, and the whole flush is tried again."""
+        text, `\\u0000` in JSON, a number out of range, a value too big), or a job's follow-up
+        could not be enqueued (its unique key unresolved), writes it row by row, and each row
+        refused again ends its job in `error` saying what was wrong with its outcome, or, for
+        the follow-up, fails its attempt (the holders' race may be over at the next). So one
+        bad outcome never holds up the others, nor stops this writer. A lost connection is not
+        a bad value: it raises, and the whole flush is tried again."""
         try:
             await write(conn, batch)
             return
         except Exception as exc:
-            if not refused_value(exc):
+            if not (refused_value(exc) or isinstance(exc, UniqueKeyUnresolved)):
                 raise
             log.warning(
                 "a batch of %d job outcomes was refused (%s); writing them one by one",
@@ -220,6 +222,13 @@ class OutcomeWriter:
         for item in batch:
             try:
                 await write(conn, [item])
+            except UniqueKeyUnresolved as exc:
+                message = f"its follow-up jobs could not be enqueued: {one_line(exc)}"
+                log.error("job %s: %s", job_id(item), message)
+                self._follow_ups.pop(job_id(item), None)
+                refused.append(
+                    Failure(job_id(item), "transient", clean(message), False, backoff.BASE_S)
+                )
             except Exception as exc:
                 if not refused_value(exc):
                     raise

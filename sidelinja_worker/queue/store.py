@@ -3,7 +3,8 @@ at run time (migrate.py runs the schema files)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -26,6 +27,12 @@ STATEMENT_TIMEOUT_S = 10.0
 # statements may outlast STATEMENT_TIMEOUT_S; one that timed out is tried again with twice the
 # time (longer_timeout), up to this.
 STATEMENT_TIMEOUT_MAX_S = 640.0
+
+
+# Rows given back a statement by the rescue, release_held and abandon_worker (and the worker's
+# release_lost): any writer may set rows running under a worker by the hundred thousand, and one
+# statement for all of them outlasts STATEMENT_TIMEOUT_S.
+GIVE_BACK_BATCH = 2000
 
 
 def longer_timeout(timeout_s: float) -> float:
@@ -331,19 +338,26 @@ async def cancel_requested(conn: Conn, job_id: UUID, worker_id: UUID) -> bool:
     )
 
 
-async def release_held(conn: Conn, worker_id: UUID) -> list[UUID]:
-    return [
-        r[0] for r in await conn.fetch(Q["release_held"], worker_id, timeout=STATEMENT_TIMEOUT_S)
-    ]
+async def release_held(conn: Conn, worker_id: UUID, limit: int = GIVE_BACK_BATCH) -> list[UUID]:
+    """Gives back every row running under this worker, its attempt returned: at exit, once
+    every outcome is written, such a row was claimed but never reached the worker."""
+    return await _in_batches(
+        lambda: conn.fetch(Q["release_lost"], worker_id, [], limit, timeout=STATEMENT_TIMEOUT_S),
+        limit,
+    )
 
 
-async def abandon_worker(conn: Conn, worker_id: UUID, reason: str) -> list[UUID]:
-    return [
-        r[0]
-        for r in await conn.fetch(
-            Q["abandon_worker"], worker_id, reason, timeout=STATEMENT_TIMEOUT_S
-        )
-    ]
+async def abandon_worker(
+    conn: Conn, worker_id: UUID, reason: str, limit: int = GIVE_BACK_BATCH
+) -> list[UUID]:
+    """Hands every row running under this worker back to the queue, each counted as an attempt;
+    the caller unregisters the worker once this returns."""
+    return await _in_batches(
+        lambda: conn.fetch(
+            Q["abandon_worker"], worker_id, reason, limit, timeout=STATEMENT_TIMEOUT_S
+        ),
+        limit,
+    )
 
 
 async def unregister_worker(conn: Conn, worker_id: UUID) -> None:
@@ -351,9 +365,40 @@ async def unregister_worker(conn: Conn, worker_id: UUID) -> None:
 
 
 async def rescue(
-    conn: Conn, orphan_after_s: float, timeout_s: float = STATEMENT_TIMEOUT_S
+    conn: Conn,
+    orphan_after_s: float,
+    timeout_s: float = STATEMENT_TIMEOUT_S,
+    *,
+    dead: set[UUID] | None = None,
+    limit: int = GIVE_BACK_BATCH,
 ) -> list[UUID]:
-    return [r[0] for r in await conn.fetch(Q["rescue"], orphan_after_s, timeout=timeout_s)]
+    """Deletes the rows of workers whose lease expired and puts back their running jobs and the
+    orphans', `limit` a statement, each statement bounded by `timeout_s`. `dead` carries the
+    reaped workers whose jobs are not all back yet from a rescue that failed halfway to the
+    next: their rows are gone, and only it knows them until their jobs count as orphans."""
+    dead = set() if dead is None else dead
+    dead.update(r[0] for r in await conn.fetch(Q["reap_workers"], timeout=timeout_s))
+    workers = list(dead)
+    rescued = await _in_batches(
+        lambda: conn.fetch(Q["rescue"], orphan_after_s, workers, limit, timeout=timeout_s), limit
+    )
+    dead.clear()
+    return rescued
+
+
+async def _in_batches(
+    fetch: Callable[[], Awaitable[list[asyncpg.Record]]], limit: int
+) -> list[UUID]:
+    """Runs `fetch`, a statement that gives back up to `limit` rows and returns their ids, until
+    a run returns fewer: each statement (on a pool, each transaction) stays short however many
+    rows any writer set running, and the first rows are back at once."""
+    ids: list[UUID] = []
+    while True:
+        rows = await fetch()
+        ids.extend(r[0] for r in rows)
+        if len(rows) < limit:
+            return ids
+        await asyncio.sleep(0)  # let the loop's other tasks through between batches
 
 
 # Where a prune's graph jobs resume: the (completed_at, id) of the last one a batch took.

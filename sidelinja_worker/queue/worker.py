@@ -44,7 +44,6 @@ TIMEOUT_TICK_S = 0.05  # how late a timeout may fire
 # right after an empty claim is picked up at most this much later.
 EMPTY_CLAIM_GAP_S = 0.005
 DRAIN_AT_EXIT_S = 10.0
-LOST_BATCH = 2000  # rows running under this worker that it does not know, given back at once
 LOST_LEASE = "lost-lease"
 # After an internal task dies, the worker gives back what it can within this and raises
 # WorkerDied: the process exits non-zero within ~5 s and its process manager restarts it.
@@ -303,11 +302,15 @@ class Worker:
                     await self._writer.drain(DIE_WITHIN_S / 4)
                 if ready:
                     await store.release(self._lease_pool, self.id, ready)
+                # A batch at a time, and the worker row goes only once all are back: rows
+                # left when the time is up stay this worker's, for the rescue to find once
+                # its lease expires.
                 abandoned = await store.abandon_worker(
                     self._lease_pool, self.id, clean_text(str(self._fatal), 500)
                 )
                 if abandoned:
                     log.warning("handed %d running jobs to the rescue", len(abandoned))
+                await store.unregister_worker(self._lease_pool, self.id)
         except (TimeoutError, *DB_ERRORS, asyncpg.PostgresError) as exc:
             log.warning("could not give everything back (%s); the lease covers the rest", exc)
         finally:
@@ -599,20 +602,20 @@ class Worker:
         return self._running.keys() | {j.id for j in self._ready} | self._writer.owned_ids()
 
     async def _give_back_lost(self) -> int:
-        """Releases rows running under this worker that it does not know, LOST_BATCH at a time
-        with the claim lock let go between batches, for at most half a heartbeat interval (the
-        rest at the next look: any writer may set such rows by the hundred thousand). Returns
-        how many."""
+        """Releases rows running under this worker that it does not know, a batch at a time
+        (store.GIVE_BACK_BATCH) with the claim lock let go between batches, for at most half a
+        heartbeat interval (the rest at the next look: any writer may set such rows by the
+        hundred thousand). Returns how many."""
         loop = asyncio.get_running_loop()
         until = loop.time() + self.settings.heartbeat_interval_s / 2
         given = 0
         while True:
             async with self._claim_lock:
                 lost = await store.release_lost(
-                    self._lease_pool, self.id, self._known(), LOST_BATCH
+                    self._lease_pool, self.id, self._known(), store.GIVE_BACK_BATCH
                 )
             given += len(lost)
-            if len(lost) < LOST_BATCH or loop.time() >= until:
+            if len(lost) < store.GIVE_BACK_BATCH or loop.time() >= until:
                 break
         if given:
             log.warning("gave back %d jobs claimed for this worker that never reached it", given)

@@ -662,7 +662,8 @@ WHERE id = ANY($2::uuid[])
 -- holds or is writing the outcome of), back to the queue with the attempt returned, as
 -- `release` does: claimed for it, their answer lost on the way (a connection that died), or
 -- set so by another writer. A batch at a time, for any writer may set them by the hundred
--- thousand, and the claim lock is held meanwhile.
+-- thousand, and the claim lock is held meanwhile. At exit, after every outcome is written, it
+-- runs with $2 empty: anything still `running` under the worker then never reached it.
 WITH lost AS (
     SELECT id FROM job_queue
     WHERE worker_id = $1
@@ -681,35 +682,38 @@ FROM lost
 WHERE j.id = lost.id
 RETURNING j.id;
 
--- name: release_held
--- At exit, after every outcome is written: anything still `running` under this worker was
--- claimed but never reached it (the connection died while the claim's answer was in flight).
--- Back to the queue, the attempt returned.
-UPDATE job_queue
-SET status = CASE WHEN attempts <= 1 THEN 'pending' ELSE 'retry' END::job_status,
-    attempts = greatest(attempts - 1, 0),
-    scheduled_for = now(),
-    started_at = NULL,
-    worker_id = NULL
-WHERE worker_id = $1
-  AND status = 'running'
-RETURNING id;
-
 -- name: unregister_worker
 DELETE FROM job_workers WHERE id = $1;
 
+-- name: reap_workers
+-- The first step of a rescue: deletes the rows of workers whose lease expired (killed, lost
+-- power, lost the connection) and returns their ids, whose jobs `rescue` then puts back. A
+-- worker that is renewing is never touched: its row is only deleted once its expiry has
+-- passed, and the DELETE rechecks that against a concurrent heartbeat. A worker learns it was
+-- declared dead by its heartbeat finding no row, before any of its jobs can run elsewhere.
+DELETE FROM job_workers
+WHERE expires_at < now()
+RETURNING id;
+
 -- name: rescue
--- Puts back the jobs of workers whose lease expired (killed, lost power, lost the connection),
--- counted as an attempt. A worker that is renewing is never touched: its row is only deleted
--- once its expiry has passed, and the DELETE rechecks that against a concurrent heartbeat.
--- $1: how long a running job without any worker row is left alone (seconds): only while it
--- started within that long (a claim that raced its worker's end). No claim writes a start in
--- the future ('infinity', say, by plain SQL): such a row is rescued too, where it was left
--- running for ever, holding a slot of its type's and its workspace's caps.
-WITH dead AS (
-    DELETE FROM job_workers
-    WHERE expires_at < now()
-    RETURNING id
+-- Puts back up to $3 running jobs of dead workers, each counted as an attempt: those of the
+-- workers $2 (reaped by `reap_workers`), and orphans, whose worker has no row. $1: how long
+-- an orphan is left alone (seconds): only while it started within that long (a claim that
+-- raced its worker's end, or a reaped worker's job whose rescuer stopped halfway). No claim
+-- writes a start in the future ('infinity', say, by plain SQL): such a row is rescued too,
+-- where it was left running for ever, holding a slot of its type's and its workspace's caps.
+-- A batch at a time, and rows another rescue holds are passed over: any writer may set rows
+-- running under a worker by the hundred thousand, and one statement for all of them outlasts
+-- its timeout while every worker runs it at once.
+WITH lost AS (
+    SELECT id FROM job_queue j
+    WHERE j.status = 'running'
+      AND (j.worker_id = ANY($2::uuid[])
+           OR (NOT EXISTS (SELECT 1 FROM job_workers w WHERE w.id = j.worker_id)
+               AND (j.started_at BETWEEN now() - make_interval(secs => $1) AND now())
+                   IS NOT TRUE))
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
 )
 UPDATE job_queue j
 SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'error' ELSE 'retry' END::job_status,
@@ -724,10 +728,8 @@ SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'error' ELSE 'retry' EN
                                  || coalesce(j.worker_id::text, 'none') || ') whose lease expired'))
                   ELSE j.errors END,
     worker_id = NULL
-WHERE j.status = 'running'
-  AND (j.worker_id IN (SELECT id FROM dead)
-       OR (NOT EXISTS (SELECT 1 FROM job_workers w WHERE w.id = j.worker_id)
-           AND (j.started_at BETWEEN now() - make_interval(secs => $1) AND now()) IS NOT TRUE))
+FROM lost
+WHERE j.id = lost.id
 RETURNING j.id;
 
 -- name: prune
@@ -938,12 +940,18 @@ SELECT pg_try_advisory_xact_lock(7226133950251622723);
 ANALYZE job_queue;
 
 -- name: abandon_worker
--- A worker whose internal task died (crash-only): it leaves the workers table and its running
--- jobs go back to the queue at once, each counted as an attempt (so a job that kills every
--- worker it reaches ends in `error` after max_attempts instead of looping), rather than after
--- its lease. $2 says why, in `errors`.
-WITH gone AS (
-    DELETE FROM job_workers WHERE id = $1
+-- A worker whose internal task died (crash-only): its running jobs go back to the queue at
+-- once, each counted as an attempt (so a job that kills every worker it reaches ends in
+-- `error` after max_attempts instead of looping), rather than after its lease. $2 says why,
+-- in `errors`. Up to $3 rows a statement, as `release_lost`; the worker leaves the workers
+-- table (unregister_worker) only once none is left, so rows it did not reach stay its own,
+-- for the rescue to find when its lease expires.
+WITH held AS (
+    SELECT id FROM job_queue
+    WHERE worker_id = $1
+      AND status = 'running'
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
 )
 UPDATE job_queue j
 SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'error' ELSE 'retry' END::job_status,
@@ -956,8 +964,8 @@ SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'error' ELSE 'retry' EN
                       'message', 'abandoned by worker ' || $1::text || ': ' || $2::text))
                   ELSE j.errors END,
     worker_id = NULL
-WHERE j.worker_id = $1
-  AND j.status = 'running'
+FROM held
+WHERE j.id = held.id
 RETURNING j.id;
 
 -- name: cancel_requested
