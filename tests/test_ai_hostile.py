@@ -30,7 +30,7 @@ from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
 from sidelinja_worker.services import ai_requests
 from sidelinja_worker.services.ai_gateway import AiGateway
 from tests.fakes.hostile_server import hostile_server, json_answer
-from tests.fakes.stalls import longest_stall
+from tests.fakes.stalls import longest_stall, peak_memory
 from tests.test_ai_jobs import add_transcript
 
 # 16 M characters (28 MB as UTF-8): more than a retry that feeds back an answer of 16 MB sends,
@@ -150,6 +150,35 @@ async def test_a_long_transcript_is_read_without_stalling_the_loop(
     )
     # Before, the lines were built on the loop: 0.3-0.4 s for 200,000 segments.
     assert longest[0] < 0.1, longest
+
+
+@pytest.mark.parametrize("with_segments", [True, False])
+async def test_a_transcript_of_a_gigabyte_is_refused_unread(
+    pool: asyncpg.Pool, workspace: UUID, with_segments: bool
+) -> None:
+    """A transcript is any writer's row: 40 MB of segments (or of plain text) came over the
+    connection whole and was decoded on the event loop, and a row may hold a gigabyte. Its size
+    is compared in the database, and the job fails naming it."""
+    await add_transcript(pool, workspace, "ep", [(0, "Hei")])
+    if with_segments:
+        await pool.execute(
+            "INSERT INTO transcript_segments"
+            " (workspace_id, transcript_ref, seq, start_ms, end_ms, text)"
+            " SELECT $1, 'ep', i, i * 1000, i * 1000 + 900, repeat('ord ', 100000)"
+            " FROM generate_series(2, 101) AS i",
+            workspace,
+        )
+    else:
+        await pool.execute("DELETE FROM transcript_segments WHERE workspace_id = $1", workspace)
+        await pool.execute(
+            "UPDATE transcripts SET plain_text = repeat('ord ', 10000000) WHERE workspace_id = $1",
+            workspace,
+        )
+    with peak_memory() as peak, pytest.raises(PermanentError) as refused:
+        await ai_store.transcript_text(pool, workspace, "ep")
+    assert "transcript 'ep' is 40,0" in str(refused.value), refused.value
+    assert "over the 33,554,432 an AI job reads" in str(refused.value)
+    assert peak[0] < 20_000_000, peak
 
 
 async def test_a_transcript_is_read_as_timestamped_lines(

@@ -9,13 +9,17 @@ SET job_id = EXCLUDED.job_id, model = EXCLUDED.model, result = EXCLUDED.result, 
 RETURNING id
 
 -- name: transcript_plain_text
-SELECT plain_text FROM transcripts WHERE workspace_id = $1 AND transcript_ref = $2
+-- The text only when it is at most $3 bytes, and its size: any writer's row may hold a gigabyte.
+SELECT CASE WHEN octet_length(plain_text) <= $3 THEN plain_text END, octet_length(plain_text)
+FROM transcripts WHERE workspace_id = $1 AND transcript_ref = $2
 
 -- name: transcript_lines
 -- `[H:MM:SS] text` per segment, in order, so the model can place chapters in time; NULL when
 -- there are none. Built here, not in Python: for an episode of 200,000 segments, the rows and
--- the lines built from them held the worker's event loop 0.3 s.
-SELECT string_agg(
+-- the lines built from them held the worker's event loop 0.3 s. The lines come back only when
+-- they are at most $3 bytes, with their size (any writer's segments may add up to a gigabyte).
+SELECT CASE WHEN octet_length(lines) <= $3 THEN lines END, octet_length(lines)
+FROM (SELECT string_agg(
     format(
         '[%s:%s:%s] %s',
         s / 3600,
@@ -28,4 +32,4 @@ SELECT string_agg(
 FROM (
     SELECT seq, start_ms / 1000 AS s, text
     FROM transcript_segments WHERE workspace_id = $1 AND transcript_ref = $2
-) AS segments
+) AS segments) AS joined(lines)

@@ -7,6 +7,7 @@ from typing import Any
 from uuid import UUID
 
 from sidelinja_worker.queue.db import Conn
+from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.queue.queries import load
 
 Q = load("sidelinja_worker.jobs.ai")
@@ -27,10 +28,23 @@ async def save_result(
     )
 
 
+# The most transcript text an AI job reads: srt_parse stores at most ~25 MB (from an SRT of
+# its 20 MB cap, with the lines' times); any other writer's row is refused past it, unread.
+MAX_TRANSCRIPT_BYTES = 32 * 1024 * 1024
+
+
 async def transcript_text(conn: Conn, workspace_id: UUID, transcript_ref: str) -> str | None:
     """The transcript as `[H:MM:SS] text` lines (so chapters can carry times), its plain text if
-    it has no segments, or None when this workspace has no such transcript."""
-    lines = await conn.fetchval(Q["transcript_lines"], workspace_id, transcript_ref)
-    if lines is not None:
-        return lines
-    return await conn.fetchval(Q["transcript_plain_text"], workspace_id, transcript_ref)
+    it has no segments, or None when this workspace has no such transcript. One of more than
+    MAX_TRANSCRIPT_BYTES is a PermanentError, and never comes over the connection."""
+    for query in ("transcript_lines", "transcript_plain_text"):
+        row = await conn.fetchrow(Q[query], workspace_id, transcript_ref, MAX_TRANSCRIPT_BYTES)
+        if row is None or row[1] is None:
+            continue
+        if row[0] is None:
+            raise PermanentError(
+                f"transcript {transcript_ref!r} is {row[1]:,} bytes of text, over the"
+                f" {MAX_TRANSCRIPT_BYTES:,} an AI job reads"
+            )
+        return str(row[0])
+    return None
