@@ -38,7 +38,7 @@ from tests.fakes.ai_gateway_server import (  # noqa: F401
     error,
 )
 from tests.fakes.fixtures import allow_models
-from tests.fakes.stalls import longest_stall
+from tests.fakes.stalls import longest_stall, peak_memory
 from tests.helpers import make_workspace, run_burst, running_worker, wait_for_sql
 
 STATEMENTS = [
@@ -918,3 +918,48 @@ async def test_an_answer_nested_past_the_parsers_limit_fails_its_json_check(
     assert [(s["passed"], s["detail"]) for s in scores] == [
         (False, "not JSON: nested deeper than the parser's recursion limit")
     ]
+
+
+@pytest.mark.parametrize(
+    "questions_sql, message",
+    [
+        # 100,000 questions (any writer's rows), each with a 1,536-number vector: all came over
+        # the connection and were decoded on the event loop, and each was compared.
+        (
+            "SELECT $1, 'q1', 'q' || i, 'Spørsmål ' || i, 'm', '\\x00'::bytea,"
+            " array_fill(0.5::real, ARRAY[1536]) FROM generate_series(1, 100000) AS i",
+            "quiz 'q1' has 100,000 questions, over the 1,000 a moderation compares with",
+        ),
+        # One question of 100 MB, sent to the gateway to be embedded.
+        (
+            "SELECT $1, 'q1', 'q-big', repeat('Havvind? ', 11000000), NULL, NULL, NULL",
+            "('q-big') is 99,000,000 bytes, over the 65,536 a question may be",
+        ),
+    ],
+)
+async def test_a_quiz_of_absurd_questions_fails_the_moderation_unread(
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    ai_gateway: FakeAiGateway,
+    questions_sql: str,
+    message: str,
+) -> None:
+    await pool.execute(
+        "INSERT INTO valgomat_questions (workspace_id, quiz_id, question_id, text,"
+        " embedding_model, embedding_sha256, embedding) " + questions_sql,
+        workspace,
+    )
+    job_id = await client.enqueue(
+        pool,
+        workspace,
+        "valgomat_moderation",
+        {"quiz_id": "q1", "question": "Havvind?", "submission_ref": "sub-1"},
+    )
+    with peak_memory() as peak:
+        await run_burst(pool, db_url, config=config(ai_gateway))
+    row = await job(pool, job_id)
+    assert (row["status"], row["attempts"]) == ("error", 1)
+    assert message in row["error_msg"], row["error_msg"]
+    assert peak[0] < 100_000_000, peak
+    assert not [r for r in ai_gateway.requests if r.path.endswith("/embeddings")]

@@ -59,13 +59,23 @@ RETURNING id
 -- element, written by plain SQL or taken from a gateway unchecked) reads as missing, so the job
 -- embeds its question again: every similarity with it is NaN or fails, and its text and model
 -- are unchanged, so nothing else ever would. NaN sorts above Infinity in PostgreSQL.
-SELECT question_id, text, embedding_model, embedding_sha256,
-       CASE WHEN array_ndims(embedding) = 1
+-- Questions are any writer's rows: at most $3 + 1 come back, `questions` counting them all
+-- (and none with its vector when they are more than $3); a text or id over $4 bytes comes back
+-- NULL with its `size`; a vector longer than 16,000 (no model's) reads as missing. The caller
+-- refuses the quiz over a cap, or embeds the question again.
+SELECT CASE WHEN size <= $4 THEN question_id ELSE left(question_id, 100) END AS question_id,
+       CASE WHEN size <= $4 THEN text END AS text, size, embedding_model,
+       embedding_sha256,
+       CASE WHEN count(*) OVER () <= $3
+             AND array_ndims(embedding) = 1 AND array_length(embedding, 1) <= 16000
              AND (SELECT bool_and(coalesce(x > '-Infinity' AND x < 'Infinity', false))
                   FROM unnest(embedding) AS x)
-            THEN embedding END AS embedding
-FROM valgomat_questions WHERE workspace_id = $1 AND quiz_id = $2
+            THEN embedding END AS embedding,
+       count(*) OVER () AS questions
+FROM (SELECT *, greatest(octet_length(text), octet_length(question_id))::bigint AS size
+      FROM valgomat_questions WHERE workspace_id = $1 AND quiz_id = $2) q
 ORDER BY question_id
+LIMIT $3 + 1
 
 -- name: save_question_embedding
 UPDATE valgomat_questions

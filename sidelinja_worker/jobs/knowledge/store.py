@@ -11,6 +11,7 @@ from uuid import UUID
 import asyncpg
 
 from sidelinja_worker.queue.db import Conn
+from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.queue.queries import load
 
 Q = load("sidelinja_worker.jobs.knowledge")
@@ -152,8 +153,29 @@ async def save_profile(
     )
 
 
+# A quiz's questions a moderation compares a submission with (a quiz has tens), and the most
+# text of one question or its id; past either, the job fails rather than read it.
+MAX_QUIZ_QUESTIONS = 1000
+MAX_QUESTION_BYTES = 64 * 1024
+
+
 async def quiz_questions(conn: Conn, workspace_id: UUID, quiz_id: str) -> list[QuizQuestion]:
-    rows = await conn.fetch(Q["quiz_questions"], workspace_id, quiz_id)
+    """The quiz's questions, none read past the caps: a quiz of more than MAX_QUIZ_QUESTIONS,
+    or a question (text or id) of more than MAX_QUESTION_BYTES, is a PermanentError."""
+    rows = await conn.fetch(
+        Q["quiz_questions"], workspace_id, quiz_id, MAX_QUIZ_QUESTIONS, MAX_QUESTION_BYTES
+    )
+    if rows and rows[0]["questions"] > MAX_QUIZ_QUESTIONS:
+        raise PermanentError(
+            f"quiz {quiz_id!r} has {rows[0]['questions']:,} questions, over the"
+            f" {MAX_QUIZ_QUESTIONS:,} a moderation compares with"
+        )
+    too_big = next((r for r in rows if r["text"] is None), None)
+    if too_big is not None:
+        raise PermanentError(
+            f"a question of quiz {quiz_id!r} ({too_big['question_id'][:100]!r}) is"
+            f" {too_big['size']:,} bytes, over the {MAX_QUESTION_BYTES:,} a question may be"
+        )
     return [
         QuizQuestion(
             r["question_id"],
