@@ -417,3 +417,21 @@ async def test_jobs_why_names_each_reason(pool: asyncpg.Pool, db_url: str, works
     for _ in range(2):
         await job(", priority) VALUES ($1, 'noop', '{}', 9)")
     assert "waiting behind 2 due jobs of higher priority" in await why(lone)
+
+
+async def test_caps_of_other_types_by_the_thousand_never_stop_a_worker(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """Every worker read the caps of every job type ever written, as one JSON object: 30,000
+    caps of 10 kB names (13 MB on disk, compressed) passed the 256 MB PostgreSQL builds one
+    to, the read failed, and no worker started. A worker reads the caps of its own types."""
+    await pool.execute(
+        "INSERT INTO job_type_limits (job_type, max_running)"
+        " SELECT i || repeat('x', 10000), 1 FROM generate_series(1, 30000) AS i"
+    )
+    await pool.execute("INSERT INTO job_type_limits (job_type, max_running) VALUES ('noop', 2)")
+    await insert_jobs(pool, workspace, 20)
+    await run_burst(pool, db_url)
+    assert (await statuses(pool)) == {"completed": 20}
+    limits = await store.limits(pool, ["noop", "whisper_transcribe"])
+    assert (limits.type_caps, limits.workspace_capped) == ({"noop": 2}, False)

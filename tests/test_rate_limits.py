@@ -171,8 +171,6 @@ async def test_a_pause_until_infinity_defers_its_calls_and_leaves_every_limit_re
     year_s = 365 * 86400
     limits = await store.limits(pool)
     assert limits.type_caps == {"noop": 3}
-    assert year_s - 60 <= limits.rates["forever"]["paused_for_s"] <= year_s + 86400
-    assert limits.rates["never"]["paused_for_s"] == 0
     granted, wait_s = await store.rate_acquire(pool, "forever", 0.5)
     assert not granted and year_s - 60 <= wait_s <= year_s + 86400
     assert (await store.rate_acquire(pool, "never", 0.5))[0]

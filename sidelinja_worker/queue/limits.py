@@ -20,7 +20,7 @@ from sidelinja_worker.queue.errors import Defer
 
 log = logging.getLogger("sidelinja_worker.limits")
 
-NO_LIMITS = store.Limits(type_caps={}, workspace_caps=0, fair=True, rates={})
+NO_LIMITS = store.Limits(type_caps={}, workspace_capped=False, fair=True)
 # The least time between two reads of the limits. A notification is a hint any role may send,
 # as fast as it likes; read once per notification, a stream of them made every worker query the
 # limit tables back to back.
@@ -28,9 +28,16 @@ RELOAD_MIN_S = 0.1
 
 
 class LimitsCache:
-    def __init__(self, pool: asyncpg.Pool, refresh_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        refresh_s: float = 5.0,
+        job_types: Sequence[str] | None = None,
+    ) -> None:
+        """`job_types`: the types whose caps are read (None: every type's)."""
         self.current = NO_LIMITS
         self._pool = pool
+        self._job_types = job_types
         self._refresh_s = refresh_s
         self._changed = asyncio.Event()
 
@@ -38,7 +45,7 @@ class LimitsCache:
         self._changed.set()
 
     async def load(self) -> None:
-        self.current = await store.limits(self._pool)
+        self.current = await store.limits(self._pool, self._job_types)
 
     async def run(self) -> None:
         while True:
@@ -58,7 +65,7 @@ class LimitsCache:
     def capped(self, job_types: Sequence[str]) -> bool:
         """Whether a claim for these types must count running jobs against a cap."""
         lim = self.current
-        return lim.workspace_caps > 0 or self.type_capped(job_types)
+        return lim.workspace_capped or self.type_capped(job_types)
 
     def type_capped(self, job_types: Sequence[str]) -> bool:
         """Whether any of these types has a cap (the claim must rank jobs per type)."""

@@ -489,16 +489,17 @@ async def workspace_exists(conn: Conn, workspace_id: UUID) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    type_caps: dict[str, int]
-    workspace_caps: int  # how many workspaces have a cap
+    type_caps: dict[str, int]  # of the job types asked for
+    workspace_capped: bool  # whether any workspace has a cap
     fair: bool
-    rates: dict[str, dict[str, Any]]
 
 
-async def limits(conn: Conn) -> Limits:
-    row = await conn.fetchrow(Q["limits"], timeout=STATEMENT_TIMEOUT_S)
+async def limits(conn: Conn, job_types: Sequence[str] | None = None) -> Limits:
+    """The limits a worker of `job_types` (None: every type) claims under."""
+    types = None if job_types is None else list(job_types)
+    row = await conn.fetchrow(Q["limits"], types, timeout=STATEMENT_TIMEOUT_S)
     assert row is not None
-    return Limits(dict(row[0]), int(row[1]), bool(row[2]), dict(row[3]))
+    return Limits(dict(row[0]), bool(row[1]), bool(row[2]))
 
 
 async def rate_acquire(conn: Conn, key: str, margin_s: float) -> tuple[bool, float]:

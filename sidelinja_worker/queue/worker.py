@@ -117,7 +117,7 @@ class Worker:
         self._queue_pool = pool
         self._lease_pool = pool
         self._writer = OutcomeWriter(pool, self.id)
-        self._limits = LimitsCache(pool)
+        self._limits = LimitsCache(pool, job_types=self.job_types)
         self._config = config or ServiceConfig.from_env()
         self._services: Services | None = None
         self.claimed_total = 0

@@ -331,19 +331,17 @@ WHERE ctid = ANY(ARRAY(SELECT ctid FROM chosen))
 SELECT pg_advisory_xact_lock(7226133950251622721);
 
 -- name: limits
--- Everything a worker caches about limits; re-read on `sidelinja_limits_changed`. A pause is
--- counted up to a year ahead: an operator's `paused_until = 'infinity'` (paused until further
--- notice) cannot be subtracted from, and failing here would leave every worker without the
--- caps it must count.
+-- Everything a worker caches about limits; re-read on `sidelinja_limits_changed` and every few
+-- seconds: the caps of the worker's job types $1 (NULL: every type), whether any workspace has
+-- a cap, and whether claims are fair. Only what the worker's claims need, however many rows the
+-- tables hold: the caps of every type ever written, names of any length included, came back
+-- as one JSON object, and past 256 MB PostgreSQL refused to build it, failing every worker's
+-- start. Rate limits are read at each call (rate_acquire), never cached.
 SELECT
-    (SELECT coalesce(jsonb_object_agg(job_type, max_running), '{}') FROM job_type_limits) AS type_caps,
-    (SELECT count(*) FROM workspace_limits) AS workspace_caps,
-    (SELECT coalesce((SELECT value = 'true' FROM queue_settings WHERE name = 'fair_workspaces'), true)) AS fair,
-    (SELECT coalesce(jsonb_object_agg(key, jsonb_build_object(
-         'max_requests', max_requests, 'per_s', per_s,
-         'paused_for_s', extract(epoch FROM least(greatest(paused_until, now()),
-                                                   now() + interval '1 year') - now()))), '{}')
-     FROM rate_limits) AS rates;
+    (SELECT coalesce(jsonb_object_agg(job_type, max_running), '{}') FROM job_type_limits
+     WHERE $1::text[] IS NULL OR job_type = ANY($1::text[])) AS type_caps,
+    EXISTS (SELECT FROM workspace_limits) AS workspace_capped,
+    (SELECT coalesce((SELECT value = 'true' FROM queue_settings WHERE name = 'fair_workspaces'), true)) AS fair;
 
 -- name: rate_acquire
 -- One call to the service `$1` if the limit allows it now: records the grant and returns
