@@ -963,3 +963,37 @@ async def test_a_quiz_of_absurd_questions_fails_the_moderation_unread(
     assert message in row["error_msg"], row["error_msg"]
     assert peak[0] < 100_000_000, peak
     assert not [r for r in ai_gateway.requests if r.path.endswith("/embeddings")]
+
+
+async def test_a_question_s_absurd_model_name_and_hash_read_as_missing(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> None:
+    # A model name and a hash of 50 MB each (any writer's), compared with the job's model and
+    # the text's SHA-256: both came over the connection whole. They read as missing, and the
+    # question is embedded again, its stored model and hash set right.
+    ai_gateway.vector = topic_vector
+    ai_gateway.answers["Review"] = review
+    await add_questions(pool, workspace, "q1", {"q-vind": "Bør det bygges mer havvind?"})
+    await pool.execute(
+        "UPDATE valgomat_questions SET embedding_model = repeat('m', 50000000),"
+        " embedding_sha256 = convert_to(repeat('h', 50000000), 'UTF8'),"
+        " embedding = array_fill(0.5::real, ARRAY[5]) WHERE workspace_id = $1",
+        workspace,
+    )
+    job_id = await client.enqueue(
+        pool,
+        workspace,
+        "valgomat_moderation",
+        {"quiz_id": "q1", "question": "Havvind?", "submission_ref": "sub-1"},
+    )
+    with peak_memory() as peak:
+        await run_burst(pool, db_url, config=config(ai_gateway))
+    row = await job(pool, job_id)
+    assert row["status"] == "completed", row["error_msg"]
+    assert peak[0] < 60_000_000, peak
+    [emb] = [r for r in ai_gateway.requests if r.path.endswith("/embeddings")]
+    assert emb.body["input"] == ["Havvind?", "Bør det bygges mer havvind?"]
+    stored = await pool.fetchrow(
+        "SELECT embedding_model, octet_length(embedding_sha256) AS hash FROM valgomat_questions"
+    )
+    assert (stored["embedding_model"], stored["hash"]) == (DEFAULT_EMBEDDING_MODEL, 32)

@@ -61,11 +61,13 @@ RETURNING id
 -- are unchanged, so nothing else ever would. NaN sorts above Infinity in PostgreSQL.
 -- Questions are any writer's rows: at most $3 + 1 come back, `questions` counting them all
 -- (and none with its vector when they are more than $3); a text or id over $4 bytes comes back
--- NULL with its `size`; a vector longer than 16,000 (no model's) reads as missing. The caller
--- refuses the quiz over a cap, or embeds the question again.
+-- NULL with its `size`; a vector longer than 16,000 (no model's), a model name over 500 bytes
+-- or a hash that is no SHA-256 reads as missing. The caller refuses the quiz over a cap, or
+-- embeds the question again.
 SELECT CASE WHEN size <= $4 THEN question_id ELSE left(question_id, 100) END AS question_id,
-       CASE WHEN size <= $4 THEN text END AS text, size, embedding_model,
-       embedding_sha256,
+       CASE WHEN size <= $4 THEN text END AS text, size,
+       CASE WHEN octet_length(embedding_model) <= 500 THEN embedding_model END AS embedding_model,
+       CASE WHEN octet_length(embedding_sha256) = 32 THEN embedding_sha256 END AS embedding_sha256,
        CASE WHEN count(*) OVER () <= $3
              AND array_ndims(embedding) = 1 AND array_length(embedding, 1) <= 16000
              AND (SELECT bool_and(coalesce(x > '-Infinity' AND x < 'Infinity', false))
