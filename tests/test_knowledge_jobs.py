@@ -920,6 +920,22 @@ async def test_an_answer_nested_past_the_parsers_limit_fails_its_json_check(
     ]
 
 
+async def moderate_measured(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
+) -> tuple[asyncpg.Record, int]:
+    """One moderation of 'Havvind?' against quiz q1, run to its end: its row, and the most
+    memory the process took for it."""
+    job_id = await client.enqueue(
+        pool,
+        workspace,
+        "valgomat_moderation",
+        {"quiz_id": "q1", "question": "Havvind?", "submission_ref": "sub-1"},
+    )
+    with peak_memory() as peak:
+        await run_burst(pool, db_url, config=config(ai_gateway))
+    return await job(pool, job_id), peak[0]
+
+
 @pytest.mark.parametrize(
     "questions_sql, message",
     [
@@ -950,18 +966,10 @@ async def test_a_quiz_of_absurd_questions_fails_the_moderation_unread(
         " embedding_model, embedding_sha256, embedding) " + questions_sql,
         workspace,
     )
-    job_id = await client.enqueue(
-        pool,
-        workspace,
-        "valgomat_moderation",
-        {"quiz_id": "q1", "question": "Havvind?", "submission_ref": "sub-1"},
-    )
-    with peak_memory() as peak:
-        await run_burst(pool, db_url, config=config(ai_gateway))
-    row = await job(pool, job_id)
+    row, peak = await moderate_measured(pool, db_url, workspace, ai_gateway)
     assert (row["status"], row["attempts"]) == ("error", 1)
     assert message in row["error_msg"], row["error_msg"]
-    assert peak[0] < 100_000_000, peak
+    assert peak < 100_000_000, peak
     assert not [r for r in ai_gateway.requests if r.path.endswith("/embeddings")]
 
 
@@ -980,17 +988,9 @@ async def test_a_question_s_absurd_model_name_and_hash_read_as_missing(
         " embedding = array_fill(0.5::real, ARRAY[5]) WHERE workspace_id = $1",
         workspace,
     )
-    job_id = await client.enqueue(
-        pool,
-        workspace,
-        "valgomat_moderation",
-        {"quiz_id": "q1", "question": "Havvind?", "submission_ref": "sub-1"},
-    )
-    with peak_memory() as peak:
-        await run_burst(pool, db_url, config=config(ai_gateway))
-    row = await job(pool, job_id)
+    row, peak = await moderate_measured(pool, db_url, workspace, ai_gateway)
     assert row["status"] == "completed", row["error_msg"]
-    assert peak[0] < 60_000_000, peak
+    assert peak < 60_000_000, peak
     [emb] = [r for r in ai_gateway.requests if r.path.endswith("/embeddings")]
     assert emb.body["input"] == ["Havvind?", "Bør det bygges mer havvind?"]
     stored = await pool.fetchrow(
