@@ -51,7 +51,9 @@ async def test_each_claims_generic_plan_uses_its_index(
 ) -> None:
     """The plan the worker's claim pool runs (a generic plan, as db.GENERIC_PLANS sets), over
     20,000 finished jobs and a few thousand pending ones in several workspaces: the claim reaches
-    job_queue through its index, never a sequential scan, and never reads `workspaces`."""
+    job_queue through its index, never a sequential scan, and never reads `workspaces`. Nor
+    does it read the pauses whole: it looks its types up by key (an operator's 100,000 pauses
+    of other types made a claim of 50 take 12 ms, where it takes 1)."""
     spaces = [workspace] + [await make_workspace(pool, f"w{i}") for i in range(4)]
     await pool.execute(
         "INSERT INTO job_queue (workspace_id, job_type, payload, status, completed_at)"
@@ -60,7 +62,11 @@ async def test_each_claims_generic_plan_uses_its_index(
     )
     for ws in spaces:
         await insert_jobs(pool, ws, 500)
+    await pool.execute(
+        "INSERT INTO job_type_pauses (job_type) SELECT 'other ' || i FROM generate_series(1, 10000) i"
+    )
     await pool.execute("ANALYZE job_queue")
+    await pool.execute("ANALYZE job_type_pauses")
     worker_id = await _worker(pool, ["noop"])
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
@@ -78,6 +84,8 @@ async def test_each_claims_generic_plan_uses_its_index(
     assert claimed == 50, plan
     assert "Seq Scan on job_queue" not in plan, plan
     assert "on workspaces" not in plan, plan
+    pause_scans = [ln for ln in plan.splitlines() if "Seq Scan on job_type_pauses" in ln]
+    assert all("never executed" in ln for ln in pause_scans), plan  # only for a claim of all types
     assert "Tid Scan on job_queue" in plan, plan  # the UPDATE reads the locked versions by ctid
     for index in PLAN_INDEXES[name]:
         assert index in plan, plan

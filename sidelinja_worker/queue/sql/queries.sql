@@ -20,6 +20,8 @@
 -- version is not the one the TID scan finds, so it is left as it is, still due, for the next
 -- claim: never claimed twice, never lost. The obvious `UPDATE ... FROM picked` is often
 -- planned as a hash join over the whole table.
+-- A claim looks each of its job types up among the pauses by key, never reads the pauses
+-- whole: an operator's 100,000 pauses of other types made a claim of 50 take 12 ms, not 0.7.
 -- Every claim ends in the same UPDATE of the rows it chose: `_claim_set` and
 -- `_claim_returning` below, included (queries.parse).
 
@@ -58,8 +60,10 @@ WITH picked AS (
     WHERE status IN ('pending', 'retry')
       AND scheduled_for <= coalesce($4::timestamptz, statement_timestamp())
       AND ($3::text[] IS NULL OR job_type = ANY(ARRAY(
-               SELECT unnest($3::text[]) EXCEPT SELECT job_type FROM job_type_pauses)))
-      AND ($3::text[] IS NOT NULL OR job_type <> ALL(ARRAY(SELECT job_type FROM job_type_pauses)))
+               SELECT t FROM unnest($3::text[]) AS t
+               WHERE NOT EXISTS (SELECT FROM job_type_pauses p WHERE p.job_type = t))))
+      AND ($3::text[] IS NOT NULL
+           OR NOT EXISTS (SELECT FROM job_type_pauses p WHERE p.job_type = job_queue.job_type))
       AND EXISTS (SELECT 1 FROM job_workers w
                   WHERE w.id = $1 AND w.expires_at > coalesce($4::timestamptz, statement_timestamp()))
     ORDER BY priority DESC, scheduled_for
@@ -83,7 +87,7 @@ WITH type_room AS (
                          WHERE r.status = 'running' AND r.job_type = l.job_type), 0)
                      FROM job_type_limits l WHERE l.job_type = t.job_type), $2) AS room
     FROM unnest($3::text[]) AS t(job_type)
-    WHERE t.job_type NOT IN (SELECT job_type FROM job_type_pauses)
+    WHERE NOT EXISTS (SELECT FROM job_type_pauses p WHERE p.job_type = t.job_type)
 ), candidates AS (
     SELECT j.ctid, j.priority, j.scheduled_for, j.job_type
     FROM job_queue j
@@ -136,7 +140,8 @@ WHERE ctid = ANY(ARRAY(SELECT ctid FROM chosen))
 --    taken straight from its index: no windows, no sort, no materialised rows (the common
 --    case of a backlog from one workspace).
 WITH RECURSIVE open_types AS MATERIALIZED (
-    SELECT ARRAY(SELECT unnest($3::text[]) EXCEPT SELECT job_type FROM job_type_pauses) AS types
+    SELECT ARRAY(SELECT t FROM unnest($3::text[]) AS t
+                 WHERE NOT EXISTS (SELECT FROM job_type_pauses p WHERE p.job_type = t)) AS types
 ), due_workspaces AS (
     (SELECT j.workspace_id AS id, j.priority, j.scheduled_for
      FROM job_queue j
@@ -241,7 +246,7 @@ WITH RECURSIVE type_room AS (
                          WHERE r.status = 'running' AND r.job_type = l.job_type), 0)
                      FROM job_type_limits l WHERE l.job_type = t.job_type), $2) AS room
     FROM unnest($3::text[]) AS t(job_type)
-    WHERE t.job_type NOT IN (SELECT job_type FROM job_type_pauses)
+    WHERE NOT EXISTS (SELECT FROM job_type_pauses p WHERE p.job_type = t.job_type)
 ), open_types AS MATERIALIZED (
     SELECT coalesce(array_agg(job_type), '{}') AS types FROM type_room WHERE room > 0
 ), due_workspaces AS (
@@ -843,7 +848,8 @@ SELECT
         SELECT 1 FROM job_queue
         WHERE status IN ('pending', 'retry') AND scheduled_for <= now()
           AND job_type = ANY(ARRAY(
-                  SELECT unnest($1::text[]) EXCEPT SELECT job_type FROM job_type_pauses))
+                  SELECT t FROM unnest($1::text[]) AS t
+                  WHERE NOT EXISTS (SELECT FROM job_type_pauses p WHERE p.job_type = t)))
         LIMIT 1) d) AS due,
     (SELECT count(*) FROM job_queue WHERE status = 'running' AND job_type = ANY($1::text[]))
         AS running;
