@@ -295,3 +295,31 @@ async def test_a_worker_s_exit_gives_back_its_rows_by_the_hundred_thousand_in_sh
 
 async def _quick(ctx: JobContext, payload: Any) -> None:
     return None
+
+
+async def test_a_job_of_a_hundred_thousand_children_reads_a_thousand(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """Any writer may give a job children by the hundred thousand (rows of job_dependencies in
+    its workspace): `ctx.children()`, which whisper_transcribe asked whether it had an
+    srt_parse child, read every one of them, and `jobs show` printed them all. A thousand of
+    each relation are read, unfinished first, the rest counted; whisper asks the one question."""
+    parent = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'noop', '{}')"
+        " RETURNING id",
+        workspace,
+    )
+    await pool.execute(
+        "WITH kids AS (INSERT INTO job_queue (workspace_id, job_type, payload, created_at)"
+        "  SELECT $1, CASE WHEN i = 100000 THEN 'srt_parse' ELSE 'noop' END, '{}',"
+        "         now() + interval '1 second'"
+        "  FROM generate_series(1, 100000) AS i RETURNING id)"
+        " INSERT INTO job_dependencies (parent_id, child_id) SELECT $2, id FROM kids",
+        workspace,
+        parent,
+    )
+    rows = await store.job_relatives(pool, parent)
+    children = [r for r in rows if r["relation"] == "child"]
+    assert (len(children), children[0]["more"]) == (store.MAX_RELATIVES, 99_000)
+    assert await store.has_child(pool, parent, "srt_parse")
+    assert not await store.has_child(pool, parent, "whisper_transcribe")

@@ -189,6 +189,10 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
                 "parents": _relatives(relatives, "parent"),
                 "children": _relatives(relatives, "child"),
             }
+            for relation, key in (("parent", "more_parents"), ("child", "more_children")):
+                more = max((r["more"] for r in relatives if r["relation"] == relation), default=0)
+                if more:  # past store.MAX_RELATIVES: counted, not listed
+                    shown[key] = more
             text = json.dumps(shown, indent=2, default=_json_default, ensure_ascii=False)
             print(printable_json(text))
             return 0

@@ -212,9 +212,14 @@ class JobContext:
         return self._parents
 
     async def children(self) -> list[tuple[UUID, str, str]]:
-        """This job's children already in the table: (id, job_type, status)."""
+        """This job's children already in the table: (id, job_type, status), at most
+        store.MAX_RELATIVES of them, unfinished ones first (any writer may add more)."""
         rows = await store.job_relatives(self.services.pool, self.job_id)
         return [(r["id"], r["job_type"], r["status"]) for r in rows if r["relation"] == "child"]
+
+    async def has_child(self, job_type: str) -> bool:
+        """Whether this job has a child of `job_type` in the table, however many it has."""
+        return await store.has_child(self.services.pool, self.job_id, job_type)
 
     async def parent_result(self, job_type: str) -> Any:
         """The result of this job's parent of type `job_type` (the last one if several);

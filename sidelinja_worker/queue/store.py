@@ -273,8 +273,19 @@ async def parent_results(conn: Conn, job_id: UUID, max_bytes: int) -> list[async
     return await conn.fetch(Q["parent_results"], job_id, max_bytes, timeout=STATEMENT_TIMEOUT_S)
 
 
-async def job_relatives(conn: Conn, job_id: UUID) -> list[asyncpg.Record]:
-    return await conn.fetch(Q["job_relatives"], job_id, timeout=STATEMENT_TIMEOUT_S)
+# The most parents, and children, of one job read at once (`more` counts the rest).
+MAX_RELATIVES = 1000
+
+
+async def job_relatives(
+    conn: Conn, job_id: UUID, limit: int = MAX_RELATIVES
+) -> list[asyncpg.Record]:
+    """The job's parents and children, at most `limit` of each, unfinished ones first."""
+    return await conn.fetch(Q["job_relatives"], job_id, limit, timeout=STATEMENT_TIMEOUT_S)
+
+
+async def has_child(conn: Conn, job_id: UUID, job_type: str) -> bool:
+    return bool(await conn.fetchval(Q["has_child"], job_id, job_type, timeout=STATEMENT_TIMEOUT_S))
 
 
 async def find_by_unique_keys(

@@ -58,7 +58,7 @@ async def run_whisper_transcribe(ctx: JobContext, payload: WhisperTranscribePayl
     commit = await _commit(ctx, payload, srt_text, model)
     # In a graph made with its srt_parse (the episode pipeline), that child reads this job's
     # result; on its own, it adds the parse as its child, pinned to the commit just made.
-    if not any(job_type == "srt_parse" for _, job_type, _ in await ctx.children()):
+    if not await ctx.has_child("srt_parse"):
         follow_up = _srt_parse_payload(payload, commit)
         ctx.add_child(NewJob(ctx.workspace_id, "srt_parse", follow_up))
     return {

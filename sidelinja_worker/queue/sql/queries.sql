@@ -616,16 +616,28 @@ ORDER BY p.created_at, p.id;
 
 -- name: job_relatives
 -- A job's parents and children, for `jobs show`, `jobs why` and `ctx.children()`; each type to
--- its first 200 characters, as in `parent_results`.
-SELECT 'parent' AS relation, p.id, left(p.job_type, 200) AS job_type, p.status::text AS status,
-       d.run_anyway
-FROM job_dependencies d JOIN job_queue p ON p.id = d.parent_id
-WHERE d.child_id = $1
+-- its first 200 characters, as in `parent_results`. At most $2 of each, unfinished ones first
+-- (what `jobs why` names), then by type and id: any writer may give a job a million
+-- relatives, and each came back. `more` is how many of that relation are left out.
+(SELECT 'parent' AS relation, p.id, left(p.job_type, 200) AS job_type, p.status::text AS status,
+        d.run_anyway, greatest(count(*) OVER () - $2, 0) AS more
+ FROM job_dependencies d JOIN job_queue p ON p.id = d.parent_id
+ WHERE d.child_id = $1
+ ORDER BY p.status IN ('completed', 'error', 'cancelled'), 3, 2
+ LIMIT $2)
 UNION ALL
-SELECT 'child', c.id, left(c.job_type, 200), c.status::text, d.run_anyway
-FROM job_dependencies d JOIN job_queue c ON c.id = d.child_id
-WHERE d.parent_id = $1
+(SELECT 'child', c.id, left(c.job_type, 200), c.status::text, d.run_anyway,
+        greatest(count(*) OVER () - $2, 0)
+ FROM job_dependencies d JOIN job_queue c ON c.id = d.child_id
+ WHERE d.parent_id = $1
+ ORDER BY c.status IN ('completed', 'error', 'cancelled'), 3, 2
+ LIMIT $2)
 ORDER BY 1 DESC, 3, 2;
+
+-- name: has_child
+-- Whether the job has a child of type $2, looked up without reading its other children.
+SELECT EXISTS (SELECT FROM job_dependencies d JOIN job_queue c ON c.id = d.child_id
+               WHERE d.parent_id = $1 AND c.job_type = $2);
 
 -- name: find_by_unique_keys
 -- The holders of (workspace, key) pairs: a key is unique within its workspace only.
