@@ -74,6 +74,25 @@ async def test_a_running_job_set_back_to_pending_runs_once_here_and_the_worker_l
     assert runs == [job]
 
 
+async def join_of_parents(
+    pool: asyncpg.Pool, workspace: UUID, parents: int, parent_type_sql: str
+) -> UUID:
+    """A pending job of type `join` whose parents are `parents` completed jobs, each of the
+    type the SQL expression `parent_type_sql` gives, with the result `{}`."""
+    return await pool.fetchval(
+        "WITH parents AS (INSERT INTO job_queue (workspace_id, job_type, payload, status,"
+        f"   result, created_at) SELECT $1, {parent_type_sql}, '{{}}', 'completed', '{{}}',"
+        "   now() - interval '1 s' FROM generate_series(1, $2) RETURNING id),"
+        " joined AS (INSERT INTO job_queue (workspace_id, job_type, payload)"
+        "   VALUES ($1, 'join', '{}') RETURNING id),"
+        " edges AS (INSERT INTO job_dependencies (parent_id, child_id)"
+        "   SELECT p.id, j.id FROM parents p, joined j)"
+        " SELECT id FROM joined",
+        workspace,
+        parents,
+    )
+
+
 async def test_relatives_with_types_of_megabytes_are_read_within_the_joins_cap(
     pool: asyncpg.Pool, db_url: str, workspace: UUID
 ) -> None:
@@ -89,18 +108,7 @@ async def test_relatives_with_types_of_megabytes_are_read_within_the_joins_cap(
         seen["parents"] = sum(len(p.job_type) for p in await ctx.parent_results())
         seen["children"] = sum(len(t) for _, t, _ in await ctx.children())
 
-    child = await pool.fetchval(
-        "WITH parents AS (INSERT INTO job_queue (workspace_id, job_type, payload, status,"
-        "   result, created_at)"
-        "   SELECT $1, repeat('p', 2000000), '{}', 'completed', '{}', now() - interval '1 s'"
-        "   FROM generate_series(1, 40) RETURNING id),"
-        " joined AS (INSERT INTO job_queue (workspace_id, job_type, payload)"
-        "   VALUES ($1, 'join', '{}') RETURNING id),"
-        " edges AS (INSERT INTO job_dependencies (parent_id, child_id)"
-        "   SELECT p.id, j.id FROM parents p, joined j)"
-        " SELECT id FROM joined",
-        workspace,
-    )
+    child = await join_of_parents(pool, workspace, 40, "repeat('p', 2000000)")
     await pool.execute(
         "WITH children AS (INSERT INTO job_queue (workspace_id, job_type, payload,"
         "   created_at) SELECT $1, repeat('c', 2000000), '{}', now() + interval '1 s'"
@@ -323,3 +331,21 @@ async def test_a_job_of_a_hundred_thousand_children_reads_a_thousand(
     assert (len(children), children[0]["more"]) == (store.MAX_RELATIVES, 99_000)
     assert await store.has_child(pool, parent, "srt_parse")
     assert not await store.has_child(pool, parent, "whisper_transcribe")
+
+
+async def test_a_join_of_a_hundred_thousand_parents_fails_without_reading_them(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """`ctx.parent_results()` read every parent (its results within the 64 MiB cap, but a row
+    per parent however many): 100,000 parents with no result came back whole. A handler reads
+    at most as many parents as a join of its own may have; more fails the job, naming them."""
+    read: list[int] = []
+
+    async def join(ctx: JobContext, payload: Any) -> None:
+        read.append(len(await ctx.parent_results()))
+
+    joined = await join_of_parents(pool, workspace, 100_000, "'done'")
+    await run_burst(pool, db_url, Registry([job_type("join", join)]))
+    row = await store.get_job(pool, joined)
+    assert (row["status"], read) == ("error", []), row["error_msg"]
+    assert row["error_msg"] == "this job has 100,000 parents, over the 10,000 a handler reads"

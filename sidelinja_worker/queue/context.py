@@ -196,11 +196,19 @@ class JobContext:
 
     async def parent_results(self) -> list[ParentResult]:
         """This job's parents in a graph (oldest first), each with its status and result.
-        Their results together are at most MAX_PARENT_RESULTS_BYTES of JSON; more is a
-        PermanentError, and no more than that is ever read."""
+        Their results together are at most MAX_PARENT_RESULTS_BYTES of JSON, and they are at
+        most MAX_FOLLOW_UPS (what a handler's join may add); more is a PermanentError, and no
+        more than that is ever read."""
         if self._parents is None:
             cap = MAX_PARENT_RESULTS_BYTES
-            rows = await store.parent_results(self.services.pool, self.job_id, cap)
+            rows = await store.parent_results(
+                self.services.pool, self.job_id, cap, MAX_FOLLOW_UPS + 1
+            )
+            if rows and rows[0]["parents"] > MAX_FOLLOW_UPS:
+                raise PermanentError(
+                    f"this job has {rows[0]['parents']:,} parents, over the"
+                    f" {MAX_FOLLOW_UPS:,} a handler reads"
+                )
             if rows and rows[0]["total"] > cap:
                 raise PermanentError(
                     f"the results of this job's {len(rows)} parents are {rows[0]['total']:,}"

@@ -267,10 +267,14 @@ async def job_payload(conn: Conn, job_id: UUID, max_bytes: int) -> tuple[int, An
     return None if row is None else (row["size"], row["payload"])
 
 
-async def parent_results(conn: Conn, job_id: UUID, max_bytes: int) -> list[asyncpg.Record]:
-    """The job's parents (id, job_type, status, result, total); results only within
-    `max_bytes` of JSON together (see the query)."""
-    return await conn.fetch(Q["parent_results"], job_id, max_bytes, timeout=STATEMENT_TIMEOUT_S)
+async def parent_results(
+    conn: Conn, job_id: UUID, max_bytes: int, max_parents: int
+) -> list[asyncpg.Record]:
+    """The job's first `max_parents` parents (id, job_type, status, result, total, parents);
+    results only within `max_bytes` of JSON together (see the query)."""
+    return await conn.fetch(
+        Q["parent_results"], job_id, max_bytes, max_parents, timeout=STATEMENT_TIMEOUT_S
+    )
 
 
 # The most parents, and children, of one job read at once (`more` counts the rest).

@@ -601,10 +601,11 @@ WHERE j.id = $1;
 -- result comes back only while the results so far fit in $2 bytes of JSON, and `total` is
 -- all of theirs together, for the caller to refuse a join over it. A result stored bigger than
 -- $2 is counted by its stored size, never decompressed. A parent's type is any text a writer
--- gave it, megabytes included; no job type is longer than its first 200 characters.
+-- gave it, megabytes included; no job type is longer than its first 200 characters. At most $3
+-- parents come back, `parents` counting them all: any writer may give a job a million.
 SELECT p.id, left(p.job_type, 200) AS job_type, p.status::text AS status,
        CASE WHEN sum(s.size) OVER (ORDER BY p.created_at, p.id) <= $2 THEN p.result END AS result,
-       sum(s.size) OVER () AS total
+       sum(s.size) OVER () AS total, count(*) OVER () AS parents
 FROM job_dependencies d
 JOIN job_queue p ON p.id = d.parent_id
 CROSS JOIN LATERAL (
@@ -612,7 +613,8 @@ CROSS JOIN LATERAL (
                 ELSE coalesce(octet_length(p.result::text), 0)::bigint END AS size
 ) s
 WHERE d.child_id = $1
-ORDER BY p.created_at, p.id;
+ORDER BY p.created_at, p.id
+LIMIT $3;
 
 -- name: job_relatives
 -- A job's parents and children, for `jobs show`, `jobs why` and `ctx.children()`; each type to
