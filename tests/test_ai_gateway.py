@@ -15,7 +15,7 @@ import pytest
 from sidelinja_worker.queue import client
 from sidelinja_worker.queue.config import Secret, ServiceConfig
 from sidelinja_worker.queue.errors import PermanentError, RetryJob
-from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
+from sidelinja_worker.queue.limits import RateLimiter
 from sidelinja_worker.services import ai_gateway as gateway_module
 from sidelinja_worker.services.ai_gateway import AiGateway
 from tests.fakes.ai_gateway_server import (  # noqa: F401
@@ -235,9 +235,7 @@ async def test_the_key_never_reaches_errors_results_or_logs(
 @pytest.fixture
 async def gateway(pool: asyncpg.Pool, ai_gateway: FakeAiGateway) -> AsyncIterator[AiGateway]:
     async with httpx.AsyncClient() as http:
-        yield AiGateway(
-            http, ai_gateway.url, Secret(ai_gateway.key), RateLimiter(pool, LimitsCache(pool))
-        )
+        yield AiGateway(http, ai_gateway.url, Secret(ai_gateway.key), RateLimiter(pool))
 
 
 async def test_embeddings_come_back_in_input_order(

@@ -26,7 +26,7 @@ from sidelinja_worker.jobs.ai.dictation_cleanup import Note, NoteTask
 from sidelinja_worker.jobs.ai.meeting_summarize import Minutes
 from sidelinja_worker.queue.config import Secret
 from sidelinja_worker.queue.errors import PermanentError
-from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
+from sidelinja_worker.queue.limits import RateLimiter
 from sidelinja_worker.services import ai_requests
 from sidelinja_worker.services.ai_gateway import AiGateway
 from tests.fakes.hostile_server import hostile_server, json_answer
@@ -83,7 +83,7 @@ async def sink() -> AsyncIterator[str]:
 async def test_a_huge_request_body_is_encoded_off_the_event_loop(pool: asyncpg.Pool) -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": HUGE_TEXT}]}
     async with sink() as url, httpx.AsyncClient() as http:
-        gateway = AiGateway(http, url, Secret("k"), RateLimiter(pool, LimitsCache(pool)))
+        gateway = AiGateway(http, url, Secret("k"), RateLimiter(pool))
         # The first request imports httpx's network backend and opens anyio's: not timed.
         await gateway.chat({"model": "m", "messages": [{"role": "user", "content": "hei"}]})
         with longest_stall() as longest:
@@ -121,7 +121,7 @@ async def test_an_answer_holding_a_lone_surrogate_is_read_as_text(
     # fed the answer back could not be sent, an unexpected error instead of the job's outcome.
     answer = rb'{"choices": [{"message": {"content": "{\"summary\": \"x\ud800\"}"}}]}'
     async with hostile_server(json_answer(answer)) as server, httpx.AsyncClient() as http:
-        gateway = AiGateway(http, server.url, Secret("k"), RateLimiter(pool, LimitsCache(pool)))
+        gateway = AiGateway(http, server.url, Secret("k"), RateLimiter(pool))
         got = await gateway.structured("m", [{"role": "user", "content": "hei"}], Summary)
     assert got.value.summary == "x?"  # kept as text, the character no encoder takes replaced
     assert len(server.requests) == 1
@@ -203,7 +203,7 @@ async def test_an_answer_of_millions_of_items_is_refused_unparsed(pool: asyncpg.
     content = orjson.dumps({"values": [1] * 3_000_000}).decode()
     answer = orjson.dumps({"choices": [{"message": {"content": content}}]})
     async with hostile_server(json_answer(answer)) as server, httpx.AsyncClient() as http:
-        gateway = AiGateway(http, server.url, Secret("k"), RateLimiter(pool, LimitsCache(pool)))
+        gateway = AiGateway(http, server.url, Secret("k"), RateLimiter(pool))
         with longest_stall() as longest, pytest.raises(PermanentError) as refused:
             await asyncio.sleep(0)  # a new step, timed: this one started before the block
             await gateway.structured("m", [{"role": "user", "content": "tell"}], Numbers)
@@ -235,7 +235,7 @@ async def test_answers_combined_by_the_model_are_written_as_json_off_the_event_l
     answer = orjson.dumps({"choices": [{"message": {"content": small}}]})
     settings = resolve_settings({}, meeting_summarize.TASK)
     async with hostile_server(json_answer(answer)) as server, httpx.AsyncClient() as http:
-        gateway = AiGateway(http, server.url, Secret("k"), RateLimiter(pool, LimitsCache(pool)))
+        gateway = AiGateway(http, server.url, Secret("k"), RateLimiter(pool))
         combined, usage = await combine_answers(
             gateway, meeting_summarize.TASK, settings, list(parts), ""
         )

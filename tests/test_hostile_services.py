@@ -36,7 +36,7 @@ import zstandard
 
 from sidelinja_worker.queue.config import Secret
 from sidelinja_worker.queue.errors import PermanentError, RetryJob
-from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
+from sidelinja_worker.queue.limits import RateLimiter
 from sidelinja_worker.services import ai_answers, ai_errors, bounded, livekit, whisper
 from sidelinja_worker.services import ai_gateway as gateway_module
 from sidelinja_worker.services.ai_answers import Usage
@@ -62,7 +62,7 @@ async def server() -> AsyncIterator[HostileServer]:
 
 
 def gateway(http: httpx.AsyncClient, url: str, pool: asyncpg.Pool) -> AiGateway:
-    return AiGateway(http, url, Secret("key-SECRET"), RateLimiter(pool, LimitsCache(pool)))
+    return AiGateway(http, url, Secret("key-SECRET"), RateLimiter(pool))
 
 
 async def transcribe(http: httpx.AsyncClient, url: str, audio: Path) -> str:

@@ -21,7 +21,7 @@ from sidelinja_worker.queue import client, store
 from sidelinja_worker.queue.config import Secret, ServiceConfig
 from sidelinja_worker.queue.db import init_connection
 from sidelinja_worker.queue.embedded import start_embedded
-from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
+from sidelinja_worker.queue.limits import RateLimiter
 from sidelinja_worker.services.ai_gateway import AiGateway
 from tests.fakes.ai_gateway_server import FakeAiGateway, ai_gateway_fixture, error  # noqa: F401
 from tests.fakes.fixtures import allow_models
@@ -176,9 +176,7 @@ async def test_similarity_search_uses_the_hnsw_index_for_1536_dimensions(
     assert await vpool.fetchval("SELECT count(*) FROM knowledge_embeddings WHERE dims = 1536") == 4
 
     async with httpx.AsyncClient() as http:
-        gateway = AiGateway(
-            http, ai_gateway.url, Secret(ai_gateway.key), RateLimiter(vpool, LimitsCache(vpool))
-        )
+        gateway = AiGateway(http, ai_gateway.url, Secret(ai_gateway.key), RateLimiter(vpool))
         found = await search(
             vpool,
             gateway,

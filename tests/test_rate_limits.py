@@ -18,7 +18,7 @@ from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.db import create_pool
 from sidelinja_worker.queue.errors import Defer, RetryJob
-from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
+from sidelinja_worker.queue.limits import RateLimiter
 from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.worker import Worker
@@ -175,7 +175,7 @@ async def test_a_pause_until_infinity_defers_its_calls_and_leaves_every_limit_re
     assert not granted and year_s - 60 <= wait_s <= year_s + 86400
     assert (await store.rate_acquire(pool, "never", 0.5))[0]
     with pytest.raises(Defer):
-        await RateLimiter(pool, LimitsCache(pool)).acquire("forever")
+        await RateLimiter(pool).acquire("forever")
 
 
 async def test_a_window_no_interval_holds_counts_as_366_days(pool: asyncpg.Pool) -> None:
@@ -192,7 +192,7 @@ async def test_a_window_no_interval_holds_counts_as_366_days(pool: asyncpg.Pool)
         granted, wait_s = await store.rate_acquire(pool, key, 0.5)
         assert not granted and 365 * 86400 < wait_s <= 366 * 86400 + 1, (key, wait_s)
         with pytest.raises(Defer):
-            await RateLimiter(pool, LimitsCache(pool)).acquire(key)
+            await RateLimiter(pool).acquire(key)
     # A grant time that is not finite is no grant: it neither fills the window nor breaks it.
     await pool.execute(
         "INSERT INTO rate_limits (key, max_requests, per_s, recent)"

@@ -83,13 +83,11 @@ class RateLimiter:
     def __init__(
         self,
         pool: asyncpg.Pool,
-        cache: LimitsCache,
         *,
         margin_s: float = 0.5,
         max_wait_s: float = 10.0,
     ) -> None:
         self._pool = pool
-        self._cache = cache
         self._margin_s = margin_s
         self._max_wait_s = max_wait_s
 
@@ -109,5 +107,4 @@ class RateLimiter:
         if seconds <= 0:
             return
         await store.rate_pause(self._pool, key, seconds)
-        await self._cache.load()  # this worker at once; the others by notification
         log.warning("%s answered 429: all workers pause it for %.0f s", key, seconds)

@@ -169,9 +169,7 @@ class Worker:
             log.warning("limits not read yet (%s)", exc)
         # One HTTP client for every handler (built in a thread below): shared connection
         # pools. Service clients set their own per-request timeouts.
-        self._services = Services(
-            self._pool, None, self._config, RateLimiter(self._pool, self._limits)
-        )
+        self._services = Services(self._pool, None, self._config, RateLimiter(self._pool))
         try:
             self._queue_pool = await open_claim_pool(self._url, self.job_types)
         except UserError as exc:  # the shared pool works: go on with it, plans left to choose
