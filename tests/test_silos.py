@@ -96,6 +96,34 @@ async def test_a_workspace_without_a_media_folder_is_told_so(
     )
 
 
+@pytest.mark.parametrize("target", ["other workspace", "media root"])
+async def test_a_workspace_folder_that_is_a_symlink_is_refused(
+    pool: asyncpg.Pool, db_url: str, tmp_path: Path, target: str
+) -> None:
+    # A's folder made a symlink to B's (or to MEDIA_ROOT itself): A's jobs read B's files
+    # through it, every check passing, as the resolved folder was taken for A's own.
+    a, b = await _workspace(pool, "a"), await _workspace(pool, "b")
+    root = tmp_path / "media"
+    (root / str(b) / "srt").mkdir(parents=True)
+    (root / str(b) / "srt" / "ep.srt").write_text(EPISODE_SRT, "utf-8")
+    (root / str(a)).symlink_to(root / str(b) if target == "other workspace" else root)
+    path = "srt/ep.srt" if target == "other workspace" else f"{b}/srt/ep.srt"
+    jobs_a = [
+        await client.enqueue(pool, a, "srt_parse", {"transcript_ref": "x", "srt_path": path}),
+        await client.enqueue(pool, a, "stats_parse", {"logs": "srt", "schedule": False}),
+    ]
+    job_b = await client.enqueue(
+        pool, b, "srt_parse", {"transcript_ref": "x", "srt_path": "srt/ep.srt"}
+    )
+    await run_burst(pool, db_url, config=ServiceConfig({"MEDIA_ROOT": str(root)}))
+    rule = f"this workspace's media folder (MEDIA_ROOT/{a}) is a symlink, refused"
+    for job_id in jobs_a:
+        status, attempts, error = await _outcome(pool, job_id)
+        assert (status, attempts) == ("error", 1) and error is not None and rule in error
+    assert (await _outcome(pool, job_b))[0] == "completed"
+    assert await pool.fetchval("SELECT count(*) FROM transcripts WHERE workspace_id = $1", a) == 0
+
+
 async def test_a_job_cannot_use_a_repository_its_workspace_does_not_list(
     pool: asyncpg.Pool, db_url: str, workspace: UUID, forgejo_fake: FakeForgejo
 ) -> None:

@@ -15,12 +15,25 @@ from sidelinja_worker.queue.errors import PermanentError
 
 def workspace_media_root(media_root: str, workspace_id: UUID) -> Path:
     """The workspace's own folder, resolved. Missing, it is a permanent error: the payload's
-    files cannot be there."""
+    files cannot be there. It must be a folder of its own, not a symlink: one to another
+    workspace's folder (or to MEDIA_ROOT itself, or anywhere else) would hand this workspace's
+    jobs every file there."""
     root = Path(media_root).resolve()
     if not root.is_dir():
         raise PermanentError("MEDIA_ROOT is not an existing folder")
-    folder = (root / str(workspace_id)).resolve()
-    if not folder.is_relative_to(root) or not folder.is_dir():
+    own = root / str(workspace_id)
+    try:
+        folder = own.resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError on Python 3.11)
+        raise PermanentError(
+            f"this workspace's media folder (MEDIA_ROOT/{workspace_id}) cannot be resolved: {exc}"
+        ) from None
+    if folder != own:
+        raise PermanentError(
+            f"this workspace's media folder (MEDIA_ROOT/{workspace_id}) is a symlink, refused:"
+            " it must be a folder of its own"
+        )
+    if not folder.is_dir():
         raise PermanentError(f"this workspace has no media folder (MEDIA_ROOT/{workspace_id})")
     return folder
 
