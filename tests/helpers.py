@@ -306,3 +306,26 @@ async def chain(pool: asyncpg.Pool, workspace: UUID, depth: int) -> list[UUID]:
         depth,
     )
     return [r["id"] for r in rows]
+
+
+async def contend_unique_key(pool: asyncpg.Pool, workspace: UUID, key: str) -> None:
+    """Makes `key` unresolvable for the client: two statement triggers stand in for writers
+    that keep making and finishing its holder, one adding a holder before each insert into
+    job_queue, the other finishing it after, so every insert finds the key held and every
+    look-up after it finds no holder."""
+    await pool.execute(
+        "CREATE FUNCTION test_hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF pg_trigger_depth() = 1 THEN"
+        "  INSERT INTO job_queue (workspace_id, job_type, payload, unique_key)"
+        f"  VALUES ('{workspace}', 'noop', '{{}}', '{key}');"
+        " END IF; RETURN NULL; END $$;"
+        " CREATE FUNCTION test_finish() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF pg_trigger_depth() = 1 THEN"
+        "  UPDATE job_queue SET status = 'completed', completed_at = now()"
+        f"  WHERE unique_key = '{key}' AND status = 'pending';"
+        " END IF; RETURN NULL; END $$;"
+        " CREATE TRIGGER test_hold BEFORE INSERT ON job_queue"
+        " FOR EACH STATEMENT EXECUTE FUNCTION test_hold();"
+        " CREATE TRIGGER test_finish AFTER INSERT ON job_queue"
+        " FOR EACH STATEMENT EXECUTE FUNCTION test_finish()"
+    )

@@ -31,7 +31,7 @@ from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.store import Failure, Release
 from sidelinja_worker.services.classify import parse_retry_after
-from tests.helpers import job_type, make_workspace, run_burst, wait_for_sql
+from tests.helpers import contend_unique_key, job_type, make_workspace, run_burst, wait_for_sql
 
 
 async def _claimed(pool: asyncpg.Pool, workspace: UUID, n: int) -> tuple[UUID, list[UUID]]:
@@ -59,22 +59,7 @@ async def test_a_follow_up_whose_unique_key_never_resolves_fails_its_job_not_the
     holder before each insert into job_queue, the other finishes it after. Now that job's
     attempt fails (transient), and the writer writes every other outcome and lives on."""
     worker_id, ids = await _claimed(pool, workspace, 3)
-    await pool.execute(
-        "CREATE FUNCTION test_hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-        " IF pg_trigger_depth() = 1 THEN"
-        "  INSERT INTO job_queue (workspace_id, job_type, payload, unique_key)"
-        f"  VALUES ('{workspace}', 'noop', '{{}}', 'contended');"
-        " END IF; RETURN NULL; END $$;"
-        " CREATE FUNCTION test_finish() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-        " IF pg_trigger_depth() = 1 THEN"
-        "  UPDATE job_queue SET status = 'completed', completed_at = now()"
-        "  WHERE unique_key = 'contended' AND status = 'pending';"
-        " END IF; RETURN NULL; END $$;"
-        " CREATE TRIGGER test_hold BEFORE INSERT ON job_queue"
-        " FOR EACH STATEMENT EXECUTE FUNCTION test_hold();"
-        " CREATE TRIGGER test_finish AFTER INSERT ON job_queue"
-        " FOR EACH STATEMENT EXECUTE FUNCTION test_finish()"
-    )
+    await contend_unique_key(pool, workspace, "contended")
     writer = OutcomeWriter(pool, worker_id)
     task = asyncio.create_task(writer.run())
     try:

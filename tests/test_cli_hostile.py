@@ -17,7 +17,7 @@ import asyncpg
 import pytest
 
 from sidelinja_worker.cli.bulk import MAX_LINE_BYTES
-from tests.helpers import cli, one_line_error
+from tests.helpers import cli, contend_unique_key, one_line_error
 
 DEEP = "[" * 100_000
 BIG_INT = "1" + "0" * 100  # past the 64 bits jsonb's encoder writes
@@ -217,3 +217,24 @@ async def test_a_line_too_long_stops_the_command_without_reading_on(
         done.set()
         writer.join()
     await refused(out, f"line 1: longer than {MAX_LINE_BYTES} bytes", pool)
+
+
+@pytest.mark.parametrize("bulk", [False, True])
+async def test_a_unique_key_that_never_resolves_is_one_clear_error(
+    db_url: str, pool: asyncpg.Pool, workspace: UUID, tmp_path: Path, bulk: bool
+) -> None:
+    # The key held at every insert and its holder finished by the look-up after it, each of
+    # the client's rounds: the client's UniqueKeyUnresolved came out of `enqueue` as a
+    # traceback (a RuntimeError).
+    await contend_unique_key(pool, workspace, "contended")
+    if bulk:
+        path = tmp_path / "jobs.jsonl"
+        path.write_text('{"payload": {}}\n{"unique_key": "contended"}\n', encoding="utf-8")
+        flags: tuple[str, ...] = ("--file", str(path))
+    else:
+        flags = ("--unique-key", "contended")
+    out = cli("enqueue", "noop", "--workspace", str(workspace), *flags, url=db_url)
+    error = one_line_error(out)
+    assert out.returncode == 2
+    assert "unique key 'contended' is held" in error and "nothing was enqueued" in error, error
+    assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE status <> 'completed'") == 0

@@ -205,7 +205,10 @@ class Reader:
     async def _enqueue(self, batch: list[client.NewJob]) -> None:
         # Ids given in advance tell a new job from a line deduplicated onto a holder.
         jobs = [replace(j, job_id=i) for j, i in zip(batch, uuid7s(len(batch)), strict=True)]
-        got = await client.enqueue_many(self.conn, jobs)
+        try:
+            got = await client.enqueue_many(self.conn, jobs)
+        except client.UniqueKeyUnresolved as exc:  # a race with the key's holders: try again
+            raise UserError(f"{self.name}: {exc}; nothing was enqueued") from None
         joined = sum(j.job_id != i for j, i in zip(jobs, got, strict=True))
         self.joined += joined
         self.enqueued += len(jobs) - joined

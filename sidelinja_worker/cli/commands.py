@@ -102,7 +102,10 @@ async def cmd_enqueue(args: argparse.Namespace) -> int:
                 f"no workspace {job.workspace_id}: create it with "
                 f"`sidelinja-worker workspace create NAME --id {job.workspace_id}`"
             )
-        job_id = await client.enqueue_many(pool, [job])
+        try:
+            job_id = await client.enqueue_many(pool, [job])
+        except client.UniqueKeyUnresolved as exc:  # a race with the key's holders: try again
+            raise UserError(f"--unique-key: {exc}; nothing was enqueued") from None
     print(job_id[0])
     if job.scheduled_for is not None and job.scheduled_for < datetime.now(UTC):
         say(f"sidelinja-worker: warning: --at {args.at} is in the past; the job is due now")
