@@ -50,6 +50,19 @@ DATABASE = "bench"
 PARAMS = {"$1": "v_worker", "$2": "v_batch", "$3": "v_types", "$4": "v_now"}
 
 
+def _graph_elsewhere() -> str:
+    """A finished parent and its child, of a type no claim asks for, in a workspace of their
+    own."""
+    return (
+        "WITH w AS (INSERT INTO workspaces (name) VALUES ('graph elsewhere') RETURNING id),"
+        " j AS (INSERT INTO job_queue (workspace_id, job_type, payload, status, completed_at)"
+        " SELECT w.id, 'elsewhere', jsonb_build_object('n', n), 'completed', now()"
+        " FROM w, generate_series(1, 2) n RETURNING id, payload)"
+        " INSERT INTO job_dependencies (parent_id, child_id)"
+        " SELECT p.id, c.id FROM j p, j c WHERE p.payload->>'n' = '1' AND c.payload->>'n' = '2';"
+    )
+
+
 # Each piece of PostgreSQL's work per job, as the SQL that takes it away.
 PIECES = {
     "status events (the two transition-table triggers)": (
@@ -92,6 +105,9 @@ PIECES = {
     # Not pieces but candidates, as "the cost of not having them" (negative: they would cost).
     "fillfactor 100, against 85": "ALTER TABLE job_queue SET (fillfactor = 85);",
     "fillfactor 100, against 70": "ALTER TABLE job_queue SET (fillfactor = 70);",
+    # Graphs in use (negative: they cost). The drain's TRUNCATE of job_queue leaves the edges
+    # (job_dependencies has no foreign key): edges exist, nothing waits.
+    "no edge anywhere, against edges (graphs in use, none waiting)": _graph_elsewhere(),
 }
 
 

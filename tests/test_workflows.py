@@ -1204,3 +1204,62 @@ async def test_a_job_adds_jobs_to_its_own_workspace_only(
     )
     assert row["st"] == "error" and "its own workspace" in row["error_msg"]
     assert await pool.fetchval("SELECT count(*) FROM job_queue") == 1
+
+
+async def test_a_parent_put_back_in_the_queue_holds_its_released_children_again(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """A parent's failure released its clean-up (a `run_anyway` edge); the parent, retried,
+    was due again while the clean-up still waited in the queue, and a worker took both: the
+    clean-up ran under the parent's second attempt. Now a job put back in the queue holds its
+    released children again, and a child that goes back to the queue while a parent is
+    unfinished waits for it; both go on when the parent finishes again."""
+    await pool.execute(
+        graph_sql(workspace, ["parent", "other", "cleanup", "child"], [("parent", "child")])
+    )
+    jobs = await by_name(pool)
+    parent, cleanup, child = jobs["parent"]["id"], jobs["cleanup"]["id"], jobs["child"]["id"]
+    await pool.execute(
+        "INSERT INTO job_dependencies (parent_id, child_id, run_anyway) VALUES ($1, $2, true)",
+        parent,
+        cleanup,
+    )
+
+    async def status(job_id: UUID) -> str:
+        return await pool.fetchval("SELECT status::text FROM job_queue WHERE id = $1", job_id)
+
+    async def set_status(job_id: UUID, to: str) -> None:
+        await pool.execute(
+            "UPDATE job_queue SET status = $2::job_status, completed_at = CASE WHEN $2 IN"
+            " ('completed', 'error', 'cancelled') THEN now() END WHERE id = $1",
+            job_id,
+            to,
+        )
+
+    await set_status(parent, "error")
+    assert (await status(cleanup), await status(child)) == ("pending", "cancelled")
+    # The documented retry: the clean-up waits again, the cancelled child comes back.
+    await pool.execute(
+        "UPDATE job_queue SET status = 'pending', attempts = 0, scheduled_for = now()"
+        " WHERE id = $1",
+        parent,
+    )
+    assert (await status(cleanup), await status(child)) == ("waiting", "waiting")
+    await set_status(parent, "completed")
+    assert (await status(cleanup), await status(child)) == ("pending", "pending")
+    # A child running when its parent is put back is left to run; if it then goes back to
+    # the queue (a transient failure), it waits for the parent.
+    await set_status(child, "running")
+    await set_status(parent, "pending")
+    assert (await status(child), await status(cleanup)) == ("running", "waiting")
+    await set_status(child, "retry")
+    assert await status(child) == "waiting"
+    await set_status(parent, "completed")
+    assert (await status(child), await status(cleanup)) == ("pending", "pending")
+    # Put back by hand while its parent has failed, a job runs, as before: held only by an
+    # unfinished parent, never cancelled again.
+    await set_status(parent, "pending")
+    await set_status(parent, "error")
+    assert await status(child) == "cancelled"
+    await set_status(child, "pending")
+    assert await status(child) == "pending"
