@@ -2,9 +2,12 @@
 more graphs, cancel queued and running jobs and retry failed ones, the way the web app does
 (docs/sql-contract.md, docs/workflows.md). Whatever the interleaving, no job runs before its
 parents allow it, none is left waiting, and every cancellation names a parent that failed.
-Before a put-back parent held its released children again, about one run in four found a
-`run_anyway` child claimed while its retried parent was due again (the deterministic case is
-test_workflows.py's test_a_parent_put_back_in_the_queue_holds_its_released_children_again)."""
+Before a parent put back in the queue held its released children again, about one run in
+four found a `run_anyway` child claimed while its retried parent was due again; with lost
+connections, one in eight then found one claimed while its parent, cancelled by a failed
+grandparent and brought back by the grandparent's retry, waited (the deterministic cases are
+in test_workflows.py: test_a_parent_put_back_in_the_queue_holds_its_released_children_again,
+test_a_job_brought_back_from_cancelled_holds_its_released_children_again)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import random
 from uuid import UUID, uuid4
 
 import asyncpg
+import pytest
 from pydantic import BaseModel, ConfigDict
 
 from sidelinja_worker.queue.context import JobContext
@@ -23,6 +27,7 @@ from tests.helpers import job_type, running_worker, wait_for_sql
 GRAPHS_FIRST = 60  # inserted before the workers start
 GRAPHS_DURING = 30  # inserted while they run, among the cancels and retries
 CHAOS_STEPS = 300
+KILLS = 5  # rounds of ended worker connections, in the run with kills
 
 # The parents a job may not run before (unfinished ones, and failed ones on a plain edge), as
 # the job starts, and when it was claimed.
@@ -80,12 +85,18 @@ async def _insert_graph(pool: asyncpg.Pool, workspace: UUID, rng: random.Random)
             )
 
 
-async def _chaos(pool: asyncpg.Pool, workspace: UUID, rng: random.Random) -> None:
-    """The web app's writes, as its docs give them, at random among the running graphs."""
+async def _chaos(pool: asyncpg.Pool, workspace: UUID, rng: random.Random, kills: bool) -> None:
+    """The web app's writes, as its docs give them, at random among the running graphs; with
+    `kills`, every worker connection ended now and then, as a server restart ends them."""
     retried: dict[UUID, int] = {}
     for step in range(CHAOS_STEPS):
         if step % (CHAOS_STEPS // GRAPHS_DURING) == 0:
             await _insert_graph(pool, workspace, rng)
+        if kills and step % (CHAOS_STEPS // KILLS) == CHAOS_STEPS // KILLS // 2:
+            await pool.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'sidelinja-worker' AND datname = current_database()"
+            )
         row = await pool.fetchrow(
             "SELECT id, status::text FROM job_queue TABLESAMPLE BERNOULLI (20) LIMIT 1"
         )
@@ -118,8 +129,9 @@ async def _chaos(pool: asyncpg.Pool, workspace: UUID, rng: random.Random) -> Non
         await asyncio.sleep(0)
 
 
+@pytest.mark.parametrize("kills", [False, True], ids=["writers", "writers and lost connections"])
 async def test_random_graphs_under_cancels_and_retries_keep_every_rule(
-    pool: asyncpg.Pool, db_url: str, workspace: UUID
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, kills: bool
 ) -> None:
     seed = random.randrange(2**32)
     rng = random.Random(seed)
@@ -134,7 +146,7 @@ async def test_random_graphs_under_cancels_and_retries_keep_every_rule(
         running_worker(pool, db_url, REGISTRY, max_concurrent=6, poll_interval_s=0.05),
         running_worker(pool, db_url, REGISTRY, max_concurrent=6, poll_interval_s=0.05),
     ):
-        await _chaos(pool, workspace, rng)
+        await _chaos(pool, workspace, rng, kills)
         await wait_for_sql(
             pool,
             "SELECT count(*) = 0 FROM job_queue"
@@ -142,13 +154,20 @@ async def test_random_graphs_under_cancels_and_retries_keep_every_rule(
             timeout_s=90,
         )
     where = f"(seed {seed})"
-    # No run while a parent should have held it, but where the claim raced the parent's
-    # put-back: it started before the put-back had committed.
+    # No run while a parent should have held it, but where the claim raced a put-back of
+    # that parent or of a job above it (which brings the parent back): it started before the
+    # put-back had committed.
     early = await pool.fetch(
-        "SELECT r.job_id, r.attempt, r.blocking FROM probe_runs r"
-        " WHERE cardinality(r.blocking) > 0 AND NOT EXISTS ("
-        "  SELECT 1 FROM put_back b"
-        "  WHERE b.job_id = ANY(r.blocking) AND b.committed_by > r.started_at)"
+        """
+        SELECT r.job_id, r.attempt, r.blocking FROM probe_runs r
+        WHERE cardinality(r.blocking) > 0 AND NOT EXISTS (
+            WITH RECURSIVE above(id) AS (
+                SELECT unnest(r.blocking)
+                UNION
+                SELECT d.parent_id FROM job_dependencies d JOIN above a ON d.child_id = a.id)
+            SELECT 1 FROM put_back b JOIN above a ON a.id = b.job_id
+            WHERE b.committed_by > r.started_at)
+        """
     )
     assert not early, (where, early)
     # Every cancellation by a parent names a parent of its own that failed or was cancelled.

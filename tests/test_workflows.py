@@ -1263,3 +1263,38 @@ async def test_a_parent_put_back_in_the_queue_holds_its_released_children_again(
     assert await status(child) == "cancelled"
     await set_status(child, "pending")
     assert await status(child) == "pending"
+
+
+async def test_a_job_brought_back_from_cancelled_holds_its_released_children_again(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """A grandparent's failure cancelled its child, whose clean-up (a `run_anyway` edge) was
+    released; the grandparent's retry brought the cancelled child back to `waiting`, and the
+    clean-up, still queued, ran beside it."""
+    await pool.execute(graph_sql(workspace, ["top", "middle", "cleanup"], [("top", "middle")]))
+    jobs = await by_name(pool)
+    top, middle, cleanup = (jobs[n]["id"] for n in ("top", "middle", "cleanup"))
+    await pool.execute(
+        "INSERT INTO job_dependencies (parent_id, child_id, run_anyway) VALUES ($1, $2, true)",
+        middle,
+        cleanup,
+    )
+
+    async def states() -> tuple[str, str]:
+        rows = await pool.fetch(
+            "SELECT id, status::text AS st FROM job_queue WHERE id = ANY($1)", [middle, cleanup]
+        )
+        by_id = {r["id"]: r["st"] for r in rows}
+        return by_id[middle], by_id[cleanup]
+
+    assert await states() == ("waiting", "waiting")
+    await pool.execute(
+        "UPDATE job_queue SET status = 'error', completed_at = now() WHERE id = $1", top
+    )
+    assert await states() == ("cancelled", "pending")
+    await pool.execute(
+        "UPDATE job_queue SET status = 'pending', attempts = 0, scheduled_for = now()"
+        " WHERE id = $1",
+        top,
+    )
+    assert await states() == ("waiting", "waiting")

@@ -8,7 +8,9 @@
 -- Now, after any UPDATE, a job that is `pending` or `retry` while one of its parents is
 -- unfinished (neither `completed`, `error` nor `cancelled`) is `waiting` again, and is
 -- settled with the other waiting children when that parent finishes: the jobs this
--- statement put back in the queue, and the released children of the parents it put back.
+-- statement put back in the queue, the released children of the parents it put back, and
+-- those of the jobs a settle brings back from `cancelled` (a grandparent's retry brings
+-- back the child its failure cancelled, whose clean-up was released then).
 -- Only holding, never cancelling: a job a writer put back by hand while a parent of it has
 -- failed runs, as before. A running child is left to finish: nothing can take back a start.
 --
@@ -100,6 +102,94 @@ BEGIN
         PERFORM set_config('sidelinja.settling', mark, true);
     END IF;
     UPDATE job_queue SET status = 'waiting' WHERE id = ANY(held);
+    IF outermost THEN
+        PERFORM set_config('sidelinja.settling', '', true);
+    END IF;
+END
+$$;
+
+-- 0033's settle; a job it brings back from `cancelled` holds its released children again.
+CREATE OR REPLACE FUNCTION sidelinja_settle_children(children UUID[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    mark text := pg_current_xact_id()::text;
+    outermost boolean := current_setting('sidelinja.settling', true) IS DISTINCT FROM mark;
+    moved UUID[];
+    reopened UUID[];
+BEGIN
+    IF outermost THEN
+        PERFORM set_config('sidelinja.settling', mark, true);
+    END IF;
+    WHILE coalesce(cardinality(children), 0) > 0 LOOP
+        -- 0024's settle of one level: the children's rows are locked in id order first, and
+        -- their parents read afterwards in a statement of its own. `state` is materialised:
+        -- inlined, each child's failed parent was looked up again for every use in the UPDATE.
+        PERFORM 1 FROM job_queue WHERE id = ANY(children) ORDER BY id FOR UPDATE;
+        WITH state AS MATERIALIZED (
+            SELECT c.id, c.status AS was,
+                   (SELECT p.id
+                    FROM (SELECT d.parent_id FROM job_dependencies d
+                          WHERE d.child_id = c.id AND NOT d.run_anyway OFFSET 0) e
+                    CROSS JOIN LATERAL (
+                        SELECT p.id, p.completed_at FROM job_queue p
+                        WHERE p.id = e.parent_id AND p.status IN ('error', 'cancelled')
+                        OFFSET 0) p
+                    ORDER BY p.completed_at LIMIT 1) AS failed_parent,
+                   EXISTS (SELECT 1
+                           FROM (SELECT d.parent_id FROM job_dependencies d
+                                 WHERE d.child_id = c.id OFFSET 0) e
+                           CROSS JOIN LATERAL (
+                               SELECT 1 FROM job_queue p
+                               WHERE p.id = e.parent_id
+                                 AND p.status NOT IN ('completed', 'error', 'cancelled')
+                               OFFSET 0) p) AS unfinished
+            FROM job_queue c
+            WHERE c.id = ANY(children)
+              AND (c.status IN ('pending', 'retry', 'waiting')
+                   OR (c.status = 'cancelled' AND c.cancelled_by IS NOT NULL))
+        ), settled AS (
+            UPDATE job_queue c
+            SET status = CASE WHEN s.failed_parent IS NOT NULL THEN 'cancelled'
+                              WHEN s.unfinished THEN 'waiting'
+                              WHEN c.status IN ('waiting', 'cancelled') THEN 'pending'
+                              ELSE c.status END::job_status,
+                cancelled_by = s.failed_parent,
+                completed_at = CASE WHEN s.failed_parent IS NOT NULL THEN now() END,
+                error_msg = CASE
+                    WHEN s.failed_parent IS NOT NULL THEN (
+                        SELECT 'parent ' || p.id || ' (' || left(p.job_type, 200) || ') ended in '
+                               || p.status || coalesce(': ' || left(p.error_msg, 1000), '')
+                        FROM job_queue p WHERE p.id = s.failed_parent)
+                    WHEN c.cancelled_by IS NOT NULL THEN NULL
+                    ELSE c.error_msg END,
+                scheduled_for = CASE WHEN s.failed_parent IS NULL AND NOT s.unfinished
+                                          AND c.status IN ('waiting', 'cancelled')
+                                     THEN greatest(c.scheduled_for, now())
+                                     ELSE c.scheduled_for END
+            FROM state s
+            WHERE c.id = s.id
+              AND (c.status::text, c.cancelled_by) IS DISTINCT FROM (
+                  CASE WHEN s.failed_parent IS NOT NULL THEN 'cancelled'
+                       WHEN s.unfinished THEN 'waiting'
+                       WHEN c.status IN ('waiting', 'cancelled') THEN 'pending'
+                       ELSE c.status::text END,
+                  s.failed_parent)
+            RETURNING c.id, c.has_children, c.status, s.was
+        )
+        SELECT ARRAY(SELECT id FROM settled WHERE has_children),
+               ARRAY(SELECT id FROM settled
+                     WHERE has_children AND was = 'cancelled' AND status <> 'cancelled')
+        INTO moved, reopened;
+        -- A job this level brought back from `cancelled` had released its children on
+        -- run_anyway edges: those still queued wait for it again.
+        IF cardinality(reopened) > 0 THEN
+            PERFORM sidelinja_hold_again(ARRAY(
+                SELECT d.child_id FROM unnest(reopened) AS p(id)
+                JOIN job_dependencies d ON d.parent_id = p.id));
+        END IF;
+        -- The next level: what the statement trigger settled for these rows' UPDATE before.
+        children := sidelinja_held_children(moved);
+    END LOOP;
     IF outermost THEN
         PERFORM set_config('sidelinja.settling', '', true);
     END IF;
