@@ -4,6 +4,7 @@ Workers re-read them on change (NOTIFY), so no restart is needed."""
 from __future__ import annotations
 
 import argparse
+from uuid import UUID
 
 import asyncpg
 
@@ -52,13 +53,18 @@ async def run(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
     elif args.kind == "type":
         await store.set_type_limit(pool, args.name, _count(args.value))
     elif args.kind == "workspace":
-        await store.set_workspace_limit(
-            pool, parse_uuid(args.name, "workspace"), _count(args.value)
-        )
+        await _set_workspace_limit(pool, parse_uuid(args.name, "workspace"), _count(args.value))
     else:
         rate = _rate(args.value)
         await store.set_rate_limit(pool, args.name, *(rate or (None, None)))
     return await show(pool)
+
+
+async def _set_workspace_limit(pool: asyncpg.Pool, workspace: UUID, cap: int | None) -> None:
+    try:
+        await store.set_workspace_limit(pool, workspace, cap)
+    except asyncpg.ForeignKeyViolationError:  # a cap belongs to a workspace that exists
+        raise UserError(f"no workspace {workspace}") from None
 
 
 async def show(pool: asyncpg.Pool) -> int:

@@ -1,0 +1,19 @@
+"""`limits` as an operator types it: names that match nothing are refused in one line."""
+
+from __future__ import annotations
+
+from uuid import uuid4
+
+import asyncpg
+
+from tests.helpers import cli, one_line_error
+
+
+async def test_a_cap_on_a_workspace_that_does_not_exist_is_one_clear_error(
+    db_url: str, pool: asyncpg.Pool
+) -> None:
+    missing = uuid4()
+    out = cli("limits", "workspace", str(missing), "3", url=db_url)
+    assert out.returncode == 2
+    assert one_line_error(out) == f"sidelinja-worker: error: no workspace {missing}"
+    assert await pool.fetchval("SELECT count(*) FROM workspace_limits") == 0
