@@ -9,6 +9,7 @@ from uuid import UUID
 import asyncpg
 
 from sidelinja_worker.cli.session import parse_uuid
+from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.durations import parse_duration_s
 from sidelinja_worker.queue.errors import UserError
@@ -51,7 +52,11 @@ async def run(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
             raise UserError("limits fair takes on or off (or yes/no, true/false, 1/0)")
         await store.set_queue_setting(pool, "fair_workspaces", word in TRUE)
     elif args.kind == "type":
-        await store.set_type_limit(pool, args.name, _count(args.value))
+        cap = _count(args.value)
+        # A cap on a name no worker runs caps nothing (a typo); removing one is always allowed.
+        if cap is not None and args.name not in REGISTRY:
+            raise UserError(f"unknown job type {args.name!r}; known: {', '.join(sorted(REGISTRY))}")
+        await store.set_type_limit(pool, args.name, cap)
     elif args.kind == "workspace":
         await _set_workspace_limit(pool, parse_uuid(args.name, "workspace"), _count(args.value))
     else:
