@@ -8,9 +8,12 @@ import json
 import logging
 import os
 import signal
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID, uuid4
+
+import asyncpg
 
 from sidelinja_worker.cli import admin as admin_cli
 from sidelinja_worker.cli import bulk, newjob, progress, retention
@@ -27,6 +30,7 @@ from sidelinja_worker.queue.db import (
 )
 from sidelinja_worker.queue.errors import UserError
 from sidelinja_worker.queue.escapes import printable, printable_json
+from sidelinja_worker.queue.ids import uuid7s
 from sidelinja_worker.queue.why import explain
 from sidelinja_worker.queue.worker import EXIT_WORKER_DIED, Worker, WorkerDied
 
@@ -102,15 +106,31 @@ async def cmd_enqueue(args: argparse.Namespace) -> int:
                 f"no workspace {job.workspace_id}: create it with "
                 f"`sidelinja-worker workspace create NAME --id {job.workspace_id}`"
             )
+        # An id given in advance tells a new job from one deduplicated onto its key's holder.
+        job = replace(job, job_id=uuid7s(1)[0])
         try:
-            job_id = await client.enqueue_many(pool, [job])
+            (job_id,) = await client.enqueue_many(pool, [job])
         except client.UniqueKeyUnresolved as exc:  # a race with the key's holders: try again
             raise UserError(f"--unique-key: {exc}; nothing was enqueued") from None
-    print(job_id[0])
+        if job_id != job.job_id:
+            await say_held(pool, args.unique_key, job_id)
+    print(job_id)
+    if job_id != job.job_id:  # the holder's settings and schedule are not this command's
+        return 0
     if job.scheduled_for is not None and job.scheduled_for < datetime.now(UTC):
         say(f"sidelinja-worker: warning: --at {args.at} is in the past; the job is due now")
     newjob.warn_missing_settings(args, {job.job_type})
     return 0
+
+
+async def say_held(pool: asyncpg.Pool, unique_key: str, holder: UUID) -> None:
+    """One line on stderr: the id printed is the job holding the key, of whatever job type."""
+    row = await store.get_job(pool, holder)
+    what = f" ({printable(row['job_type'])}, {row['status']})" if row else ""
+    say(
+        f"sidelinja-worker: --unique-key {printable(repr(unique_key))} is held by job "
+        f"{holder}{what}: that is the id printed; nothing new was enqueued"
+    )
 
 
 async def cmd_run(args: argparse.Namespace) -> int:

@@ -58,7 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--at", metavar="TIMESTAMP", help="run at, ISO 8601 (UTC if no zone); a past time warns"
     )
     p.add_argument("--max-attempts", type=int, help="default 3")
-    p.add_argument("--unique-key", help="dedupe: reuse a queued/running job with this key")
+    p.add_argument(
+        "--unique-key",
+        metavar="KEY",
+        help="dedupe: while a job of the workspace (any type) is queued or running with this "
+        "key, print its id instead of enqueueing",
+    )
     p.add_argument(
         "--timeout",
         metavar="DURATION",
