@@ -37,3 +37,18 @@ async def test_a_held_unique_key_says_which_job_the_printed_id_is(
         "that is the id printed; nothing new was enqueued"
     ]
     assert await pool.fetchval("SELECT count(*) FROM job_queue") == 1
+
+
+async def test_the_episode_pipeline_warns_of_settings_not_set_here_as_enqueue_does(
+    db_url: str, workspace: UUID
+) -> None:
+    whisper = ("WHISPER_URL", "MEDIA_ROOT", "FORGEJO_URL", "FORGEJO_TOKEN")
+    unset = dict.fromkeys((*whisper, "AI_GATEWAY_URL", "AI_GATEWAY_KEY"), "")
+    out = cli(
+        "pipeline", "episode", "--workspace", str(workspace), "--audio", "ep1.mp3",
+        url=db_url, env=unset,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.splitlines()) == 3  # the ids, as before
+    assert "warning: whisper_transcribe needs WHISPER_URL, MEDIA_ROOT" in out.stderr
+    assert "warning: openrouter_analyze needs AI_GATEWAY_URL, AI_GATEWAY_KEY" in out.stderr

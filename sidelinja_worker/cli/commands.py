@@ -258,6 +258,7 @@ async def cmd_pipeline(args: argparse.Namespace) -> int:
             raise UserError(str(exc)) from None
     for job_type, job_id in ids.items():
         print(f"{job_type} {job_id}")
+    newjob.warn_missing_settings(args, ids)
     return 0
 
 
