@@ -15,7 +15,7 @@ from sidelinja_worker import settings
 from sidelinja_worker.admin import auth, store
 from sidelinja_worker.admin.spacetime import SpacetimeTarget
 from sidelinja_worker.admin.store import JobFilter, Scope
-from sidelinja_worker.cli.session import opened
+from sidelinja_worker.cli.session import json_default, opened
 from sidelinja_worker.queue.config import Secret
 from sidelinja_worker.queue.errors import UserError
 from sidelinja_worker.queue.escapes import printable, printable_json
@@ -51,16 +51,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
 
 def add_jobs_commands(jsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from sidelinja_worker.admin.forms import STATUSES
+
+    # Both lists come from the code that orders and checks them, so the help cannot drift.
+    after = ", ".join(store.STATUS_ORDER[1:])
     j = jsub.add_parser(
         "list",
-        help="jobs, newest first (default: errors); with --status all, "
-        "errors first, then retry, running, pending, cancelled, "
-        "completed",
+        help=f"jobs, newest first (default: errors); with --status all, errors first, then {after}",
     )
     j.add_argument(
-        "--status",
-        default="error",
-        help="error|retry|pending|running|completed|cancelled|all (error)",
+        "--status", default="error", help=f"{', '.join(STATUSES)} or all (default error)"
     )
     j.add_argument("--type", help="only this job type")
     j.add_argument("--workspace", help="only this workspace")
@@ -116,17 +116,19 @@ async def token_command(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
 
 
 async def jobs_list(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
-    if args.limit > MAX_LIST:  # every row is held in memory to print; past 64 bits, a traceback
-        raise UserError(f"--limit: at most {MAX_LIST:,}")
+    # Every row is held in memory to print (past 64 bits, a traceback); none is no list.
+    if not 1 <= args.limit <= MAX_LIST:
+        raise UserError(f"--limit: 1 to {MAX_LIST:,}")
     f = JobFilter(
         status=None if args.status == "all" else _status(args.status),
         job_type=args.type,
         workspace_id=_uuid(args.workspace, "--workspace") if args.workspace else None,
     )
     async with store.scoped(pool, ALL) as conn:
-        rows = [dict(r) for r in await store.list_jobs(conn, f, None, max(args.limit, 1))]
+        rows = [dict(r) for r in await store.list_jobs(conn, f, None, args.limit)]
     if args.json:
-        print(printable_json(json.dumps(rows, default=str, ensure_ascii=False, indent=1)))
+        text = json.dumps(rows, default=json_default, ensure_ascii=False, indent=1)
+        print(printable_json(text))
         return 0
     print_table(rows)
     return 0

@@ -19,7 +19,7 @@ from sidelinja_worker.cli import admin as admin_cli
 from sidelinja_worker.cli import bulk, newjob, progress, retention
 from sidelinja_worker.cli import limits as limits_cli
 from sidelinja_worker.cli import operator as operator_cli
-from sidelinja_worker.cli.session import opened, parse_uuid
+from sidelinja_worker.cli.session import json_default, opened, parse_uuid
 from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.jobs.transcripts import pipeline
 from sidelinja_worker.queue import client, embedded, gctune, metrics, migrate, store
@@ -216,7 +216,7 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
                 more = max((r["more"] for r in relatives if r["relation"] == relation), default=0)
                 if more:  # past store.MAX_RELATIVES: counted, not listed
                     shown[key] = more
-            text = json.dumps(shown, indent=2, default=_json_default, ensure_ascii=False)
+            text = json.dumps(shown, indent=2, default=json_default, ensure_ascii=False)
             print(printable_json(text))
             return 0
         after, before = await store.request_cancel(pool, job_id)
@@ -269,12 +269,6 @@ def _relatives(rows: list[Any], relation: str) -> list[dict[str, Any]]:
         for r in rows
         if r["relation"] == relation
     ]
-
-
-def _json_default(value: Any) -> str:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return str(value)
 
 
 async def cmd_limits(args: argparse.Namespace) -> int:

@@ -6,6 +6,8 @@ import argparse
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 import asyncpg
@@ -63,3 +65,11 @@ def parse_uuid(text: str, what: str) -> UUID:
         return UUID(text)
     except ValueError:
         raise UserError(f"{what} {text!r} is not a UUID") from None
+
+
+def json_default(value: Any) -> str:
+    """What json.dumps cannot write itself, as `jobs show` and `jobs list --json` print it:
+    times in ISO 8601, ids and the rest as text."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
