@@ -179,11 +179,27 @@ async def cmd_workspace(args: argparse.Namespace) -> int:
         if not rows:
             say("no workspaces yet: `sidelinja-worker workspace create NAME`")
         return 0
+    if not args.name.strip():  # `workspace list` and the admin view would show nothing
+        raise UserError("NAME must not be empty")
     workspace_id = parse_uuid(args.id, "--id") if args.id else uuid4()
     async with opened(args) as (_db, pool):
-        await store.ensure_workspace(pool, workspace_id, args.name)
-    print(workspace_id)
+        if await store.workspace_exists(pool, workspace_id):
+            await say_kept(pool, workspace_id)
+        else:
+            await store.ensure_workspace(pool, workspace_id, args.name)
+    print(workspace_id)  # either way: a script that runs it again still reads the id
     return 0
+
+
+async def say_kept(pool: asyncpg.Pool, workspace_id: UUID) -> None:
+    """One line on stderr: the id is taken, and the workspace keeps its own name."""
+    name = next(
+        (r["name"] for r in await admin_cli.workspaces(pool) if r["id"] == workspace_id), ""
+    )
+    say(
+        f"sidelinja-worker: workspace {workspace_id} already exists, named "
+        f"{printable(repr(name))}; left as it is"
+    )
 
 
 async def cmd_jobs(args: argparse.Namespace) -> int:
