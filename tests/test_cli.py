@@ -10,6 +10,7 @@ from uuid import UUID, uuid4
 import asyncpg
 import pytest
 
+from sidelinja_worker.jobs.catalog import REGISTRY
 from tests.helpers import cli, insert_jobs, one_line_error
 
 
@@ -35,6 +36,16 @@ def test_types_lists_noop_with_priority() -> None:
     out = cli("types", url=None)
     assert out.returncode == 0
     assert any(line.split()[:2] == ["noop", "0"] for line in out.stdout.splitlines())
+
+
+def test_types_fits_the_terminal_and_keeps_every_word() -> None:
+    out = cli("types", url=None, env={"COLUMNS": "80"})
+    assert out.returncode == 0, out.stderr
+    assert max(len(line) for line in out.stdout.splitlines()) <= 80
+    text = " ".join(out.stdout.split())
+    for jt in REGISTRY.values():
+        assert " ".join(jt.description.split()) in text
+        assert " ".join(", ".join(jt.needs_settings).split()) in text
 
 
 async def test_enqueue_prints_the_id_and_run_completes_it(

@@ -7,7 +7,9 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
+import textwrap
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -87,13 +89,34 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+TYPES_NEEDS_AT = 48  # the column NEEDS starts at in `types`
+
+
 def show_types() -> int:
+    """The job types, wrapped to the terminal's width (80 when piped): the descriptions run to
+    200 characters, and a line the terminal wraps itself breaks the table's columns."""
+    width = shutil.get_terminal_size().columns
     print(f"{'JOB TYPE':<28} {'PRIORITY':>8} {'TIMEOUT':>8}  NEEDS")
     for jt in REGISTRY.values():
-        needs = ", ".join(jt.needs_settings) or "-"
-        print(f"{jt.name:<28} {jt.default_priority:>8} {jt.timeout_s:>7g}s  {needs}")
-        print(f"    {jt.description}")
+        needs = _wrapped(", ".join(jt.needs_settings) or "-", width - TYPES_NEEDS_AT, "")
+        print(f"{jt.name:<28} {jt.default_priority:>8} {jt.timeout_s:>7g}s  {needs[0]}")
+        for more in needs[1:]:
+            print(" " * TYPES_NEEDS_AT + more)
+        for line in _wrapped(jt.description, width, "    "):
+            print(line)
     return 0
+
+
+def _wrapped(text: str, width: int, indent: str) -> list[str]:
+    """`text` in lines of at most `width` (at least 20), broken between words only."""
+    return textwrap.wrap(
+        text,
+        max(width, 20),
+        initial_indent=indent,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [indent]
 
 
 async def cmd_enqueue(args: argparse.Namespace) -> int:
