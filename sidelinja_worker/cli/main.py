@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import select
 import sys
 import traceback
 from collections.abc import Sequence
@@ -21,6 +23,7 @@ from sidelinja_worker.queue import logs
 from sidelinja_worker.queue.db import DB_ERRORS
 from sidelinja_worker.queue.errors import UserError
 
+EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for a tool whose pipe closed
 # Flags whose value may start with "-": argparse would take `--in -5m` for two flags and say
 # "expected one argument"; joined as `--in=-5m`, the value reaches its parser, which says why.
 VALUE_FLAGS = frozenset(
@@ -154,12 +157,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"sidelinja-worker: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError as exc:
+        if stdout_closed():  # `| head` read what it wanted: not an error, not the database's
+            return EXIT_PIPE_CLOSED
+        return database_error(exc, debug)
     except DB_ERRORS as exc:  # the database went away where no retry loop covers it
-        if debug:
-            traceback.print_exc()
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        print(f"sidelinja-worker: error: database: {first}", file=sys.stderr)
-        return 2
+        return database_error(exc, debug)
     except asyncpg.InsufficientPrivilegeError as exc:  # a role without the owner's rights
         if debug:
             traceback.print_exc()
@@ -171,3 +174,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def database_error(exc: BaseException, debug: bool) -> int:
+    """One line for a database lost where no retry loop covers it."""
+    if debug:
+        traceback.print_exc()
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    print(f"sidelinja-worker: error: database: {first}", file=sys.stderr)
+    return 2
+
+
+def stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader is gone (poll says POLLERR on its write end); if
+    so, stdout becomes /dev/null, so that the interpreter's last flush at exit does not fail
+    again with a message of its own."""
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        closed = any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError):  # no file descriptor behind stdout
+        return False
+    if closed:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+    return closed
