@@ -108,10 +108,14 @@ async def token_command(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
             raise UserError(f"no active token {args.token_id}")
         print("revoked")
         return 0
-    for r in await store.list_tokens(pool):
+    tokens = await store.list_tokens(pool)
+    for r in tokens:
         scope = "all workspaces" if r["all_workspaces"] else f"workspace {r['workspace_id']}"
         state = f"revoked {r['revoked_at']:%Y-%m-%d %H:%M}" if r["revoked_at"] else "active"
-        print(f"{r['id']}  {state:<24} {scope}  {r['label'] or ''}")
+        label = printable(r["label"] or "")
+        print(f"{r['id']}  {state:<24} {scope:<46}  {label}".rstrip())  # 46: a workspace's scope
+    if not tokens:
+        print("no tokens yet: `sidelinja-worker admin-token create --all`", file=sys.stderr)
     return 0
 
 
