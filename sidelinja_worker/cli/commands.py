@@ -238,7 +238,7 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
             missing = args.settings.service_config().missing(needs)
             relatives = await store.job_relatives(pool, job_id)
             facts_ = {**facts, "parents": _relatives(relatives, "parent")}
-            for reason in explain(facts_, missing):
+            for reason in explain(facts_, missing) + await _worker_gone(pool, facts):
                 print(f"- {printable(reason)}")
             return 0
         if args.jobs_command == "show":
@@ -269,6 +269,31 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
         else "cancelled"
     )
     return 0
+
+
+async def _worker_gone(pool: asyncpg.Pool, facts: Any) -> list[str]:
+    """For a running row whose worker is gone (its lease expired, or no row at all): the row
+    says running while nothing runs the job, until a live worker's rescue puts it back."""
+    if facts["status"] != "running":
+        return []
+    workers = await store.list_workers(pool)
+    worker = next((w for w in workers if w["id"] == facts["worker_id"]), None)
+    if worker is not None and worker["alive"]:
+        return []
+    expired = f" (its lease expired at {_at(worker['expires_at'])})" if worker else ""
+    gone = f"its worker {facts['worker_id']} is gone{expired}"
+    if any(w["alive"] for w in workers):
+        return [
+            f"{gone}: a live worker's rescue puts the job back in the queue, counted as an attempt"
+        ]
+    return [
+        f"{gone}, and no worker is live to put the job back in the queue: start one with "
+        "`sidelinja-worker run`"
+    ]
+
+
+def _at(when: datetime) -> str:
+    return f"{when.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
 
 
 async def cmd_pipeline(args: argparse.Namespace) -> int:
