@@ -365,3 +365,29 @@ async def test_jobs_list_show_and_why_print_no_terminal_controls(
     )
     (listed,) = json.loads(runs["list --json"].stdout)
     assert (listed["job_type"], listed["error_msg"]) == (job_type, error)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ((), "sidelinja-worker: error: the following arguments are required: COMMAND"),
+        (
+            ("enqueue", "noop", "--priority", "abc"),
+            "sidelinja-worker enqueue: error: argument --priority: invalid int value: 'abc'",
+        ),
+        (
+            ("enqueue", "noop", "--in", "1m", "--at", "2030-01-01"),
+            "sidelinja-worker enqueue: error: argument --at: not allowed with argument --in",
+        ),
+        (("jobs", "show"), "sidelinja-worker jobs show: error: the following arguments are"),
+    ],
+)
+def test_a_malformed_command_line_is_one_line_that_points_to_the_help(
+    args: tuple[str, ...], says: str
+) -> None:
+    out = cli(*args, url=None)
+    assert out.returncode == 2
+    line = one_line_error(out)
+    assert line.startswith(says), line
+    command = says.split(": error")[0]
+    assert line.endswith(f"; see `{command} --help`"), line

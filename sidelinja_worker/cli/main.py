@@ -11,6 +11,7 @@ import select
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import NoReturn
 
 import asyncpg
 
@@ -32,8 +33,17 @@ VALUE_FLAGS = frozenset(
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are one line, as every other error of the program is,
+    pointing to the help instead of printing the usage (ten lines for `enqueue`) first. The
+    subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="sidelinja-worker",
         description="Sidelinja's PostgreSQL job queue and worker. With no DATABASE_URL, every "
         "command uses an embedded PostgreSQL in SIDELINJA_DATA_DIR. Every flag has an "
