@@ -40,3 +40,22 @@ def test_the_help_names_every_status() -> None:
     assert "then retry, running, pending, waiting, cancelled, completed" in " ".join(
         cli("jobs", "--help", url=None).stdout.split()
     )
+
+
+async def test_the_table_shows_each_job_type_whole_and_marks_a_cut_error(
+    db_url: str, pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, error_msg)"
+        " VALUES ($1, 'valgomat_generate_profile', '{}', 'error', repeat('x', 100)),"
+        "        ($1, 'noop', '{}', 'error', 'short')",
+        workspace,
+    )
+    out = cli("jobs", "list", url=db_url)
+    assert out.returncode == 0, out.stderr
+    header, *rows = out.stdout.splitlines()
+    by_type = {row.split()[1]: row for row in rows}
+    assert sorted(by_type) == ["noop", "valgomat_generate_profile"]
+    assert {row.index(" error ") for row in rows} == {header.index("STATUS") - 1}
+    assert by_type["valgomat_generate_profile"].endswith(" " + "x" * 59 + "…")
+    assert by_type["noop"].endswith(" short")

@@ -23,6 +23,8 @@ from sidelinja_worker.settings import Settings
 
 ALL = Scope(token_id=None, workspace_id=None)
 MAX_LIST = 100_000  # jobs one `jobs list` prints
+TYPE_SHOWN = 40  # characters of a job type in the table (the catalog's longest has 25)
+ERROR_SHOWN = 60  # characters of the last error in the table (`jobs show` has all of it)
 COLUMNS = (
     "id",
     "workspace_id",
@@ -142,13 +144,21 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     if not rows:
         print("no jobs match")
         return
-    print(f"{'ID':<36}  {'TYPE':<22} {'STATUS':<9} {'TRIES':>5}  {'CREATED':<19}  LAST ERROR")
+    # As wide as the longest job type listed: a cut one is a name `--type` does not find.
+    width = max(len("TYPE"), *(len(printable(r["job_type"])) for r in rows))
+    width = min(width, TYPE_SHOWN)
+    print(f"{'ID':<36}  {'TYPE':<{width}} {'STATUS':<9} {'TRIES':>5}  {'CREATED':<19}  LAST ERROR")
     for r in rows:
-        error = printable((r["error_msg"] or "").replace("\n", " "))[:60]
+        error = cut(printable((r["error_msg"] or "").replace("\n", " ")), ERROR_SHOWN)
         print(
-            f"{r['id']!s:<36}  {printable(r['job_type']):<22.22} {r['status']:<9} "
+            f"{r['id']!s:<36}  {cut(printable(r['job_type']), width):<{width}} {r['status']:<9} "
             f"{r['attempts']:>2}/{r['max_attempts']:<2}  {r['created_at']:%Y-%m-%d %H:%M:%S}  {error}"
         )
+
+
+def cut(text: str, width: int) -> str:
+    """`text` in at most `width` characters, a cut one ending in "…"."""
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 async def jobs_retry(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
