@@ -8,6 +8,7 @@ from uuid import UUID
 
 import asyncpg
 
+from sidelinja_worker.cli import newjob
 from sidelinja_worker.cli.session import parse_uuid
 from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.queue import store
@@ -55,7 +56,7 @@ async def run(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
         cap = _count(args.value)
         # A cap on a name no worker runs caps nothing (a typo); removing one is always allowed.
         if cap is not None and args.name not in REGISTRY:
-            raise UserError(f"unknown job type {args.name!r}; known: {', '.join(sorted(REGISTRY))}")
+            raise newjob.unknown_type(args.name)
         await store.set_type_limit(pool, args.name, cap)
     elif args.kind == "workspace":
         await _set_workspace_limit(pool, parse_uuid(args.name, "workspace"), _count(args.value))

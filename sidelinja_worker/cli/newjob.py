@@ -76,12 +76,17 @@ def new_job(
 ) -> client.NewJob:
     """A checked NewJob of a known job type; `options` are NewJob's optional fields."""
     if job_type not in REGISTRY:
-        raise UserError(f"unknown job type {job_type!r}; known: {', '.join(sorted(REGISTRY))}")
+        raise unknown_type(job_type)
     check_storable(payload, "payload")
     try:
         return client.NewJob(workspace, job_type, payload, **options).checked()
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+def unknown_type(job_type: str) -> UserError:
+    """The one error every command gives for a job type no worker runs."""
+    return UserError(f"unknown job type {job_type!r}; known: {', '.join(sorted(REGISTRY))}")
 
 
 def check_storable(value: Any, where: str) -> None:

@@ -10,7 +10,7 @@ import socket
 
 import asyncpg
 
-from sidelinja_worker.cli import top
+from sidelinja_worker.cli import newjob, top
 from sidelinja_worker.cli.session import opened
 from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.queue import store
@@ -49,7 +49,7 @@ async def dispatch(args: argparse.Namespace) -> int | None:
         if args.command == "pause" and args.job_type is None:
             return await show(pool)
         if args.job_type not in REGISTRY:
-            raise UserError(f"unknown job type {args.job_type!r}; known: {', '.join(REGISTRY)}")
+            raise newjob.unknown_type(args.job_type)
         if args.command == "pause":
             if not args.reason:
                 raise UserError("say why with --reason (it goes to the audit log)")
