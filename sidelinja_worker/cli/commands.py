@@ -198,7 +198,7 @@ async def cmd_workspace(args: argparse.Namespace) -> int:
         async with opened(args) as (_db, pool):
             rows = await admin_cli.workspaces(pool)
         for r in rows:
-            print(f"{r['id']}  {r['name']}")
+            print(f"{r['id']}  {printable(r['name'])}")  # any writer may have set it
         if not rows:
             say("no workspaces yet: `sidelinja-worker workspace create NAME`")
         return 0

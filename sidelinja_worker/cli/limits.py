@@ -14,6 +14,7 @@ from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.durations import parse_duration_s
 from sidelinja_worker.queue.errors import UserError
+from sidelinja_worker.queue.escapes import printable
 from sidelinja_worker.settings import FALSE, TRUE
 
 USAGE = """examples:
@@ -79,7 +80,8 @@ async def show(pool: asyncpg.Pool) -> int:
     for r in rows:
         running = "" if r["running"] is None else str(r["running"])
         paused = "" if r["paused_until"] is None else f"{r['paused_until']:%Y-%m-%d %H:%M:%S %Z}"
-        print(f"{r['kind']:<10} {r['name']:<38} {r['limit_text']:<18} {running:>7}  {paused}")
+        name = printable(r["name"])  # a job type or rate key that SQL may have written
+        print(f"{r['kind']:<10} {name:<38} {r['limit_text']:<18} {running:>7}  {paused}")
     return 0
 
 
