@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import pty
+import subprocess
+import sys
 from uuid import UUID
 
 import asyncpg
@@ -52,3 +56,25 @@ async def test_the_episode_pipeline_warns_of_settings_not_set_here_as_enqueue_do
     assert len(out.stdout.splitlines()) == 3  # the ids, as before
     assert "warning: whisper_transcribe needs WHISPER_URL, MEDIA_ROOT" in out.stderr
     assert "warning: openrouter_analyze needs AI_GATEWAY_URL, AI_GATEWAY_KEY" in out.stderr
+
+
+def test_a_file_typed_at_the_terminal_says_how_to_end_it(db_url: str, workspace: UUID) -> None:
+    controller, terminal = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sidelinja_worker", "enqueue", "--file", "-", "noop"],
+            env={**os.environ, "DATABASE_URL": db_url},
+            stdin=terminal,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        # A line, then Ctrl-D at the start of the next: the end of the file, as a user types it.
+        os.write(controller, f'{{"workspace_id": "{workspace}"}}\n'.encode() + b"\x04")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    assert proc.returncode == 0, err
+    assert out == "enqueued 1 job from stdin\n"
+    assert "sidelinja-worker: type one JSON object per line; Ctrl-D ends the file" in err
