@@ -15,6 +15,7 @@ from uuid import UUID, uuid4
 import asyncpg
 import pytest
 
+from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.queue import store
 from tests.helpers import cli, insert_jobs
 
@@ -77,3 +78,16 @@ async def test_once_says_nothing_is_due_rather_than_a_wait_of_zero(
     await pool.execute("UPDATE job_queue SET scheduled_for = now() - interval '90 seconds'")
     due = cli("top", "--once", url=db_url)
     assert "oldest due 9" in due.stdout and "nothing due" not in due.stdout
+
+
+async def test_once_shows_a_worker_of_every_type_as_all(db_url: str, pool: asyncpg.Pool) -> None:
+    await pool.execute(
+        "INSERT INTO job_workers (id, hostname, pid, job_types, expires_at)"
+        " VALUES ($1, 'h', 1, $2, now() + interval '1 hour')",
+        uuid4(),
+        sorted(REGISTRY),
+    )
+    out = cli("top", "--once", url=db_url, env={"COLUMNS": "80"})
+    assert out.returncode == 0, out.stderr
+    (row,) = [line for line in out.stdout.splitlines() if line.startswith("│ live ")]
+    assert row.split("│")[5].strip() == "all", row
