@@ -391,3 +391,17 @@ def test_a_malformed_command_line_is_one_line_that_points_to_the_help(
     assert line.startswith(says), line
     command = says.split(": error")[0]
     assert line.endswith(f"; see `{command} --help`"), line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("jobs", "list", "--debug"),
+        ("workspace", "list", "--log-level", "warning"),
+        ("admin-token", "list", "--log-format", "text"),
+        ("jobs", "list", "--status", "all", "--debug"),
+    ],
+)
+def test_the_global_flags_come_after_an_action_too(db_url: str, args: tuple[str, ...]) -> None:
+    out = cli(*args, url=db_url)
+    assert out.returncode == 0, out.stderr

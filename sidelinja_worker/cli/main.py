@@ -10,7 +10,7 @@ import os
 import select
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 import asyncpg
@@ -134,9 +134,20 @@ def build_parser() -> argparse.ArgumentParser:
     retention.add_command(sub)
     admin_cli.add_commands(sub)
     operator_cli.add_commands(sub)
-    for command in sub.choices.values():  # `run --debug` as well as `--debug run`
+    # `run --debug` and `jobs list --debug` as well as `--debug run`: every command and every
+    # action of one takes the global flags (their defaults are SUPPRESS: no level overrides).
+    for command in subcommands(parser):
         settings.add_flags(command, settings.GLOBAL)
     return parser
+
+
+def subcommands(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """Every parser under `parser`: the commands, and the actions of those that have some."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                yield child
+                yield from subcommands(child)
 
 
 def join_values(argv: Sequence[str]) -> list[str]:
