@@ -9,8 +9,9 @@ import sys
 from uuid import UUID
 
 import asyncpg
+import pytest
 
-from tests.helpers import cli
+from tests.helpers import cli, one_line_error
 
 
 async def test_a_held_unique_key_says_which_job_the_printed_id_is(
@@ -78,3 +79,13 @@ def test_a_file_typed_at_the_terminal_says_how_to_end_it(db_url: str, workspace:
     assert proc.returncode == 0, err
     assert out == "enqueued 1 job from stdin\n"
     assert "sidelinja-worker: type one JSON object per line; Ctrl-D ends the file" in err
+
+
+@pytest.mark.parametrize("key", ["", "k" * 1001])
+async def test_a_unique_key_is_held_to_the_bulk_lines_bounds(
+    db_url: str, pool: asyncpg.Pool, workspace: UUID, key: str
+) -> None:
+    out = cli("enqueue", "noop", "--workspace", str(workspace), "--unique-key", key, url=db_url)
+    assert out.returncode == 2
+    assert one_line_error(out) == "sidelinja-worker: error: --unique-key: 1 to 1,000 characters"
+    assert await pool.fetchval("SELECT count(*) FROM job_queue") == 0

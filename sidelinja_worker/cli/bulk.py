@@ -50,7 +50,7 @@ class JobLine(BaseModel):
     priority: int | None = None
     scheduled_for: str | None = None  # ISO 8601, UTC if no zone
     max_attempts: int = newjob.DEFAULT_MAX_ATTEMPTS
-    unique_key: str | None = Field(None, min_length=1, max_length=1000)
+    unique_key: str | None = Field(None, min_length=1, max_length=newjob.UNIQUE_KEY_MAX)
     timeout_s: int | None = Field(None, ge=1, le=newjob.INT32_MAX)
 
 

@@ -21,6 +21,7 @@ from sidelinja_worker.queue.durations import parse_duration_s
 from sidelinja_worker.queue.errors import UserError
 
 DEFAULT_MAX_ATTEMPTS = 3
+UNIQUE_KEY_MAX = 1000  # characters of a unique key, on the command line as in a bulk file
 INT32_MAX = 2**31 - 1  # timeout_s is an INTEGER column
 # jsonb's encoder writes whole numbers of at most 64 bits; a bigger one failed with a traceback.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -55,6 +56,8 @@ def from_flags(args: argparse.Namespace) -> client.NewJob:
             raise UserError(f"--timeout must be at least 1s, not {args.timeout!r}")
         if timeout_s > INT32_MAX:
             raise UserError(f"--timeout must be 1 to {INT32_MAX} seconds, not {args.timeout!r}")
+    if args.unique_key is not None and not 1 <= len(args.unique_key) <= UNIQUE_KEY_MAX:
+        raise UserError(f"--unique-key: 1 to {UNIQUE_KEY_MAX:,} characters")
     delay_s = _duration("--in", args.delay) if args.delay else None
     if delay_s is not None and not delay_s <= MAX_DELAY_DAYS * 86400:
         raise UserError(f"--in: at most {MAX_DELAY_DAYS}d, not {args.delay!r}")
