@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import sys
 from typing import Any
 from uuid import UUID
@@ -191,6 +193,7 @@ async def serve(args: argparse.Namespace) -> int:
     host, _, port = bind.rpartition(":")
     if not host or not port.isdigit():
         raise UserError(f"--bind / SIDELINJA_ADMIN_BIND {bind!r} is not HOST:PORT")
+    await check_bind(host.strip("[]"), int(port), bind)
     async with opened(args) as (db, _pool):
         config = uvicorn.Config(
             create_app(db.url, spacetime_target(args.settings), args.settings.admin_read_timeout),
@@ -203,6 +206,21 @@ async def serve(args: argparse.Namespace) -> int:
         print(f"sidelinja-worker admin: http://{bind}/admin/jobs", file=sys.stderr, flush=True)
         await uvicorn.Server(config).serve()
     return 0
+
+
+async def check_bind(host: str, port: int, bind: str) -> None:
+    """uvicorn's own bind (the same create_server call), tried first: a port in use or a host
+    not on this machine is one line and exit 2, before anything says it serves there. uvicorn
+    would log it and exit 3, the code of a worker whose internal task died."""
+    try:
+        server = await asyncio.get_running_loop().create_server(
+            asyncio.Protocol, host=host, port=port
+        )
+    except OSError as exc:  # asyncio's text names the address again: the errno's says why
+        reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror
+        raise UserError(f"--bind {bind}: {reason or exc}") from None
+    server.close()
+    await server.wait_closed()
 
 
 def spacetime_target(s: Settings) -> SpacetimeTarget | None:
