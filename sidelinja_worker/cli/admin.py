@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from typing import Any
 from uuid import UUID
@@ -17,7 +16,7 @@ from sidelinja_worker import settings
 from sidelinja_worker.admin import auth, store
 from sidelinja_worker.admin.spacetime import SpacetimeTarget
 from sidelinja_worker.admin.store import JobFilter, Scope
-from sidelinja_worker.cli.session import json_default, opened
+from sidelinja_worker.cli.session import json_default, opened, why_not_listening
 from sidelinja_worker.queue.config import Secret
 from sidelinja_worker.queue.errors import UserError
 from sidelinja_worker.queue.escapes import printable, printable_json
@@ -216,9 +215,8 @@ async def check_bind(host: str, port: int, bind: str) -> None:
         server = await asyncio.get_running_loop().create_server(
             asyncio.Protocol, host=host, port=port
         )
-    except OSError as exc:  # asyncio's text names the address again: the errno's says why
-        reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror
-        raise UserError(f"--bind {bind}: {reason or exc}") from None
+    except OSError as exc:
+        raise UserError(f"--bind {bind}: {why_not_listening(exc)}") from None
     server.close()
     await server.wait_closed()
 

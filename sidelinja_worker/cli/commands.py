@@ -21,7 +21,7 @@ from sidelinja_worker.cli import admin as admin_cli
 from sidelinja_worker.cli import bulk, newjob, progress, retention
 from sidelinja_worker.cli import limits as limits_cli
 from sidelinja_worker.cli import operator as operator_cli
-from sidelinja_worker.cli.session import json_default, opened, parse_uuid
+from sidelinja_worker.cli.session import json_default, opened, parse_uuid, why_not_listening
 from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.jobs.transcripts import pipeline
 from sidelinja_worker.queue import client, embedded, gctune, metrics, migrate, store
@@ -163,8 +163,11 @@ async def cmd_run(args: argparse.Namespace) -> int:
         worker = Worker(pool, db.url, REGISTRY, settings, config)
         install_stop_signals(worker)
         gctune.tune_for_serving()
-        if args.settings.metrics_port:  # the server lives on this loop until the process ends
-            await metrics.serve(pool, args.settings.metrics_port, args.settings.metrics_bind)
+        if port := args.settings.metrics_port:  # the server lives on this loop until the end
+            try:
+                await metrics.serve(pool, port, args.settings.metrics_bind)
+            except OSError as exc:  # the gauges' own database errors are handled inside
+                raise UserError(f"--metrics-port {port}: {why_not_listening(exc)}") from None
             worker.supervise_also("metrics", lambda: metrics.gauge_loop(pool))
         try:
             await worker.run()

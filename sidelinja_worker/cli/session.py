@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -73,3 +74,10 @@ def json_default(value: Any) -> str:
     if isinstance(value, datetime):
         return value.isoformat()
     return str(value)
+
+
+def why_not_listening(exc: OSError) -> str:
+    """Why a server could not listen, in the errno's words ("Address already in use"): asyncio's
+    own text repeats the address the flag already names."""
+    reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror
+    return reason or str(exc)
