@@ -10,6 +10,7 @@ from uuid import UUID, uuid4
 import asyncpg
 import pytest
 
+from sidelinja_worker.jobs.catalog import REGISTRY
 from tests.helpers import cli, insert_jobs, one_line_error
 
 
@@ -35,6 +36,16 @@ def test_types_lists_noop_with_priority() -> None:
     out = cli("types", url=None)
     assert out.returncode == 0
     assert any(line.split()[:2] == ["noop", "0"] for line in out.stdout.splitlines())
+
+
+def test_types_fits_the_terminal_and_keeps_every_word() -> None:
+    out = cli("types", url=None, env={"COLUMNS": "80"})
+    assert out.returncode == 0, out.stderr
+    assert max(len(line) for line in out.stdout.splitlines()) <= 80
+    text = " ".join(out.stdout.split())
+    for jt in REGISTRY.values():
+        assert " ".join(jt.description.split()) in text
+        assert " ".join(", ".join(jt.needs_settings).split()) in text
 
 
 async def test_enqueue_prints_the_id_and_run_completes_it(
@@ -354,3 +365,43 @@ async def test_jobs_list_show_and_why_print_no_terminal_controls(
     )
     (listed,) = json.loads(runs["list --json"].stdout)
     assert (listed["job_type"], listed["error_msg"]) == (job_type, error)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ((), "sidelinja-worker: error: the following arguments are required: COMMAND"),
+        (
+            ("enqueue", "noop", "--priority", "abc"),
+            "sidelinja-worker enqueue: error: argument --priority: invalid int value: 'abc'",
+        ),
+        (
+            ("enqueue", "noop", "--in", "1m", "--at", "2030-01-01"),
+            "sidelinja-worker enqueue: error: argument --at: not allowed with argument --in",
+        ),
+        (("jobs", "show"), "sidelinja-worker jobs show: error: the following arguments are"),
+    ],
+)
+def test_a_malformed_command_line_is_one_line_that_points_to_the_help(
+    args: tuple[str, ...], says: str
+) -> None:
+    out = cli(*args, url=None)
+    assert out.returncode == 2
+    line = one_line_error(out)
+    assert line.startswith(says), line
+    command = says.split(": error")[0]
+    assert line.endswith(f"; see `{command} --help`"), line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("jobs", "list", "--debug"),
+        ("workspace", "list", "--log-level", "warning"),
+        ("admin-token", "list", "--log-format", "text"),
+        ("jobs", "list", "--status", "all", "--debug"),
+    ],
+)
+def test_the_global_flags_come_after_an_action_too(db_url: str, args: tuple[str, ...]) -> None:
+    out = cli(*args, url=db_url)
+    assert out.returncode == 0, out.stderr

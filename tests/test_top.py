@@ -15,8 +15,9 @@ from uuid import UUID, uuid4
 import asyncpg
 import pytest
 
+from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.queue import store
-from tests.helpers import insert_jobs
+from tests.helpers import cli, insert_jobs
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
@@ -61,3 +62,32 @@ async def test_top_shows_the_queue_and_workers_live(
             await asyncio.sleep(0.1)
     finally:
         _tmux(socket, "kill-server")
+
+
+async def test_once_says_nothing_is_due_rather_than_a_wait_of_zero(
+    db_url: str, pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, scheduled_for)"
+        " VALUES ($1, 'noop', '{}', now() + interval '1 hour')",
+        workspace,
+    )
+    later = cli("top", "--once", url=db_url)
+    assert later.returncode == 0, later.stderr
+    assert "nothing due" in later.stdout and "oldest due" not in later.stdout
+    await pool.execute("UPDATE job_queue SET scheduled_for = now() - interval '90 seconds'")
+    due = cli("top", "--once", url=db_url)
+    assert "oldest due 9" in due.stdout and "nothing due" not in due.stdout
+
+
+async def test_once_shows_a_worker_of_every_type_as_all(db_url: str, pool: asyncpg.Pool) -> None:
+    await pool.execute(
+        "INSERT INTO job_workers (id, hostname, pid, job_types, expires_at)"
+        " VALUES ($1, 'h', 1, $2, now() + interval '1 hour')",
+        uuid4(),
+        sorted(REGISTRY),
+    )
+    out = cli("top", "--once", url=db_url, env={"COLUMNS": "80"})
+    assert out.returncode == 0, out.stderr
+    (row,) = [line for line in out.stdout.splitlines() if line.startswith("│ live ")]
+    assert row.split("│")[5].strip() == "all", row

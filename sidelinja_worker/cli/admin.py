@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 from typing import Any
@@ -15,7 +16,7 @@ from sidelinja_worker import settings
 from sidelinja_worker.admin import auth, store
 from sidelinja_worker.admin.spacetime import SpacetimeTarget
 from sidelinja_worker.admin.store import JobFilter, Scope
-from sidelinja_worker.cli.session import opened
+from sidelinja_worker.cli.session import json_default, opened, why_not_listening
 from sidelinja_worker.queue.config import Secret
 from sidelinja_worker.queue.errors import UserError
 from sidelinja_worker.queue.escapes import printable, printable_json
@@ -23,6 +24,8 @@ from sidelinja_worker.settings import Settings
 
 ALL = Scope(token_id=None, workspace_id=None)
 MAX_LIST = 100_000  # jobs one `jobs list` prints
+TYPE_SHOWN = 40  # characters of a job type in the table (the catalog's longest has 25)
+ERROR_SHOWN = 60  # characters of the last error in the table (`jobs show` has all of it)
 COLUMNS = (
     "id",
     "workspace_id",
@@ -51,16 +54,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
 
 def add_jobs_commands(jsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from sidelinja_worker.admin.forms import STATUSES
+
+    # Both lists come from the code that orders and checks them, so the help cannot drift.
+    after = ", ".join(store.STATUS_ORDER[1:])
     j = jsub.add_parser(
         "list",
-        help="jobs, newest first (default: errors); with --status all, "
-        "errors first, then retry, running, pending, cancelled, "
-        "completed",
+        help=f"jobs, newest first (default: errors); with --status all, errors first, then {after}",
     )
     j.add_argument(
-        "--status",
-        default="error",
-        help="error|retry|pending|running|completed|cancelled|all (error)",
+        "--status", default="error", help=f"{', '.join(STATUSES)} or all (default error)"
     )
     j.add_argument("--type", help="only this job type")
     j.add_argument("--workspace", help="only this workspace")
@@ -108,25 +111,31 @@ async def token_command(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
             raise UserError(f"no active token {args.token_id}")
         print("revoked")
         return 0
-    for r in await store.list_tokens(pool):
+    tokens = await store.list_tokens(pool)
+    for r in tokens:
         scope = "all workspaces" if r["all_workspaces"] else f"workspace {r['workspace_id']}"
         state = f"revoked {r['revoked_at']:%Y-%m-%d %H:%M}" if r["revoked_at"] else "active"
-        print(f"{r['id']}  {state:<24} {scope}  {r['label'] or ''}")
+        label = printable(r["label"] or "")
+        print(f"{r['id']}  {state:<24} {scope:<46}  {label}".rstrip())  # 46: a workspace's scope
+    if not tokens:
+        print("no tokens yet: `sidelinja-worker admin-token create --all`", file=sys.stderr)
     return 0
 
 
 async def jobs_list(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
-    if args.limit > MAX_LIST:  # every row is held in memory to print; past 64 bits, a traceback
-        raise UserError(f"--limit: at most {MAX_LIST:,}")
+    # Every row is held in memory to print (past 64 bits, a traceback); none is no list.
+    if not 1 <= args.limit <= MAX_LIST:
+        raise UserError(f"--limit: 1 to {MAX_LIST:,}")
     f = JobFilter(
         status=None if args.status == "all" else _status(args.status),
         job_type=args.type,
         workspace_id=_uuid(args.workspace, "--workspace") if args.workspace else None,
     )
     async with store.scoped(pool, ALL) as conn:
-        rows = [dict(r) for r in await store.list_jobs(conn, f, None, max(args.limit, 1))]
+        rows = [dict(r) for r in await store.list_jobs(conn, f, None, args.limit)]
     if args.json:
-        print(printable_json(json.dumps(rows, default=str, ensure_ascii=False, indent=1)))
+        text = json.dumps(rows, default=json_default, ensure_ascii=False, indent=1)
+        print(printable_json(text))
         return 0
     print_table(rows)
     return 0
@@ -136,13 +145,21 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     if not rows:
         print("no jobs match")
         return
-    print(f"{'ID':<36}  {'TYPE':<22} {'STATUS':<9} {'TRIES':>5}  {'CREATED':<19}  LAST ERROR")
+    # As wide as the longest job type listed: a cut one is a name `--type` does not find.
+    width = max(len("TYPE"), *(len(printable(r["job_type"])) for r in rows))
+    width = min(width, TYPE_SHOWN)
+    print(f"{'ID':<36}  {'TYPE':<{width}} {'STATUS':<9} {'TRIES':>5}  {'CREATED':<19}  LAST ERROR")
     for r in rows:
-        error = printable((r["error_msg"] or "").replace("\n", " "))[:60]
+        error = cut(printable((r["error_msg"] or "").replace("\n", " ")), ERROR_SHOWN)
         print(
-            f"{r['id']!s:<36}  {printable(r['job_type']):<22.22} {r['status']:<9} "
+            f"{r['id']!s:<36}  {cut(printable(r['job_type']), width):<{width}} {r['status']:<9} "
             f"{r['attempts']:>2}/{r['max_attempts']:<2}  {r['created_at']:%Y-%m-%d %H:%M:%S}  {error}"
         )
+
+
+def cut(text: str, width: int) -> str:
+    """`text` in at most `width` characters, a cut one ending in "…"."""
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 async def jobs_retry(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
@@ -175,6 +192,7 @@ async def serve(args: argparse.Namespace) -> int:
     host, _, port = bind.rpartition(":")
     if not host or not port.isdigit():
         raise UserError(f"--bind / SIDELINJA_ADMIN_BIND {bind!r} is not HOST:PORT")
+    await check_bind(host.strip("[]"), int(port), bind)
     async with opened(args) as (db, _pool):
         config = uvicorn.Config(
             create_app(db.url, spacetime_target(args.settings), args.settings.admin_read_timeout),
@@ -187,6 +205,20 @@ async def serve(args: argparse.Namespace) -> int:
         print(f"sidelinja-worker admin: http://{bind}/admin/jobs", file=sys.stderr, flush=True)
         await uvicorn.Server(config).serve()
     return 0
+
+
+async def check_bind(host: str, port: int, bind: str) -> None:
+    """uvicorn's own bind (the same create_server call), tried first: a port in use or a host
+    not on this machine is one line and exit 2, before anything says it serves there. uvicorn
+    would log it and exit 3, the code of a worker whose internal task died."""
+    try:
+        server = await asyncio.get_running_loop().create_server(
+            asyncio.Protocol, host=host, port=port
+        )
+    except OSError as exc:
+        raise UserError(f"--bind {bind}: {why_not_listening(exc)}") from None
+    server.close()
+    await server.wait_closed()
 
 
 def spacetime_target(s: Settings) -> SpacetimeTarget | None:

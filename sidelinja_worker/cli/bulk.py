@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sidelinja_worker.cli import newjob, progress
 from sidelinja_worker.cli.session import opened, parse_uuid
 from sidelinja_worker.queue import client, store
+from sidelinja_worker.queue.db import say
 from sidelinja_worker.queue.errors import UserError
 from sidelinja_worker.queue.ids import uuid7s
 
@@ -49,7 +50,7 @@ class JobLine(BaseModel):
     priority: int | None = None
     scheduled_for: str | None = None  # ISO 8601, UTC if no zone
     max_attempts: int = newjob.DEFAULT_MAX_ATTEMPTS
-    unique_key: str | None = Field(None, min_length=1, max_length=1000)
+    unique_key: str | None = Field(None, min_length=1, max_length=newjob.UNIQUE_KEY_MAX)
     timeout_s: int | None = Field(None, ge=1, le=newjob.INT32_MAX)
 
 
@@ -80,11 +81,16 @@ async def run(args: argparse.Namespace) -> int:
     default_workspace = parse_uuid(args.workspace, "--workspace") if args.workspace else None
     if args.job_type is not None:
         newjob.new_job(UUID(int=0), args.job_type, {})  # an unknown JOB_TYPE fails here
-    shown = progress.wanted(args.settings.log_format)
     name = "stdin" if args.file == "-" else args.file
     with ExitStack() as stack:
         stream = sys.stdin.buffer if args.file == "-" else stack.enter_context(_open(args.file))
         size = _size(stream, name)
+        # Typed at a terminal: a bar redrawn over the typing garbles it, and a user who meets
+        # a cursor that waits needs to know how to end the file.
+        typed = stream.isatty()
+        shown = progress.wanted(args.settings.log_format) and not typed
+        if typed:
+            say("sidelinja-worker: type one JSON object per line; Ctrl-D ends the file")
         async with opened(args) as (_db, pool), pool.acquire() as conn:
             reader = Reader(args, conn, default_workspace, name)
             with progress.bar(

@@ -7,16 +7,21 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
+import textwrap
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID, uuid4
+
+import asyncpg
 
 from sidelinja_worker.cli import admin as admin_cli
 from sidelinja_worker.cli import bulk, newjob, progress, retention
 from sidelinja_worker.cli import limits as limits_cli
 from sidelinja_worker.cli import operator as operator_cli
-from sidelinja_worker.cli.session import opened, parse_uuid
+from sidelinja_worker.cli.session import json_default, opened, parse_uuid, why_not_listening
 from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.jobs.transcripts import pipeline
 from sidelinja_worker.queue import client, embedded, gctune, metrics, migrate, store
@@ -27,6 +32,7 @@ from sidelinja_worker.queue.db import (
 )
 from sidelinja_worker.queue.errors import UserError
 from sidelinja_worker.queue.escapes import printable, printable_json
+from sidelinja_worker.queue.ids import uuid7s
 from sidelinja_worker.queue.why import explain
 from sidelinja_worker.queue.worker import EXIT_WORKER_DIED, Worker, WorkerDied
 
@@ -83,13 +89,34 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+TYPES_NEEDS_AT = 48  # the column NEEDS starts at in `types`
+
+
 def show_types() -> int:
+    """The job types, wrapped to the terminal's width (80 when piped): the descriptions run to
+    200 characters, and a line the terminal wraps itself breaks the table's columns."""
+    width = shutil.get_terminal_size().columns
     print(f"{'JOB TYPE':<28} {'PRIORITY':>8} {'TIMEOUT':>8}  NEEDS")
     for jt in REGISTRY.values():
-        needs = ", ".join(jt.needs_settings) or "-"
-        print(f"{jt.name:<28} {jt.default_priority:>8} {jt.timeout_s:>7g}s  {needs}")
-        print(f"    {jt.description}")
+        needs = _wrapped(", ".join(jt.needs_settings) or "-", width - TYPES_NEEDS_AT, "")
+        print(f"{jt.name:<28} {jt.default_priority:>8} {jt.timeout_s:>7g}s  {needs[0]}")
+        for more in needs[1:]:
+            print(" " * TYPES_NEEDS_AT + more)
+        for line in _wrapped(jt.description, width, "    "):
+            print(line)
     return 0
+
+
+def _wrapped(text: str, width: int, indent: str) -> list[str]:
+    """`text` in lines of at most `width` (at least 20), broken between words only."""
+    return textwrap.wrap(
+        text,
+        max(width, 20),
+        initial_indent=indent,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [indent]
 
 
 async def cmd_enqueue(args: argparse.Namespace) -> int:
@@ -102,15 +129,31 @@ async def cmd_enqueue(args: argparse.Namespace) -> int:
                 f"no workspace {job.workspace_id}: create it with "
                 f"`sidelinja-worker workspace create NAME --id {job.workspace_id}`"
             )
+        # An id given in advance tells a new job from one deduplicated onto its key's holder.
+        job = replace(job, job_id=uuid7s(1)[0])
         try:
-            job_id = await client.enqueue_many(pool, [job])
+            (job_id,) = await client.enqueue_many(pool, [job])
         except client.UniqueKeyUnresolved as exc:  # a race with the key's holders: try again
             raise UserError(f"--unique-key: {exc}; nothing was enqueued") from None
-    print(job_id[0])
+        if job_id != job.job_id:
+            await say_held(pool, args.unique_key, job_id)
+    print(job_id)
+    if job_id != job.job_id:  # the holder's settings and schedule are not this command's
+        return 0
     if job.scheduled_for is not None and job.scheduled_for < datetime.now(UTC):
         say(f"sidelinja-worker: warning: --at {args.at} is in the past; the job is due now")
     newjob.warn_missing_settings(args, {job.job_type})
     return 0
+
+
+async def say_held(pool: asyncpg.Pool, unique_key: str, holder: UUID) -> None:
+    """One line on stderr: the id printed is the job holding the key, of whatever job type."""
+    row = await store.get_job(pool, holder)
+    what = f" ({printable(row['job_type'])}, {row['status']})" if row else ""
+    say(
+        f"sidelinja-worker: --unique-key {printable(repr(unique_key))} is held by job "
+        f"{holder}{what}: that is the id printed; nothing new was enqueued"
+    )
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
@@ -120,8 +163,11 @@ async def cmd_run(args: argparse.Namespace) -> int:
         worker = Worker(pool, db.url, REGISTRY, settings, config)
         install_stop_signals(worker)
         gctune.tune_for_serving()
-        if args.settings.metrics_port:  # the server lives on this loop until the process ends
-            await metrics.serve(pool, args.settings.metrics_port, args.settings.metrics_bind)
+        if port := args.settings.metrics_port:  # the server lives on this loop until the end
+            try:
+                await metrics.serve(pool, port, args.settings.metrics_bind)
+            except OSError as exc:  # the gauges' own database errors are handled inside
+                raise UserError(f"--metrics-port {port}: {why_not_listening(exc)}") from None
             worker.supervise_also("metrics", lambda: metrics.gauge_loop(pool))
         try:
             await worker.run()
@@ -155,15 +201,31 @@ async def cmd_workspace(args: argparse.Namespace) -> int:
         async with opened(args) as (_db, pool):
             rows = await admin_cli.workspaces(pool)
         for r in rows:
-            print(f"{r['id']}  {r['name']}")
+            print(f"{r['id']}  {printable(r['name'])}")  # any writer may have set it
         if not rows:
             say("no workspaces yet: `sidelinja-worker workspace create NAME`")
         return 0
+    if not args.name.strip():  # `workspace list` and the admin view would show nothing
+        raise UserError("NAME must not be empty")
     workspace_id = parse_uuid(args.id, "--id") if args.id else uuid4()
     async with opened(args) as (_db, pool):
-        await store.ensure_workspace(pool, workspace_id, args.name)
-    print(workspace_id)
+        if await store.workspace_exists(pool, workspace_id):
+            await say_kept(pool, workspace_id)
+        else:
+            await store.ensure_workspace(pool, workspace_id, args.name)
+    print(workspace_id)  # either way: a script that runs it again still reads the id
     return 0
+
+
+async def say_kept(pool: asyncpg.Pool, workspace_id: UUID) -> None:
+    """One line on stderr: the id is taken, and the workspace keeps its own name."""
+    name = next(
+        (r["name"] for r in await admin_cli.workspaces(pool) if r["id"] == workspace_id), ""
+    )
+    say(
+        f"sidelinja-worker: workspace {workspace_id} already exists, named "
+        f"{printable(repr(name))}; left as it is"
+    )
 
 
 async def cmd_jobs(args: argparse.Namespace) -> int:
@@ -179,7 +241,7 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
             missing = args.settings.service_config().missing(needs)
             relatives = await store.job_relatives(pool, job_id)
             facts_ = {**facts, "parents": _relatives(relatives, "parent")}
-            for reason in explain(facts_, missing):
+            for reason in explain(facts_, missing) + await _worker_gone(pool, facts):
                 print(f"- {printable(reason)}")
             return 0
         if args.jobs_command == "show":
@@ -196,7 +258,7 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
                 more = max((r["more"] for r in relatives if r["relation"] == relation), default=0)
                 if more:  # past store.MAX_RELATIVES: counted, not listed
                     shown[key] = more
-            text = json.dumps(shown, indent=2, default=_json_default, ensure_ascii=False)
+            text = json.dumps(shown, indent=2, default=json_default, ensure_ascii=False)
             print(printable_json(text))
             return 0
         after, before = await store.request_cancel(pool, job_id)
@@ -210,6 +272,31 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
         else "cancelled"
     )
     return 0
+
+
+async def _worker_gone(pool: asyncpg.Pool, facts: Any) -> list[str]:
+    """For a running row whose worker is gone (its lease expired, or no row at all): the row
+    says running while nothing runs the job, until a live worker's rescue puts it back."""
+    if facts["status"] != "running":
+        return []
+    workers = await store.list_workers(pool)
+    worker = next((w for w in workers if w["id"] == facts["worker_id"]), None)
+    if worker is not None and worker["alive"]:
+        return []
+    expired = f" (its lease expired at {_at(worker['expires_at'])})" if worker else ""
+    gone = f"its worker {facts['worker_id']} is gone{expired}"
+    if any(w["alive"] for w in workers):
+        return [
+            f"{gone}: a live worker's rescue puts the job back in the queue, counted as an attempt"
+        ]
+    return [
+        f"{gone}, and no worker is live to put the job back in the queue: start one with "
+        "`sidelinja-worker run`"
+    ]
+
+
+def _at(when: datetime) -> str:
+    return f"{when.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
 
 
 async def cmd_pipeline(args: argparse.Namespace) -> int:
@@ -238,6 +325,7 @@ async def cmd_pipeline(args: argparse.Namespace) -> int:
             raise UserError(str(exc)) from None
     for job_type, job_id in ids.items():
         print(f"{job_type} {job_id}")
+    newjob.warn_missing_settings(args, ids)
     return 0
 
 
@@ -248,12 +336,6 @@ def _relatives(rows: list[Any], relation: str) -> list[dict[str, Any]]:
         for r in rows
         if r["relation"] == relation
     ]
-
-
-def _json_default(value: Any) -> str:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return str(value)
 
 
 async def cmd_limits(args: argparse.Namespace) -> int:

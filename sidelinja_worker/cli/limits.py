@@ -4,13 +4,17 @@ Workers re-read them on change (NOTIFY), so no restart is needed."""
 from __future__ import annotations
 
 import argparse
+from uuid import UUID
 
 import asyncpg
 
+from sidelinja_worker.cli import newjob
 from sidelinja_worker.cli.session import parse_uuid
+from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.durations import parse_duration_s
 from sidelinja_worker.queue.errors import UserError
+from sidelinja_worker.queue.escapes import printable
 from sidelinja_worker.settings import FALSE, TRUE
 
 USAGE = """examples:
@@ -50,15 +54,24 @@ async def run(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
             raise UserError("limits fair takes on or off (or yes/no, true/false, 1/0)")
         await store.set_queue_setting(pool, "fair_workspaces", word in TRUE)
     elif args.kind == "type":
-        await store.set_type_limit(pool, args.name, _count(args.value))
+        cap = _count(args.value)
+        # A cap on a name no worker runs caps nothing (a typo); removing one is always allowed.
+        if cap is not None and args.name not in REGISTRY:
+            raise newjob.unknown_type(args.name)
+        await store.set_type_limit(pool, args.name, cap)
     elif args.kind == "workspace":
-        await store.set_workspace_limit(
-            pool, parse_uuid(args.name, "workspace"), _count(args.value)
-        )
+        await _set_workspace_limit(pool, parse_uuid(args.name, "workspace"), _count(args.value))
     else:
         rate = _rate(args.value)
         await store.set_rate_limit(pool, args.name, *(rate or (None, None)))
     return await show(pool)
+
+
+async def _set_workspace_limit(pool: asyncpg.Pool, workspace: UUID, cap: int | None) -> None:
+    try:
+        await store.set_workspace_limit(pool, workspace, cap)
+    except asyncpg.ForeignKeyViolationError:  # a cap belongs to a workspace that exists
+        raise UserError(f"no workspace {workspace}") from None
 
 
 async def show(pool: asyncpg.Pool) -> int:
@@ -67,7 +80,8 @@ async def show(pool: asyncpg.Pool) -> int:
     for r in rows:
         running = "" if r["running"] is None else str(r["running"])
         paused = "" if r["paused_until"] is None else f"{r['paused_until']:%Y-%m-%d %H:%M:%S %Z}"
-        print(f"{r['kind']:<10} {r['name']:<38} {r['limit_text']:<18} {running:>7}  {paused}")
+        name = printable(r["name"])  # a job type or rate key that SQL may have written
+        print(f"{r['kind']:<10} {name:<38} {r['limit_text']:<18} {running:>7}  {paused}")
     return 0
 
 

@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import select
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import NoReturn
 
 import asyncpg
 
@@ -21,6 +24,7 @@ from sidelinja_worker.queue import logs
 from sidelinja_worker.queue.db import DB_ERRORS
 from sidelinja_worker.queue.errors import UserError
 
+EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for a tool whose pipe closed
 # Flags whose value may start with "-": argparse would take `--in -5m` for two flags and say
 # "expected one argument"; joined as `--in=-5m`, the value reaches its parser, which says why.
 VALUE_FLAGS = frozenset(
@@ -29,8 +33,17 @@ VALUE_FLAGS = frozenset(
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are one line, as every other error of the program is,
+    pointing to the help instead of printing the usage (ten lines for `enqueue`) first. The
+    subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="sidelinja-worker",
         description="Sidelinja's PostgreSQL job queue and worker. With no DATABASE_URL, every "
         "command uses an embedded PostgreSQL in SIDELINJA_DATA_DIR. Every flag has an "
@@ -58,7 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--at", metavar="TIMESTAMP", help="run at, ISO 8601 (UTC if no zone); a past time warns"
     )
     p.add_argument("--max-attempts", type=int, help="default 3")
-    p.add_argument("--unique-key", help="dedupe: reuse a queued/running job with this key")
+    p.add_argument(
+        "--unique-key",
+        metavar="KEY",
+        help="dedupe: while a job of the workspace (any type) is queued or running with this "
+        "key, print its id instead of enqueueing",
+    )
     p.add_argument(
         "--timeout",
         metavar="DURATION",
@@ -116,9 +134,20 @@ def build_parser() -> argparse.ArgumentParser:
     retention.add_command(sub)
     admin_cli.add_commands(sub)
     operator_cli.add_commands(sub)
-    for command in sub.choices.values():  # `run --debug` as well as `--debug run`
+    # `run --debug` and `jobs list --debug` as well as `--debug run`: every command and every
+    # action of one takes the global flags (their defaults are SUPPRESS: no level overrides).
+    for command in subcommands(parser):
         settings.add_flags(command, settings.GLOBAL)
     return parser
+
+
+def subcommands(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """Every parser under `parser`: the commands, and the actions of those that have some."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                yield child
+                yield from subcommands(child)
 
 
 def join_values(argv: Sequence[str]) -> list[str]:
@@ -149,12 +178,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"sidelinja-worker: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError as exc:
+        if stdout_closed():  # `| head` read what it wanted: not an error, not the database's
+            return EXIT_PIPE_CLOSED
+        return database_error(exc, debug)
     except DB_ERRORS as exc:  # the database went away where no retry loop covers it
-        if debug:
-            traceback.print_exc()
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        print(f"sidelinja-worker: error: database: {first}", file=sys.stderr)
-        return 2
+        return database_error(exc, debug)
     except asyncpg.InsufficientPrivilegeError as exc:  # a role without the owner's rights
         if debug:
             traceback.print_exc()
@@ -166,3 +195,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def database_error(exc: BaseException, debug: bool) -> int:
+    """One line for a database lost where no retry loop covers it."""
+    if debug:
+        traceback.print_exc()
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    print(f"sidelinja-worker: error: database: {first}", file=sys.stderr)
+    return 2
+
+
+def stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader is gone (poll says POLLERR on its write end); if
+    so, stdout becomes /dev/null, so that the interpreter's last flush at exit does not fail
+    again with a message of its own."""
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        closed = any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError):  # no file descriptor behind stdout
+        return False
+    if closed:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+    return closed

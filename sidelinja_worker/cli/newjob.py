@@ -21,6 +21,7 @@ from sidelinja_worker.queue.durations import parse_duration_s
 from sidelinja_worker.queue.errors import UserError
 
 DEFAULT_MAX_ATTEMPTS = 3
+UNIQUE_KEY_MAX = 1000  # characters of a unique key, on the command line as in a bulk file
 INT32_MAX = 2**31 - 1  # timeout_s is an INTEGER column
 # jsonb's encoder writes whole numbers of at most 64 bits; a bigger one failed with a traceback.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -55,6 +56,8 @@ def from_flags(args: argparse.Namespace) -> client.NewJob:
             raise UserError(f"--timeout must be at least 1s, not {args.timeout!r}")
         if timeout_s > INT32_MAX:
             raise UserError(f"--timeout must be 1 to {INT32_MAX} seconds, not {args.timeout!r}")
+    if args.unique_key is not None and not 1 <= len(args.unique_key) <= UNIQUE_KEY_MAX:
+        raise UserError(f"--unique-key: 1 to {UNIQUE_KEY_MAX:,} characters")
     delay_s = _duration("--in", args.delay) if args.delay else None
     if delay_s is not None and not delay_s <= MAX_DELAY_DAYS * 86400:
         raise UserError(f"--in: at most {MAX_DELAY_DAYS}d, not {args.delay!r}")
@@ -76,12 +79,17 @@ def new_job(
 ) -> client.NewJob:
     """A checked NewJob of a known job type; `options` are NewJob's optional fields."""
     if job_type not in REGISTRY:
-        raise UserError(f"unknown job type {job_type!r}; known: {', '.join(sorted(REGISTRY))}")
+        raise unknown_type(job_type)
     check_storable(payload, "payload")
     try:
         return client.NewJob(workspace, job_type, payload, **options).checked()
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+def unknown_type(job_type: str) -> UserError:
+    """The one error every command gives for a job type no worker runs."""
+    return UserError(f"unknown job type {job_type!r}; known: {', '.join(sorted(REGISTRY))}")
 
 
 def check_storable(value: Any, where: str) -> None:

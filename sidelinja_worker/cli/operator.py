@@ -10,11 +10,12 @@ import socket
 
 import asyncpg
 
-from sidelinja_worker.cli import top
+from sidelinja_worker.cli import newjob, top
 from sidelinja_worker.cli.session import opened
 from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.errors import UserError
+from sidelinja_worker.queue.escapes import printable
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -49,7 +50,7 @@ async def dispatch(args: argparse.Namespace) -> int | None:
         if args.command == "pause" and args.job_type is None:
             return await show(pool)
         if args.job_type not in REGISTRY:
-            raise UserError(f"unknown job type {args.job_type!r}; known: {', '.join(REGISTRY)}")
+            raise newjob.unknown_type(args.job_type)
         if args.command == "pause":
             if not args.reason:
                 raise UserError("say why with --reason (it goes to the audit log)")
@@ -69,8 +70,10 @@ async def show(pool: asyncpg.Pool) -> int:
     if not rows:
         print("no job type is paused")
     for r in rows:
+        # Plain SQL may pause a type with any text in its row.
+        by, reason = printable(r["paused_by"]), printable(r["reason"] or "no reason")
         print(
-            f"{r['job_type']}: paused {r['paused_at']:%Y-%m-%d %H:%M:%S %Z} by {r['paused_by']}"
-            f" ({r['reason'] or 'no reason'}); {r['waiting']} jobs waiting"
+            f"{printable(r['job_type'])}: paused {r['paused_at']:%Y-%m-%d %H:%M:%S %Z} by {by}"
+            f" ({reason}); {r['waiting']} jobs waiting"
         )
     return 0

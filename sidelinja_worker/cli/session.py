@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 import asyncpg
@@ -63,3 +66,18 @@ def parse_uuid(text: str, what: str) -> UUID:
         return UUID(text)
     except ValueError:
         raise UserError(f"{what} {text!r} is not a UUID") from None
+
+
+def json_default(value: Any) -> str:
+    """What json.dumps cannot write itself, as `jobs show` and `jobs list --json` print it:
+    times in ISO 8601, ids and the rest as text."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def why_not_listening(exc: OSError) -> str:
+    """Why a server could not listen, in the errno's words ("Address already in use"): asyncio's
+    own text repeats the address the flag already names."""
+    reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror
+    return reason or str(exc)

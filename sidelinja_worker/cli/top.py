@@ -15,6 +15,7 @@ from rich.text import Text
 
 from sidelinja_worker.cli.session import opened
 from sidelinja_worker.cli.terminal import plain
+from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.backoff import clamp_s
 
@@ -51,6 +52,14 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def types_shown(job_types: list[str] | None) -> str:
+    """A worker's job types: "all" for every one this version knows (a worker started without
+    --types registers the whole list, which a column cuts to its first one or two)."""
+    if not job_types or set(job_types) >= set(REGISTRY):
+        return "all"
+    return ",".join(job_types)
+
+
 async def view(pool: asyncpg.Pool) -> Group:
     depth = {r["job_type"]: r for r in await store.top_depth(pool)}
     done = {r["job_type"]: r for r in await store.top_throughput(pool, WINDOW_MIN)}
@@ -82,16 +91,17 @@ async def view(pool: asyncpg.Pool) -> Group:
             plain(w["hostname"]),
             str(w["pid"]),
             plain(w["version"] or ""),
-            plain(",".join(w["job_types"] or ["all"])),
+            plain(types_shown(w["job_types"])),
             str(w["concurrency"] or ""),
             str(w["running_count"]),
             f"{w['last_heartbeat_at']:%H:%M:%S}" if w["last_heartbeat_at"] else "",
         )
     waiting = sum(r["waiting"] for r in depth.values())
+    # With no job due the oldest wait is 0, which reads as a due job taken at once.
+    due = f"oldest due {oldest:.1f} s" if any(r["due"] for r in depth.values()) else "nothing due"
     header = Text(
         f"sidelinja-worker top · {datetime.now(UTC):%H:%M:%S} UTC · queue depth {waiting} · "
-        f"oldest due {oldest:.1f} s · {sum(w['alive'] for w in workers)} live workers · "
-        "Ctrl-C to quit",
+        f"{due} · {sum(w['alive'] for w in workers)} live workers · Ctrl-C to quit",
         style="bold",
     )
     return Group(header, jobs, fleet)
