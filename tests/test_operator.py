@@ -62,7 +62,7 @@ async def test_pause_and_resume_from_the_cli_are_audited_and_explained(
     assert done.returncode == 0, done.stderr
     listed = cli("pause", url=db_url)
     assert "noop: paused" in listed.stdout and "alice" in listed.stdout, listed.stdout
-    assert "1 jobs waiting" in listed.stdout
+    assert "1 job waiting" in listed.stdout
     why = cli("jobs", "why", str(job_id), url=db_url)
     assert "job type noop is paused cluster-wide (by alice" in why.stdout, why.stdout
     assert "bad deploy" in why.stdout

@@ -10,7 +10,7 @@ import socket
 
 import asyncpg
 
-from sidelinja_worker.cli import newjob, top
+from sidelinja_worker.cli import newjob, progress, top
 from sidelinja_worker.cli.session import opened
 from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.queue import store
@@ -74,6 +74,6 @@ async def show(pool: asyncpg.Pool) -> int:
         by, reason = printable(r["paused_by"]), printable(r["reason"] or "no reason")
         print(
             f"{printable(r['job_type'])}: paused {r['paused_at']:%Y-%m-%d %H:%M:%S %Z} by {by}"
-            f" ({reason}); {r['waiting']} jobs waiting"
+            f" ({reason}); {progress.count(r['waiting'], 'job')} waiting"
         )
     return 0

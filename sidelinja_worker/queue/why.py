@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -23,7 +23,13 @@ def explain(facts: Mapping[str, Any], missing_settings: Sequence[str] = ()) -> l
         return waiting or ["it is waiting for its parents; none is unfinished any more"]
     if status not in ("pending", "retry"):
         ended = f": {facts['error_msg']}" if facts["error_msg"] else ""
-        return [f"it is {status}{ended}; it will not run again unless retried"]
+        # Only a failed job is retried by `jobs retry`; a completed or cancelled one ends here.
+        again = (
+            "`sidelinja-worker jobs retry ID` runs it again"
+            if status == "error"
+            else ("it will not run again")
+        )
+        return [f"it is {status}{ended}; {again}"]
     reasons = _deferral(facts)
     if missing_settings:
         reasons.append(
@@ -33,7 +39,7 @@ def explain(facts: Mapping[str, Any], missing_settings: Sequence[str] = ()) -> l
     if paused := facts.get("type_paused"):
         reasons.append(
             f"job type {facts['job_type']} is paused cluster-wide (by {paused['by']} at "
-            f"{paused['at']}: {paused['reason'] or 'no reason given'}); "
+            f"{_at(paused['at'])}: {paused['reason'] or 'no reason given'}); "
             f"`sidelinja-worker resume {facts['job_type']}` lets workers take it again"
         )
     if facts["not_due"]:
@@ -45,27 +51,44 @@ def explain(facts: Mapping[str, Any], missing_settings: Sequence[str] = ()) -> l
         )
     reasons += _caps(facts)
     for service, until in (facts["paused_services"] or {}).items():
-        reasons.append(f"service {service} is rate-limited (paused) until {until}")
+        reasons.append(f"service {service} is rate-limited (paused) until {_at(until)}")
     if facts["ahead"]:
         reasons.append(
-            f"waiting behind {facts['ahead']} due jobs of higher priority or "
+            f"waiting behind {_count(facts['ahead'], 'due job')} of higher priority or "
             f"older in the same priority"
         )
     return reasons or ["nothing holds it back: a worker should take it at its next claim"]
 
 
 def _at(when: object) -> str:
-    """A row's time as a line shows it. Any writer may leave a running row without its start."""
+    """A time as a line shows it, in UTC to the second: a row's timestamp, or one written in
+    JSON (a pause's, a deferral's, as ISO 8601 text). Any writer may leave a running row
+    without its start, or write any text where a time belongs: that text is shown as it is."""
+    if isinstance(when, str):
+        try:
+            return _at(datetime.fromisoformat(when))
+        except ValueError:
+            return when
     if isinstance(when, datetime):
-        return f"{when:%Y-%m-%d %H:%M:%S %Z}".rstrip()
+        if when.tzinfo is None:
+            return f"{when:%Y-%m-%d %H:%M:%S}"
+        try:
+            when = when.astimezone(UTC)
+        except OverflowError:  # 'infinity' comes back as the last datetime, in its own zone
+            pass
+        return f"{when:%Y-%m-%d %H:%M:%S} UTC"
     return "an unknown time"
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _deferral(facts: Mapping[str, Any]) -> list[str]:
     # progress is jsonb the web app may write as anything: only an object can name a deferral.
     progress = facts["progress"] if isinstance(facts["progress"], dict) else {}
     if facts["not_due"] and "deferred_until" in progress:
-        return [f"deferred until {progress['deferred_until']}: {progress.get('message')}"]
+        return [f"deferred until {_at(progress['deferred_until'])}: {progress.get('message')}"]
     return []
 
 
@@ -82,6 +105,6 @@ def _caps(facts: Mapping[str, Any]) -> list[str]:
     if cap is not None and facts["workspace_running"] >= cap:
         reasons.append(
             f"workspace {facts['workspace_id']} already runs "
-            f"{facts['workspace_running']} jobs, its cap is {cap}"
+            f"{_count(facts['workspace_running'], 'job')}, its cap is {cap}"
         )
     return reasons
