@@ -84,6 +84,9 @@ async def session(request: Request) -> tuple[Scope, str]:
     scope = await auth.scope_for(request.app.state.pool, credential)
     if scope is None or credential is None:
         raise Denied
+    # Kept for an answer that has no page of its own to render (answers.too_slow), so it can
+    # still show the navigation bar of the session it answers.
+    request.state.scope, request.state.secret = scope, credential.secret
     return scope, credential.secret
 
 
