@@ -489,11 +489,13 @@ async def test_overview_counts_of_paused_and_capped_types_are_the_token_s_own(
         async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
             page = (await http.get("/admin")).text
         paused = re.search(
-            r"<tr><td>srt_parse</td><td>[^<]*</td><td>ops</td><td>parser bug</td>"
-            r"<td>(\d+)</td>",
+            r'<tr><td class="text">srt_parse</td><td>[^<]*</td><td class="text">ops</td>'
+            r'<td class="text">parser bug</td><td>(\d+)</td>',
             page,
         )
-        capped = re.search(r"<tr><td>job type</td><td>srt_parse</td><td>5</td><td>(\d+)</td>", page)
+        capped = re.search(
+            r'<tr><td>job type</td><td class="text">srt_parse</td><td>5</td><td>(\d+)</td>', page
+        )
         assert paused and capped, page
         return paused[1], capped[1]
 
@@ -518,7 +520,7 @@ async def test_an_overview_link_lists_its_job_type_whatever_the_type_holds(
     headers = workspace_bearer(db_url, a)
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         page = (await http.get("/admin")).text
-        link = re.search(r'<a href="([^"]*)">error</a></td><td>ai/a&amp;b', page)
+        link = re.search(r'<a href="([^"]*)">error</a></td><td class="text">ai/a&amp;b', page)
         assert link, page
         listed = (await http.get(html.unescape(link[1]))).text
     assert re.findall(r'<tr data-job="([0-9a-f-]{36})"', listed) == [str(job)]
