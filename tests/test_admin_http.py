@@ -586,3 +586,42 @@ async def test_the_login_form_is_read_only_up_to_a_token_s_size(admin: str) -> N
         upload = await http.post("/admin/login", files={"token": ("t", b"slj_" + b"x" * 100)})
         assert upload.status_code == 400, upload.status_code
         assert (await http.post("/admin/login", data={"token": "slj_x"})).status_code == 401
+
+
+async def test_short_job_links_tell_jobs_made_in_the_same_millisecond_apart(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """The ids the worker makes are UUIDv7: jobs enqueued together (a graph, a batch) share the
+    first 12 digits, the millisecond. The job list cut ids to their first 11 digits, the graph
+    and the workers page to 8, so a graph's jobs, or the jobs a worker runs, were links that
+    all read the same. Every short link now names the id's start and its (random) end."""
+    a, _b, _ = await seed(pool)
+    ms = "01a24fba-622c-7"
+    ids = [UUID(f"{ms}{n}69-9863-39ed34ef1ef{n}") for n in range(3)]
+    await pool.execute(
+        "INSERT INTO job_queue (id, workspace_id, job_type, payload)"
+        " SELECT i, $2, 'noop', '{}' FROM unnest($1::uuid[]) i",
+        ids,
+        a,
+    )
+    await pool.execute(
+        "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2), ($1, $3)", *ids
+    )
+    worker = uuid4()
+    await store.register_worker(pool, worker, "render-1", 1, ["noop"], 600)
+    await pool.execute(
+        "UPDATE job_queue SET status = 'running', worker_id = $1, attempts = 1"
+        " WHERE id = ANY($2::uuid[])",
+        worker,
+        ids,
+    )
+
+    def link_texts(page: str) -> set[str]:
+        texts = {re.findall(rf'<a href="/admin/jobs/{i}">([^<]*)</a>', page)[0] for i in ids}
+        assert all(text.startswith(ms[:8]) for text in texts), texts
+        return texts
+
+    async with httpx.AsyncClient(base_url=admin, headers=workspace_bearer(db_url, a)) as http:
+        for path in ("/admin/jobs?status=all", f"/admin/jobs/{ids[0]}/graph", "/admin/workers"):
+            page = (await http.get(path)).text
+            assert len(link_texts(page)) == len(ids), (path, link_texts(page))

@@ -20,6 +20,7 @@ HERE = Path(__file__).parent
 
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
+templates.env.filters["short_id"] = store.short_id
 
 
 # Every form here is a CSRF value and a few short fields (a job filter, a job type and a reason):
