@@ -6,7 +6,7 @@ import asyncio
 import html
 import re
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from uuid import UUID, uuid4
 
 import asyncpg
@@ -625,3 +625,51 @@ async def test_short_job_links_tell_jobs_made_in_the_same_millisecond_apart(
         for path in ("/admin/jobs?status=all", f"/admin/jobs/{ids[0]}/graph", "/admin/workers"):
             page = (await http.get(path)).text
             assert len(link_texts(page)) == len(ids), (path, link_texts(page))
+
+
+async def test_every_page_shows_times_one_way_in_utc(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """The job list showed a time as 2026-03-04 05:06:07, the job page as Python prints it
+    (2026-03-04 05:06:07.891000+00:00), its error history as the worker's JSON wrote it
+    (2026-03-04T06:06:07.500+01:00, another zone), and the workers page a heartbeat as 05:06:07
+    with no date, however many days old. Every page now shows one format, in UTC, and says
+    so; the job page to the millisecond."""
+    a, _b, _ = await seed(pool)
+    at = datetime(2026, 3, 4, 5, 6, 7, 891000, tzinfo=UTC)
+    job = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, attempts, created_at,"
+        " scheduled_for, started_at, completed_at, error_msg, errors)"
+        " VALUES ($1, 'noop', '{}', 'error', 1, $2::timestamptz, $2::timestamptz,"
+        " $2::timestamptz, $2::timestamptz, 'boom', jsonb_build_array(jsonb_build_object("
+        " 'attempt', 1, 'at', '2026-03-04T06:06:07.500+01:00', 'class', 'permanent',"
+        " 'message', 'boom'))) RETURNING id",
+        a,
+        at,
+    )
+    worker = uuid4()
+    await store.register_worker(pool, worker, "render-1", 1, ["noop"], 600)
+    await pool.execute(
+        "UPDATE job_workers SET started_at = $2::timestamptz, last_heartbeat_at = $2::timestamptz"
+        " WHERE id = $1",
+        worker,
+        at,
+    )
+    async with httpx.AsyncClient(base_url=admin, headers=workspace_bearer(db_url, a)) as http:
+        page = (await http.get(f"/admin/jobs/{job}")).text
+        assert page.count("<dd>2026-03-04 05:06:07.891 UTC</dd>") == 4, page
+        assert "<td>2026-03-04 05:06:07.500</td>" in page and "At (UTC)" in page, page
+        listed = (await http.get("/admin/jobs?status=error")).text
+        assert listed.count('<td class="at">2026-03-04 05:06:07</td>') == 2, listed
+        assert "Created (UTC)" in listed, listed
+        workers = (await http.get("/admin/workers")).text
+        assert workers.count('<td class="at">2026-03-04 05:06:07</td>') == 2, workers
+        # A history's `at` is whatever JSON its writer stored: shown as it is when no time.
+        await pool.execute(
+            'UPDATE job_queue SET errors = \'[5, {"at": 7}, {"at": "soon"}, {"at": [1]}]\''
+            " WHERE id = $1",
+            job,
+        )
+        odd = await http.get(f"/admin/jobs/{job}")
+        assert odd.status_code == 200 and "<td>soon</td>" in odd.text, odd.text
+    assert "+00:00" not in page + listed + workers
