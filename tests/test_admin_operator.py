@@ -275,3 +275,48 @@ async def test_the_workers_page_counts_a_worker_s_jobs_and_names_five(
     async with httpx.AsyncClient(base_url=admin, headers=platform) as http:
         page = (await http.get("/admin/workers")).text
     assert "<td>1234 " in page and page.count('href="/admin/jobs/') == 5
+
+
+async def test_a_pause_or_job_action_does_what_it_names_or_nothing(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A POST to /admin/pauses/ANYTHING other than pause resumed the type, and the overview
+    said "ANYTHINGd."; a pause of a type paused already, or a resume of one not paused,
+    changed nothing and said "paused." or "resumed.". A job action of an unknown name answered
+    as if the job were in no state for it. An unknown action is now a 404 that changes
+    nothing, and the overview says when a pause or resume changed nothing."""
+    a, _b, _ = await seed(pool)
+    job = await pool.fetchval("SELECT id FROM job_queue WHERE workspace_id = $1 LIMIT 1", a)
+    platform = {"authorization": f"Bearer {token_for(db_url, '--all')}", **SAME_SITE}
+    async with httpx.AsyncClient(base_url=admin, headers=platform) as http:
+        csrf = await _csrf(http)
+
+        async def post(path: str, reason: str) -> httpx.Response:
+            form = {"csrf": csrf, "job_type": "srt_parse", "reason": reason}
+            return await http.post(path, data=form)
+
+        assert (await post("/admin/pauses/pause", "parser bug")).status_code == 303
+        assert (await post("/admin/pauses/unpause", "x")).status_code == 404
+        assert (await post("/admin/pauses/pause", "again")).headers["location"] == (
+            "/admin?done=paused-already"
+        )
+        page = (await http.get("/admin?done=paused-already")).text
+        assert "Nothing done: that job type was paused already" in page, page
+        assert (await http.post(f"/admin/jobs/{job}/delete", data={"csrf": csrf})).status_code == (
+            404
+        )
+        assert (await post("/admin/pauses/resume", "fixed")).headers["location"] == (
+            "/admin?done=resume"
+        )
+        assert (await post("/admin/pauses/resume", "fixed")).headers["location"] == (
+            "/admin?done=not-paused"
+        )
+        assert (
+            "Nothing done: that job type was not paused"
+            in (await http.get("/admin?done=not-paused")).text
+        )
+    audit = await pool.fetch("SELECT action, detail FROM admin_audit ORDER BY id")
+    assert [(r["action"], r["detail"]["reason"]) for r in audit] == [
+        ("pause", "parser bug"),
+        ("resume", "fixed"),
+    ]

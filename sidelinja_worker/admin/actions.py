@@ -25,6 +25,14 @@ from sidelinja_worker.admin.web import (
 from sidelinja_worker.queue import store as worker_store
 
 BULK_LIMIT = 10_000
+# The actions the routes' {action} names; any other is a 404. Anything but "pause" resumed,
+# and a job action of another name answered as if the job were in no state for it.
+PAUSE_ACTIONS = ("pause", "resume")
+JOB_ACTIONS = ("retry", "cancel")
+# What the overview says when a pause or resume changed nothing (its `done`): a type paused
+# already keeps its first pause, its author and reason.
+UNCHANGED = {"pause": "paused-already", "resume": "not-paused"}
+NO_SUCH_ACTION = "no such action"
 
 
 async def operator_form(request: Request) -> tuple[Scope, dict[str, str]]:
@@ -41,15 +49,17 @@ async def operator_form(request: Request) -> tuple[Scope, dict[str, str]]:
 
 async def pause_action(request: Request) -> Response:
     scope, form = await operator_form(request)
+    action = request.path_params["action"]
+    if action not in PAUSE_ACTIONS:
+        return PlainTextResponse(NO_SUCH_ACTION, status_code=404)
     job_type, reason = form.get("job_type", "").strip(), form.get("reason", "").strip()
     if not job_type or not reason:
         return PlainTextResponse("a job type and a reason are required", status_code=400)
     pool, timeout_s = request.app.state.pool, read_bound_s(request)
-    if request.path_params["action"] == "pause":
-        await worker_store.pause_type(pool, job_type, actor(scope), reason, timeout_s)
-    else:
-        await worker_store.resume_type(pool, job_type, actor(scope), reason, timeout_s)
-    return RedirectResponse(f"/admin?done={request.path_params['action']}", status_code=303)
+    change = worker_store.pause_type if action == "pause" else worker_store.resume_type
+    changed = await change(pool, job_type, actor(scope), reason, timeout_s)
+    done = action if changed else UNCHANGED[action]
+    return RedirectResponse(f"/admin?done={done}", status_code=303)
 
 
 async def drain_action(request: Request) -> Response:
@@ -75,6 +85,8 @@ async def job_action(request: Request) -> Response:
     if not auth.csrf_ok(request, token, str(form.get("csrf") or "")):
         return PlainTextResponse("bad CSRF token or origin", status_code=403)
     job_id, action = parse_job_id(request.path_params["job_id"]), request.path_params["action"]
+    if action not in JOB_ACTIONS:
+        return PlainTextResponse(NO_SUCH_ACTION, status_code=404)
     try:
         async with acting(request, scope) as conn:
             timeout_s = action_bound_s(request)
