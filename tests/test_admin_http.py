@@ -11,6 +11,7 @@ from uuid import UUID, uuid4
 
 import asyncpg
 import httpx
+import orjson
 
 from sidelinja_worker.admin import auth
 from sidelinja_worker.admin import store as admin_store
@@ -673,3 +674,37 @@ async def test_every_page_shows_times_one_way_in_utc(
         odd = await http.get(f"/admin/jobs/{job}")
         assert odd.status_code == 200 and "<td>soon</td>" in odd.text, odd.text
     assert "+00:00" not in page + listed + workers
+
+
+async def test_a_stream_opens_with_the_present_state_of_its_page_s_jobs(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A page's stream sent only changes made after it subscribed, and a page subscribes after
+    it has rendered: a change in between (a running job cancelled from its page, which the
+    worker ends within milliseconds of the redirect) reached no page, and the page showed the
+    job running until reloaded. A stream now opens with the present state of the jobs its page
+    names (`?jobs=`), of the token's workspace only, then sends changes as before."""
+    a, _b, b_job = await seed(pool)
+    mine = await pool.fetchval(
+        "SELECT id FROM job_queue WHERE workspace_id = $1 AND status = 'error' LIMIT 1", a
+    )
+    await pool.execute("UPDATE job_queue SET status = 'cancelled' WHERE id = $1", mine)
+    jobs = f"{mine},{b_job},not-a-job,"
+    async with (
+        httpx.AsyncClient(base_url=admin, headers=workspace_bearer(db_url, a), timeout=30) as http,
+        http.stream("GET", f"/admin/events?jobs={jobs}") as stream,
+    ):
+        lines = stream.aiter_lines()
+
+        async def next_event() -> dict[str, object]:
+            async with asyncio.timeout(10):
+                while not (line := await anext(lines)).startswith("data: "):
+                    pass
+            event: dict[str, object] = orjson.loads(line[6:])
+            return event
+
+        first = await next_event()
+        assert (first["id"], first["status"]) == (str(mine), "cancelled"), first
+        await pool.execute("UPDATE job_queue SET status = 'error' WHERE id = $1", mine)
+        changed = await next_event()  # B's job never comes: the next is this change
+        assert (changed["id"], changed["status"]) == (str(mine), "error"), changed

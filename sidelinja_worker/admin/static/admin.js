@@ -27,8 +27,11 @@ function applyEvent(ev) {
   }
 }
 
-if (document.querySelector("[data-job]")) {
-  const source = new EventSource("/admin/events");
+const shown = [...new Set([...document.querySelectorAll("[data-job]")].map((el) => el.dataset.job))];
+if (shown.length) {
+  // The stream opens with these jobs as they are now: a change between the page's render and
+  // the stream's start (a cancel that lands at once) would otherwise never reach the page.
+  const source = new EventSource(`/admin/events?jobs=${shown.join(",")}`);
   const live = document.getElementById("live");
   source.onopen = () => { document.body.dataset.live = "on"; if (live) live.textContent = "live: on"; };
   source.onerror = () => { document.body.dataset.live = "off"; if (live) live.textContent = "live: reconnecting"; };
