@@ -320,3 +320,48 @@ async def test_a_pause_or_job_action_does_what_it_names_or_nothing(
         ("pause", "parser bug"),
         ("resume", "fixed"),
     ]
+
+
+async def test_the_job_page_cancels_a_waiting_job_and_says_what_a_cancel_did(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A waiting job (a graph's child held by its parent) had no Cancel button, though a cancel
+    takes it (`jobs cancel` does); and after Cancel on a running job, which its worker ends a
+    moment later, the page showed it running with the Cancel button and not a word. A waiting
+    job's page now cancels it, and a running job's says the cancel was requested, and when."""
+    a, _b, _ = await seed(pool)
+    parent, child = [
+        await pool.fetchval(
+            "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'noop', '{}')"
+            " RETURNING id",
+            a,
+        )
+        for _ in range(2)
+    ]
+    await pool.execute(
+        "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)", parent, child
+    )
+    worker = uuid4()
+    await store.register_worker(pool, worker, "render-1", 1, ["noop"], 600)
+    await pool.execute(
+        "UPDATE job_queue SET status = 'running', worker_id = $1, attempts = 1 WHERE id = $2",
+        worker,
+        parent,
+    )
+    headers = {**workspace_bearer(db_url, a), **SAME_SITE}
+    async with httpx.AsyncClient(base_url=admin, headers=headers, follow_redirects=True) as http:
+        csrf = await _csrf(http)
+        assert await pool.fetchval("SELECT status::text FROM job_queue WHERE id = $1", child) == (
+            "waiting"
+        )
+        assert (
+            f'action="/admin/jobs/{child}/cancel"' in (await http.get(f"/admin/jobs/{child}")).text
+        )
+        await http.post(f"/admin/jobs/{child}/cancel", data={"csrf": csrf})
+        assert await pool.fetchval("SELECT status::text FROM job_queue WHERE id = $1", child) == (
+            "cancelled"
+        )
+        page = (await http.post(f"/admin/jobs/{parent}/cancel", data={"csrf": csrf})).text
+        assert 'id="job-status" data-status>running<' in page, page
+        assert "Cancel requested: its worker is told and stops it" in page, page
+        assert '<dd id="cancel-requested">' in page, page
