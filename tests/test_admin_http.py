@@ -22,7 +22,7 @@ from tests.admin_fixtures import (  # noqa: F401 (fixture)
     token_for,
     workspace_bearer,
 )
-from tests.helpers import cli
+from tests.helpers import cli, make_workspace
 
 
 async def pages(http: httpx.AsyncClient, url: str | None) -> list[str]:
@@ -708,3 +708,19 @@ async def test_a_stream_opens_with_the_present_state_of_its_page_s_jobs(
         await pool.execute("UPDATE job_queue SET status = 'error' WHERE id = $1", mine)
         changed = await next_event()  # B's job never comes: the next is this change
         assert (changed["id"], changed["status"]) == (str(mine), "error"), changed
+
+
+async def test_the_overview_of_an_empty_workspace_says_so(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """The overview's tables of jobs by status and of the last hour's throughput were a bare
+    header row for a workspace with no jobs, where every other table of the view says it is
+    empty. They now say so too."""
+    await seed(pool)
+    empty = await make_workspace(pool, "Empty")
+    async with httpx.AsyncClient(base_url=admin, headers=workspace_bearer(db_url, empty)) as http:
+        page = (await http.get("/admin")).text
+    counts = re.search(r'<table class="counts" id="counts">.*?</table>', page, re.S)
+    throughput = re.search(r'<table class="counts" id="throughput">.*?</table>', page, re.S)
+    assert counts and 'class="empty">no jobs<' in counts[0], page
+    assert throughput and 'class="empty">no job finished in the last hour<' in throughput[0], page
