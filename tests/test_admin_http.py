@@ -182,6 +182,8 @@ async def test_an_unknown_job_is_404(pool: asyncpg.Pool, db_url: str, admin: str
         for job_id in (uuid4(), b_job, "not-a-uuid"):  # another workspace's looks the same
             missing = await http.get(f"/admin/jobs/{job_id}")
             assert missing.status_code == 404 and "B failed" not in missing.text, job_id
+            # Its title names it: it was "Jobs", the default, in the tab and the history.
+            assert "<title>No such job · sidelinja-worker</title>" in missing.text, job_id
 
 
 def session_cookie(response: httpx.Response) -> str:
