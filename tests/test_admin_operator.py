@@ -10,6 +10,7 @@ from uuid import UUID, uuid4
 import asyncpg
 import httpx
 
+from sidelinja_worker.admin import auth
 from sidelinja_worker.queue import store
 from tests.admin_fixtures import (  # noqa: F401 (fixture)
     admin_fixture,
@@ -365,3 +366,22 @@ async def test_the_job_page_cancels_a_waiting_job_and_says_what_a_cancel_did(
         assert 'id="job-status" data-status>running<' in page, page
         assert "Cancel requested: its worker is told and stops it" in page, page
         assert '<dd id="cancel-requested">' in page, page
+
+
+async def test_a_bulk_retry_of_an_unknown_status_retries_nothing(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A list reads an unknown status as all of them, and so did a bulk retry: status=erorr
+    retried every failed and retrying job of the filter. A bulk retry of a status it does not
+    know is now a 400 that retries nothing; the statuses the form sends still work."""
+    a, _b, _ = await seed(pool)
+    headers = workspace_bearer(db_url, a)
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        csrf = auth.csrf_for(headers["authorization"].removeprefix("Bearer "))
+        refused = await http.post("/admin/jobs/bulk-retry", data={"csrf": csrf, "status": "erorr"})
+        assert refused.status_code == 400, refused.text
+        assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE status = 'pending'") == 0
+        sent = await http.post(
+            "/admin/jobs/bulk-retry", data={"csrf": csrf, "status": "error", "type": "srt_parse"}
+        )
+        assert sent.status_code == 303 and "retried=2" in sent.headers["location"], sent.headers

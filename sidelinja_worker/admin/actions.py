@@ -10,7 +10,14 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from sidelinja_worker.admin import auth, store
-from sidelinja_worker.admin.forms import job_filter, parse_job_id, query_string, text_field
+from sidelinja_worker.admin.forms import (
+    DEFAULT_STATUS,
+    STATUSES,
+    job_filter,
+    parse_job_id,
+    query_string,
+    text_field,
+)
 from sidelinja_worker.admin.store import Scope
 from sidelinja_worker.admin.web import (
     Forbidden,
@@ -123,6 +130,10 @@ async def bulk_retry(request: Request) -> Response:
     form = await read_form(request)
     if not auth.csrf_ok(request, token, str(form.get("csrf") or "")):
         return PlainTextResponse("bad CSRF token or origin", status_code=403)
+    # A list reads an unknown status as all of them; a bulk retry that widened a mistyped
+    # status to every failed job of the filter would do far more than it was asked.
+    if str(form.get("status") or DEFAULT_STATUS) not in (*STATUSES, "all"):
+        return PlainTextResponse("status: unknown; nothing was retried", status_code=400)
     f = job_filter(form, scope)
     try:
         async with request.app.state.reads.slot(scope.token_id), acting(request, scope) as conn:
