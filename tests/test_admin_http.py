@@ -18,6 +18,7 @@ from sidelinja_worker.admin import store as admin_store
 from sidelinja_worker.queue import store
 from tests.admin_fixtures import (  # noqa: F401 (fixture)
     admin_fixture,
+    new_jobs,
     seed,
     token_for,
     workspace_bearer,
@@ -726,3 +727,29 @@ async def test_the_overview_of_an_empty_workspace_says_so(
     throughput = re.search(r'<table class="counts" id="throughput">.*?</table>', page, re.S)
     assert counts and 'class="empty">no jobs<' in counts[0], page
     assert throughput and 'class="empty">no job finished in the last hour<' in throughput[0], page
+
+
+async def test_a_finished_job_names_its_last_worker_not_a_lease(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A job keeps the id of the worker that last ran it. A finished job's page named that
+    worker its "Lease holder", with the worker's present lease ("lease to" a time still to
+    come), as if the job were held. It now names the worker as the one that last ran it, and
+    only a running job's page shows a lease."""
+    a, _b, _ = await seed(pool)
+    done, running = await new_jobs(pool, a, 2)
+    worker = uuid4()
+    await store.register_worker(pool, worker, "render-1", 1, ["noop"], 600)
+    await pool.execute(
+        "UPDATE job_queue SET worker_id = $1, attempts = 1,"
+        " status = CASE WHEN id = $2 THEN 'completed' ELSE 'running' END::job_status,"
+        " completed_at = CASE WHEN id = $2 THEN now() END WHERE id IN ($2, $3)",
+        worker,
+        done,
+        running,
+    )
+    async with httpx.AsyncClient(base_url=admin, headers=workspace_bearer(db_url, a)) as http:
+        finished = (await http.get(f"/admin/jobs/{done}")).text
+        held = (await http.get(f"/admin/jobs/{running}")).text
+    assert "<dt>Last run by</dt>" in finished and "lease to" not in finished, finished
+    assert "<dt>Lease holder</dt>" in held and "render-1, pid 1, lease to" in held, held

@@ -14,6 +14,7 @@ from sidelinja_worker.admin import auth
 from sidelinja_worker.queue import store
 from tests.admin_fixtures import (  # noqa: F401 (fixture)
     admin_fixture,
+    new_jobs,
     seed,
     token_for,
     workspace_bearer,
@@ -331,14 +332,7 @@ async def test_the_job_page_cancels_a_waiting_job_and_says_what_a_cancel_did(
     moment later, the page showed it running with the Cancel button and not a word. A waiting
     job's page now cancels it, and a running job's says the cancel was requested, and when."""
     a, _b, _ = await seed(pool)
-    parent, child = [
-        await pool.fetchval(
-            "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'noop', '{}')"
-            " RETURNING id",
-            a,
-        )
-        for _ in range(2)
-    ]
+    parent, child = await new_jobs(pool, a, 2)
     await pool.execute(
         "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)", parent, child
     )
