@@ -40,9 +40,19 @@ async def test_no_page_is_wider_than_the_window_whatever_its_values(
         ws,
         "c" + LONG,
     )
-    await pool.execute(
-        "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)", job, child
+    done = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'noop', '{}')"
+        " RETURNING id",
+        ws,
     )
+    await pool.execute(
+        "INSERT INTO job_dependencies (parent_id, child_id, run_anyway)"
+        " VALUES ($1, $2, false), ($1, $3, true)",
+        job,
+        child,
+        done,
+    )
+    await pool.execute("UPDATE job_queue SET status = 'completed' WHERE id = $1", done)
     await pool.execute(
         "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, $2, '{}')",
         ws,
@@ -68,3 +78,15 @@ async def test_no_page_is_wider_than_the_window_whatever_its_values(
         assert LONG[:500] in await page.content(), path  # type: ignore[attr-defined]
         width = await page.evaluate("document.documentElement.scrollWidth")  # type: ignore[attr-defined]
         assert width <= WIDTH, (path, width)
+    # A graph node's lines stay inside its box: the status and short id (store.short_id) of a
+    # completed or cancelled job are its longest.
+    await page.goto(f"{admin}/admin/jobs/{job}/graph")  # type: ignore[attr-defined]
+    overflow = await page.evaluate(  # type: ignore[attr-defined]
+        """[...document.querySelectorAll('#graph g.node')].flatMap(g => {
+            const box = g.querySelector('rect').getBBox();
+            return [...g.querySelectorAll('text')].map(t => t.getBBox())
+                .filter(t => t.x + t.width > box.x + box.width - 4)
+                .map(t => g.textContent.trim());
+        })"""
+    )
+    assert overflow == [], overflow

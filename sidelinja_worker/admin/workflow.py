@@ -19,7 +19,7 @@ MAX_NODES = 300
 MAX_EDGES = 1500
 COLUMNS = 10
 # A node is as wide as its longest line, "cancelled · " and a short id (store.short_id).
-NODE_W, NODE_H, GAP_X, GAP_Y, MARGIN = 180, 44, 16, 36, 12
+NODE_W, NODE_H, GAP_X, GAP_Y, MARGIN = 196, 44, 16, 36, 12
 
 
 @dataclass(frozen=True, slots=True)
