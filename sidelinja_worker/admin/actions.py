@@ -160,13 +160,13 @@ async def login(request: Request) -> Response:
         max_files=0, max_fields=auth.LOGIN_FIELDS_MAX, max_part_size=auth.LOGIN_FIELD_MAX
     )
     scope = await auth.scope_of(pool, str(form.get("token") or "").strip())
+    landing = auth.landing(str(form.get("next") or ""))
     if scope is None:
-        return templates.TemplateResponse(
-            request, "login.html", {"error": "unknown or revoked token"}, status_code=401
-        )
+        context = {"error": "unknown or revoked token", "next": landing}
+        return templates.TemplateResponse(request, "login.html", context, status_code=401)
     secret = auth.new_session_secret()
     await store.create_session(pool, auth.digest(secret), scope.token_id, auth.SESSION_LIFETIME_S)
-    response = RedirectResponse("/admin/jobs", status_code=303)
+    response = RedirectResponse(landing, status_code=303)
     response.set_cookie(
         auth.COOKIE,
         secret,

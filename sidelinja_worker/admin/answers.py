@@ -19,7 +19,7 @@ async def denied(request: Request, _exc: Exception) -> Response:
         and request.url.path != "/admin/events"
         and auth.is_browser_navigation(request)
     ):
-        return RedirectResponse("/admin/login", status_code=303)
+        return RedirectResponse(auth.login_url(request), status_code=303)
     headers = {"www-authenticate": 'Bearer realm="sidelinja-admin"'}
     if "application/json" in request.headers.get("accept", ""):
         return JSONResponse(

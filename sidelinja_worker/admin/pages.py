@@ -217,4 +217,5 @@ async def events(request: Request) -> Response:
 
 
 async def login_page(request: Request) -> Response:
-    return templates.TemplateResponse(request, "login.html", {"error": None})
+    landing = auth.landing(request.query_params.get("next", ""))
+    return templates.TemplateResponse(request, "login.html", {"error": None, "next": landing})
