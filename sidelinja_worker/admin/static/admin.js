@@ -45,14 +45,32 @@ if (shown.length) {
 
 // The dashboard: its body fetched again every 5 s (the numbers change by the minute, not by
 // the job, so a periodic fetch is cheaper than reacting to every job event).
+// A refresh that fails says so: the figures shown stop changing, and an ended session (401)
+// never comes back by itself. A 429 (this token's heavy pages all busy) is skipped quietly.
 const dashboard = document.getElementById("dashboard");
+const stale = document.getElementById("dashboard-stale");
 if (dashboard) {
   let refreshed = 0;
+  const failed = (why) => {
+    stale.hidden = false;
+    stale.textContent = `Not refreshed since ${new Date().toISOString().slice(11, 19)} UTC: ${why}.`;
+  };
   setInterval(async () => {
-    const response = await fetch(dashboard.dataset.refresh, { credentials: "same-origin" });
+    let response;
+    try {
+      response = await fetch(dashboard.dataset.refresh, { credentials: "same-origin" });
+    } catch {
+      failed("the admin view does not answer");
+      return;
+    }
     if (response.ok) {
       dashboard.innerHTML = await response.text();
       document.body.dataset.refreshed = String(++refreshed);
+      stale.hidden = true;
+    } else if (response.status === 401) {
+      failed("the session has ended; reload the page to log in again");
+    } else if (response.status !== 429) {
+      failed(`the admin view answered ${response.status}`);
     }
   }, 5000);
 }
