@@ -34,7 +34,12 @@ if (shown.length) {
   const source = new EventSource(`/admin/events?jobs=${shown.join(",")}`);
   const live = document.getElementById("live");
   source.onopen = () => { document.body.dataset.live = "on"; if (live) live.textContent = "live: on"; };
-  source.onerror = () => { document.body.dataset.live = "off"; if (live) live.textContent = "live: reconnecting"; };
+  source.onerror = () => {
+    // A stream refused outright (its session ended: 401) is closed for good, not retried.
+    const closed = source.readyState === EventSource.CLOSED;
+    document.body.dataset.live = closed ? "closed" : "off";
+    if (live) live.textContent = closed ? "live: off, reload the page" : "live: reconnecting";
+  };
   source.onmessage = (message) => {
     const ev = JSON.parse(message.data);
     applyEvent(ev);
