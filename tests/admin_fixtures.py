@@ -70,3 +70,14 @@ def token_for(db_url: str, *scope: str) -> str:
 def workspace_bearer(db_url: str, workspace: UUID) -> dict[str, str]:
     """Request headers with a new token for `workspace` alone."""
     return {"authorization": f"Bearer {token_for(db_url, '--workspace', str(workspace))}"}
+
+
+async def new_jobs(pool: asyncpg.Pool, workspace: UUID, count: int) -> list[UUID]:
+    """`count` pending noop jobs of `workspace`, inserted by plain SQL; their ids."""
+    rows = await pool.fetch(
+        "INSERT INTO job_queue (workspace_id, job_type, payload)"
+        " SELECT $1, 'noop', '{}' FROM generate_series(1, $2) RETURNING id",
+        workspace,
+        count,
+    )
+    return [r["id"] for r in rows]

@@ -244,3 +244,36 @@ async def test_the_dashboard_live_for_two_workspaces(
     await confined.goto(f"{admin}/admin/dashboard")
     assert await confined.inner_text("#completed-hour") == "5"
     assert await confined.inner_text("#failed-hour") == "2"
+
+
+async def test_the_dashboard_says_when_it_stops_refreshing(
+    pool: asyncpg.Pool, db_url: str, admin: str, browser: object
+) -> None:
+    """The dashboard fetches its body every 5 s and showed nothing when a fetch failed: once
+    its session ended (its token revoked, or 8 hours past login) its figures stopped changing
+    for good and the page looked as live as ever. It now says since when it is not refreshed
+    and why, and says nothing once a refresh succeeds again."""
+    a, _b, _ = await seed(pool)
+    page = await logged_in(browser, admin, token_for(db_url, "--workspace", str(a)))
+    await page.goto(f"{admin}/admin/dashboard")
+    await page.wait_for_selector("body[data-refreshed='1']", timeout=20_000)
+    assert await page.is_hidden("#dashboard-stale")
+    await pool.execute("UPDATE admin_tokens SET revoked_at = now()")
+    await page.wait_for_selector("#dashboard-stale:not([hidden])", timeout=20_000)
+    assert "the session has ended" in await page.inner_text("#dashboard-stale")
+    await pool.execute("UPDATE admin_tokens SET revoked_at = NULL")  # the session holds again
+    await page.wait_for_selector("#dashboard-stale", state="hidden", timeout=20_000)
+
+
+async def test_a_page_whose_stream_is_refused_says_it_is_no_longer_live(
+    pool: asyncpg.Pool, db_url: str, admin: str, browser: object
+) -> None:
+    """Once a page's session ended, its stream ended and the browser's reconnect was refused
+    (401), which closes an EventSource for good; the page said "live: reconnecting" for as long
+    as it stayed open. It now says the page is no longer live and is to be reloaded."""
+    a, _b, _ = await seed(pool)
+    page = await logged_in(browser, admin, token_for(db_url, "--workspace", str(a)))
+    await page.wait_for_selector("body[data-live=on]")
+    await pool.execute("UPDATE admin_tokens SET revoked_at = now()")
+    await page.wait_for_selector("body[data-live=closed]", timeout=20_000)
+    assert await page.inner_text("#live") == "live: off, reload the page"

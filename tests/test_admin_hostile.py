@@ -389,6 +389,37 @@ async def test_a_read_held_by_a_lock_ends_at_its_bound_and_its_connection_serves
         assert '"status":"pending"' in frame, frame
 
 
+async def test_the_too_slow_page_has_the_navigation_bar_of_every_page(
+    pool: asyncpg.Pool, db_url: str, quick_admin: str
+) -> None:
+    """The read bound's 503 page was a bare page with two links, no navigation bar, no scope and
+    no way to log out. It now has the bar every page has: the session's scope and its logout
+    when the session was checked (a page held by a lock on job_queue), the links alone when the
+    session check itself was held (a lock on admin_tokens): never a scope it does not know."""
+    a, _b, _ = await seed(pool)
+    headers = {**workspace_bearer(db_url, a), "accept": "text/html"}
+    csrf = auth.csrf_for(headers["authorization"].removeprefix("Bearer "))
+    nav = [
+        f'<a href="{p}">' for p in ("/admin", "/admin/dashboard", "/admin/jobs", "/admin/workers")
+    ]
+
+    async def held_page(table: str) -> str:
+        async with pool.acquire() as lock, lock.transaction():
+            await lock.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+            page = await http.get("/admin/jobs?status=all", headers=headers)
+        assert page.status_code == 503, (table, page.status_code, page.text[:200])
+        assert '<p id="slow">the database took longer than' in page.text, table
+        assert all(link in page.text for link in nav), (table, page.text)
+        return page.text
+
+    async with httpx.AsyncClient(base_url=quick_admin, timeout=30) as http:
+        page = await held_page("job_queue")
+        assert f"workspace {a}" in page and f'name="csrf" value="{csrf}"' in page, page
+        page = await held_page("admin_tokens")
+        assert "workspace" not in page and "all workspaces" not in page, page
+        assert "/admin/logout" not in page, page
+
+
 async def test_a_stream_whose_token_check_is_held_ends_cleanly_and_a_new_one_delivers(
     pool: asyncpg.Pool, db_url: str, quick_admin: str
 ) -> None:

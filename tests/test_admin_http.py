@@ -6,22 +6,25 @@ import asyncio
 import html
 import re
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from urllib.parse import urlencode
 from uuid import UUID, uuid4
 
 import asyncpg
 import httpx
+import orjson
 
 from sidelinja_worker.admin import auth
 from sidelinja_worker.admin import store as admin_store
 from sidelinja_worker.queue import store
 from tests.admin_fixtures import (  # noqa: F401 (fixture)
     admin_fixture,
+    new_jobs,
     seed,
     token_for,
     workspace_bearer,
 )
-from tests.helpers import cli
+from tests.helpers import cli, make_workspace
 
 
 async def pages(http: httpx.AsyncClient, url: str | None) -> list[str]:
@@ -155,7 +158,8 @@ async def test_api_clients_get_401_and_browsers_the_login_page(admin: str) -> No
     async with httpx.AsyncClient(base_url=admin) as http:
         for path in ("/admin/jobs", "/admin", f"/admin/jobs/{uuid4()}"):
             page = await http.get(path, headers=BROWSER)
-            assert (page.status_code, page.headers["location"]) == (303, "/admin/login"), path
+            assert page.status_code == 303, path
+            assert page.headers["location"].startswith("/admin/login"), path
             old_browser = await http.get(path, headers={"accept": "text/html"})
             assert old_browser.status_code == 303, path
             for headers in (
@@ -181,6 +185,8 @@ async def test_an_unknown_job_is_404(pool: asyncpg.Pool, db_url: str, admin: str
         for job_id in (uuid4(), b_job, "not-a-uuid"):  # another workspace's looks the same
             missing = await http.get(f"/admin/jobs/{job_id}")
             assert missing.status_code == 404 and "B failed" not in missing.text, job_id
+            # Its title names it: it was "Jobs", the default, in the tab and the history.
+            assert "<title>No such job · sidelinja-worker</title>" in missing.text, job_id
 
 
 def session_cookie(response: httpx.Response) -> str:
@@ -489,11 +495,13 @@ async def test_overview_counts_of_paused_and_capped_types_are_the_token_s_own(
         async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
             page = (await http.get("/admin")).text
         paused = re.search(
-            r"<tr><td>srt_parse</td><td>[^<]*</td><td>ops</td><td>parser bug</td>"
-            r"<td>(\d+)</td>",
+            r'<tr><td class="text">srt_parse</td><td>[^<]*</td><td class="text">ops</td>'
+            r'<td class="text">parser bug</td><td>(\d+)</td>',
             page,
         )
-        capped = re.search(r"<tr><td>job type</td><td>srt_parse</td><td>5</td><td>(\d+)</td>", page)
+        capped = re.search(
+            r'<tr><td>job type</td><td class="text">srt_parse</td><td>5</td><td>(\d+)</td>', page
+        )
         assert paused and capped, page
         return paused[1], capped[1]
 
@@ -518,7 +526,7 @@ async def test_an_overview_link_lists_its_job_type_whatever_the_type_holds(
     headers = workspace_bearer(db_url, a)
     async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
         page = (await http.get("/admin")).text
-        link = re.search(r'<a href="([^"]*)">error</a></td><td>ai/a&amp;b', page)
+        link = re.search(r'<a href="([^"]*)">error</a></td><td class="text">ai/a&amp;b', page)
         assert link, page
         listed = (await http.get(html.unescape(link[1]))).text
     assert re.findall(r'<tr data-job="([0-9a-f-]{36})"', listed) == [str(job)]
@@ -584,3 +592,204 @@ async def test_the_login_form_is_read_only_up_to_a_token_s_size(admin: str) -> N
         upload = await http.post("/admin/login", files={"token": ("t", b"slj_" + b"x" * 100)})
         assert upload.status_code == 400, upload.status_code
         assert (await http.post("/admin/login", data={"token": "slj_x"})).status_code == 401
+
+
+async def test_short_job_links_tell_jobs_made_in_the_same_millisecond_apart(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """The ids the worker makes are UUIDv7: jobs enqueued together (a graph, a batch) share the
+    first 12 digits, the millisecond. The job list cut ids to their first 11 digits, the graph
+    and the workers page to 8, so a graph's jobs, or the jobs a worker runs, were links that
+    all read the same. Every short link now names the id's start and its (random) end."""
+    a, _b, _ = await seed(pool)
+    ms = "01a24fba-622c-7"
+    ids = [UUID(f"{ms}{n}69-9863-39ed34ef1ef{n}") for n in range(3)]
+    await pool.execute(
+        "INSERT INTO job_queue (id, workspace_id, job_type, payload)"
+        " SELECT i, $2, 'noop', '{}' FROM unnest($1::uuid[]) i",
+        ids,
+        a,
+    )
+    await pool.execute(
+        "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2), ($1, $3)", *ids
+    )
+    worker = uuid4()
+    await store.register_worker(pool, worker, "render-1", 1, ["noop"], 600)
+    await pool.execute(
+        "UPDATE job_queue SET status = 'running', worker_id = $1, attempts = 1"
+        " WHERE id = ANY($2::uuid[])",
+        worker,
+        ids,
+    )
+
+    def link_texts(page: str) -> set[str]:
+        texts = {re.findall(rf'<a href="/admin/jobs/{i}">([^<]*)</a>', page)[0] for i in ids}
+        assert all(text.startswith(ms[:8]) for text in texts), texts
+        return texts
+
+    async with httpx.AsyncClient(base_url=admin, headers=workspace_bearer(db_url, a)) as http:
+        for path in ("/admin/jobs?status=all", f"/admin/jobs/{ids[0]}/graph", "/admin/workers"):
+            page = (await http.get(path)).text
+            assert len(link_texts(page)) == len(ids), (path, link_texts(page))
+
+
+async def test_every_page_shows_times_one_way_in_utc(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """The job list showed a time as 2026-03-04 05:06:07, the job page as Python prints it
+    (2026-03-04 05:06:07.891000+00:00), its error history as the worker's JSON wrote it
+    (2026-03-04T06:06:07.500+01:00, another zone), and the workers page a heartbeat as 05:06:07
+    with no date, however many days old. Every page now shows one format, in UTC, and says
+    so; the job page to the millisecond."""
+    a, _b, _ = await seed(pool)
+    at = datetime(2026, 3, 4, 5, 6, 7, 891000, tzinfo=UTC)
+    job = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, attempts, created_at,"
+        " scheduled_for, started_at, completed_at, error_msg, errors)"
+        " VALUES ($1, 'noop', '{}', 'error', 1, $2::timestamptz, $2::timestamptz,"
+        " $2::timestamptz, $2::timestamptz, 'boom', jsonb_build_array(jsonb_build_object("
+        " 'attempt', 1, 'at', '2026-03-04T06:06:07.500+01:00', 'class', 'permanent',"
+        " 'message', 'boom'))) RETURNING id",
+        a,
+        at,
+    )
+    worker = uuid4()
+    await store.register_worker(pool, worker, "render-1", 1, ["noop"], 600)
+    await pool.execute(
+        "UPDATE job_workers SET started_at = $2::timestamptz, last_heartbeat_at = $2::timestamptz"
+        " WHERE id = $1",
+        worker,
+        at,
+    )
+    async with httpx.AsyncClient(base_url=admin, headers=workspace_bearer(db_url, a)) as http:
+        page = (await http.get(f"/admin/jobs/{job}")).text
+        assert page.count("<dd>2026-03-04 05:06:07.891 UTC</dd>") == 4, page
+        assert "<td>2026-03-04 05:06:07.500</td>" in page and "At (UTC)" in page, page
+        listed = (await http.get("/admin/jobs?status=error")).text
+        assert listed.count('<td class="at">2026-03-04 05:06:07</td>') == 2, listed
+        assert "Created (UTC)" in listed, listed
+        workers = (await http.get("/admin/workers")).text
+        assert workers.count('<td class="at">2026-03-04 05:06:07</td>') == 2, workers
+        # A history's `at` is whatever JSON its writer stored: shown as it is when no time.
+        await pool.execute(
+            'UPDATE job_queue SET errors = \'[5, {"at": 7}, {"at": "soon"}, {"at": [1]}]\''
+            " WHERE id = $1",
+            job,
+        )
+        odd = await http.get(f"/admin/jobs/{job}")
+        assert odd.status_code == 200 and "<td>soon</td>" in odd.text, odd.text
+    assert "+00:00" not in page + listed + workers
+
+
+async def test_a_stream_opens_with_the_present_state_of_its_page_s_jobs(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A page's stream sent only changes made after it subscribed, and a page subscribes after
+    it has rendered: a change in between (a running job cancelled from its page, which the
+    worker ends within milliseconds of the redirect) reached no page, and the page showed the
+    job running until reloaded. A stream now opens with the present state of the jobs its page
+    names (`?jobs=`), of the token's workspace only, then sends changes as before."""
+    a, _b, b_job = await seed(pool)
+    mine = await pool.fetchval(
+        "SELECT id FROM job_queue WHERE workspace_id = $1 AND status = 'error' LIMIT 1", a
+    )
+    await pool.execute("UPDATE job_queue SET status = 'cancelled' WHERE id = $1", mine)
+    jobs = f"{mine},{b_job},not-a-job,"
+    async with (
+        httpx.AsyncClient(base_url=admin, headers=workspace_bearer(db_url, a), timeout=30) as http,
+        http.stream("GET", f"/admin/events?jobs={jobs}") as stream,
+    ):
+        lines = stream.aiter_lines()
+
+        async def next_event() -> dict[str, object]:
+            async with asyncio.timeout(10):
+                while not (line := await anext(lines)).startswith("data: "):
+                    pass
+            event: dict[str, object] = orjson.loads(line[6:])
+            return event
+
+        first = await next_event()
+        assert (first["id"], first["status"]) == (str(mine), "cancelled"), first
+        await pool.execute("UPDATE job_queue SET status = 'error' WHERE id = $1", mine)
+        changed = await next_event()  # B's job never comes: the next is this change
+        assert (changed["id"], changed["status"]) == (str(mine), "error"), changed
+
+
+async def test_the_overview_of_an_empty_workspace_says_so(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """The overview's tables of jobs by status and of the last hour's throughput were a bare
+    header row for a workspace with no jobs, where every other table of the view says it is
+    empty. They now say so too."""
+    await seed(pool)
+    empty = await make_workspace(pool, "Empty")
+    async with httpx.AsyncClient(base_url=admin, headers=workspace_bearer(db_url, empty)) as http:
+        page = (await http.get("/admin")).text
+    counts = re.search(r'<table class="counts" id="counts">.*?</table>', page, re.S)
+    throughput = re.search(r'<table class="counts" id="throughput">.*?</table>', page, re.S)
+    assert counts and 'class="empty">no jobs<' in counts[0], page
+    assert throughput and 'class="empty">no job finished in the last hour<' in throughput[0], page
+
+
+async def test_a_finished_job_names_its_last_worker_not_a_lease(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A job keeps the id of the worker that last ran it. A finished job's page named that
+    worker its "Lease holder", with the worker's present lease ("lease to" a time still to
+    come), as if the job were held. It now names the worker as the one that last ran it, and
+    only a running job's page shows a lease."""
+    a, _b, _ = await seed(pool)
+    done, running = await new_jobs(pool, a, 2)
+    worker = uuid4()
+    await store.register_worker(pool, worker, "render-1", 1, ["noop"], 600)
+    await pool.execute(
+        "UPDATE job_queue SET worker_id = $1, attempts = 1,"
+        " status = CASE WHEN id = $2 THEN 'completed' ELSE 'running' END::job_status,"
+        " completed_at = CASE WHEN id = $2 THEN now() END WHERE id IN ($2, $3)",
+        worker,
+        done,
+        running,
+    )
+    async with httpx.AsyncClient(base_url=admin, headers=workspace_bearer(db_url, a)) as http:
+        finished = (await http.get(f"/admin/jobs/{done}")).text
+        held = (await http.get(f"/admin/jobs/{running}")).text
+    assert "<dt>Last run by</dt>" in finished and "lease to" not in finished, finished
+    assert "<dt>Lease holder</dt>" in held and "render-1, pid 1, lease to" in held, held
+
+
+async def test_a_login_goes_to_the_page_the_browser_asked_for(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A page opened logged out (a job's link sent in a chat) went to the login page, and the
+    login to the job list: the link was lost. The login page now names the page asked for, and
+    the login goes there; a `next` that is no page of this view (another host, a scheme, a
+    backslash) goes to the job list, as before."""
+    a, _b, _ = await seed(pool)
+    job = await pool.fetchval("SELECT id FROM job_queue WHERE workspace_id = $1 LIMIT 1", a)
+    token = token_for(db_url, "--workspace", str(a))
+    asked = f"/admin/jobs/{job}/graph?x=1"
+    ours = {"origin": admin, "sec-fetch-site": "same-origin"}
+    async with httpx.AsyncClient(base_url=admin) as http:
+        sent = await http.get(asked, headers=BROWSER)
+        assert sent.status_code == 303, sent.text
+        login_page = (await http.get(sent.headers["location"])).text
+        assert f'name="next" value="{html.escape(asked)}"' in login_page, login_page
+        done = await http.post("/admin/login", data={"token": token, "next": asked}, headers=ours)
+        assert (done.status_code, done.headers["location"]) == (303, asked)
+        assert (await http.get("/admin/jobs", headers=BROWSER)).headers["location"] == (
+            "/admin/login"
+        )
+        for elsewhere in (
+            "//evil.example/admin",
+            "https://evil.example/admin",
+            "/\\evil.example",
+            "/adminx",
+            "/admin/login?next=/admin",
+            "",
+        ):
+            done = await http.post(
+                "/admin/login", data={"token": token, "next": elsewhere}, headers=ours
+            )
+            assert done.headers["location"] == "/admin/jobs", elsewhere
+            page = (await http.get(f"/admin/login?{urlencode({'next': elsewhere})}")).text
+            assert 'name="next" value="/admin/jobs"' in page, elsewhere

@@ -10,9 +10,11 @@ from uuid import UUID, uuid4
 import asyncpg
 import httpx
 
+from sidelinja_worker.admin import auth
 from sidelinja_worker.queue import store
 from tests.admin_fixtures import (  # noqa: F401 (fixture)
     admin_fixture,
+    new_jobs,
     seed,
     token_for,
     workspace_bearer,
@@ -275,3 +277,105 @@ async def test_the_workers_page_counts_a_worker_s_jobs_and_names_five(
     async with httpx.AsyncClient(base_url=admin, headers=platform) as http:
         page = (await http.get("/admin/workers")).text
     assert "<td>1234 " in page and page.count('href="/admin/jobs/') == 5
+
+
+async def test_a_pause_or_job_action_does_what_it_names_or_nothing(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A POST to /admin/pauses/ANYTHING other than pause resumed the type, and the overview
+    said "ANYTHINGd."; a pause of a type paused already, or a resume of one not paused,
+    changed nothing and said "paused." or "resumed.". A job action of an unknown name answered
+    as if the job were in no state for it. An unknown action is now a 404 that changes
+    nothing, and the overview says when a pause or resume changed nothing."""
+    a, _b, _ = await seed(pool)
+    job = await pool.fetchval("SELECT id FROM job_queue WHERE workspace_id = $1 LIMIT 1", a)
+    platform = {"authorization": f"Bearer {token_for(db_url, '--all')}", **SAME_SITE}
+    async with httpx.AsyncClient(base_url=admin, headers=platform) as http:
+        csrf = await _csrf(http)
+
+        async def post(path: str, reason: str) -> httpx.Response:
+            form = {"csrf": csrf, "job_type": "srt_parse", "reason": reason}
+            return await http.post(path, data=form)
+
+        assert (await post("/admin/pauses/pause", "parser bug")).status_code == 303
+        assert (await post("/admin/pauses/unpause", "x")).status_code == 404
+        assert (await post("/admin/pauses/pause", "again")).headers["location"] == (
+            "/admin?done=paused-already"
+        )
+        page = (await http.get("/admin?done=paused-already")).text
+        assert "Nothing done: that job type was paused already" in page, page
+        assert (await http.post(f"/admin/jobs/{job}/delete", data={"csrf": csrf})).status_code == (
+            404
+        )
+        assert (await post("/admin/pauses/resume", "fixed")).headers["location"] == (
+            "/admin?done=resume"
+        )
+        assert (await post("/admin/pauses/resume", "fixed")).headers["location"] == (
+            "/admin?done=not-paused"
+        )
+        assert (
+            "Nothing done: that job type was not paused"
+            in (await http.get("/admin?done=not-paused")).text
+        )
+    audit = await pool.fetch("SELECT action, detail FROM admin_audit ORDER BY id")
+    assert [(r["action"], r["detail"]["reason"]) for r in audit] == [
+        ("pause", "parser bug"),
+        ("resume", "fixed"),
+    ]
+
+
+async def test_the_job_page_cancels_a_waiting_job_and_says_what_a_cancel_did(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A waiting job (a graph's child held by its parent) had no Cancel button, though a cancel
+    takes it (`jobs cancel` does); and after Cancel on a running job, which its worker ends a
+    moment later, the page showed it running with the Cancel button and not a word. A waiting
+    job's page now cancels it, and a running job's says the cancel was requested, and when."""
+    a, _b, _ = await seed(pool)
+    parent, child = await new_jobs(pool, a, 2)
+    await pool.execute(
+        "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)", parent, child
+    )
+    worker = uuid4()
+    await store.register_worker(pool, worker, "render-1", 1, ["noop"], 600)
+    await pool.execute(
+        "UPDATE job_queue SET status = 'running', worker_id = $1, attempts = 1 WHERE id = $2",
+        worker,
+        parent,
+    )
+    headers = {**workspace_bearer(db_url, a), **SAME_SITE}
+    async with httpx.AsyncClient(base_url=admin, headers=headers, follow_redirects=True) as http:
+        csrf = await _csrf(http)
+        assert await pool.fetchval("SELECT status::text FROM job_queue WHERE id = $1", child) == (
+            "waiting"
+        )
+        assert (
+            f'action="/admin/jobs/{child}/cancel"' in (await http.get(f"/admin/jobs/{child}")).text
+        )
+        await http.post(f"/admin/jobs/{child}/cancel", data={"csrf": csrf})
+        assert await pool.fetchval("SELECT status::text FROM job_queue WHERE id = $1", child) == (
+            "cancelled"
+        )
+        page = (await http.post(f"/admin/jobs/{parent}/cancel", data={"csrf": csrf})).text
+        assert 'id="job-status" data-status>running<' in page, page
+        assert "Cancel requested: its worker is told and stops it" in page, page
+        assert '<dd id="cancel-requested">' in page, page
+
+
+async def test_a_bulk_retry_of_an_unknown_status_retries_nothing(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A list reads an unknown status as all of them, and so did a bulk retry: status=erorr
+    retried every failed and retrying job of the filter. A bulk retry of a status it does not
+    know is now a 400 that retries nothing; the statuses the form sends still work."""
+    a, _b, _ = await seed(pool)
+    headers = workspace_bearer(db_url, a)
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        csrf = auth.csrf_for(headers["authorization"].removeprefix("Bearer "))
+        refused = await http.post("/admin/jobs/bulk-retry", data={"csrf": csrf, "status": "erorr"})
+        assert refused.status_code == 400, refused.text
+        assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE status = 'pending'") == 0
+        sent = await http.post(
+            "/admin/jobs/bulk-retry", data={"csrf": csrf, "status": "error", "type": "srt_parse"}
+        )
+        assert sent.status_code == 303 and "retried=2" in sent.headers["location"], sent.headers

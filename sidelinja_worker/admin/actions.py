@@ -10,7 +10,14 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
 from sidelinja_worker.admin import auth, store
-from sidelinja_worker.admin.forms import job_filter, parse_job_id, query_string, text_field
+from sidelinja_worker.admin.forms import (
+    DEFAULT_STATUS,
+    STATUSES,
+    job_filter,
+    parse_job_id,
+    query_string,
+    text_field,
+)
 from sidelinja_worker.admin.store import Scope
 from sidelinja_worker.admin.web import (
     Forbidden,
@@ -25,6 +32,14 @@ from sidelinja_worker.admin.web import (
 from sidelinja_worker.queue import store as worker_store
 
 BULK_LIMIT = 10_000
+# The actions the routes' {action} names; any other is a 404. Anything but "pause" resumed,
+# and a job action of another name answered as if the job were in no state for it.
+PAUSE_ACTIONS = ("pause", "resume")
+JOB_ACTIONS = ("retry", "cancel")
+# What the overview says when a pause or resume changed nothing (its `done`): a type paused
+# already keeps its first pause, its author and reason.
+UNCHANGED = {"pause": "paused-already", "resume": "not-paused"}
+NO_SUCH_ACTION = "no such action"
 
 
 async def operator_form(request: Request) -> tuple[Scope, dict[str, str]]:
@@ -41,15 +56,17 @@ async def operator_form(request: Request) -> tuple[Scope, dict[str, str]]:
 
 async def pause_action(request: Request) -> Response:
     scope, form = await operator_form(request)
+    action = request.path_params["action"]
+    if action not in PAUSE_ACTIONS:
+        return PlainTextResponse(NO_SUCH_ACTION, status_code=404)
     job_type, reason = form.get("job_type", "").strip(), form.get("reason", "").strip()
     if not job_type or not reason:
         return PlainTextResponse("a job type and a reason are required", status_code=400)
     pool, timeout_s = request.app.state.pool, read_bound_s(request)
-    if request.path_params["action"] == "pause":
-        await worker_store.pause_type(pool, job_type, actor(scope), reason, timeout_s)
-    else:
-        await worker_store.resume_type(pool, job_type, actor(scope), reason, timeout_s)
-    return RedirectResponse(f"/admin?done={request.path_params['action']}", status_code=303)
+    change = worker_store.pause_type if action == "pause" else worker_store.resume_type
+    changed = await change(pool, job_type, actor(scope), reason, timeout_s)
+    done = action if changed else UNCHANGED[action]
+    return RedirectResponse(f"/admin?done={done}", status_code=303)
 
 
 async def drain_action(request: Request) -> Response:
@@ -75,6 +92,8 @@ async def job_action(request: Request) -> Response:
     if not auth.csrf_ok(request, token, str(form.get("csrf") or "")):
         return PlainTextResponse("bad CSRF token or origin", status_code=403)
     job_id, action = parse_job_id(request.path_params["job_id"]), request.path_params["action"]
+    if action not in JOB_ACTIONS:
+        return PlainTextResponse(NO_SUCH_ACTION, status_code=404)
     try:
         async with acting(request, scope) as conn:
             timeout_s = action_bound_s(request)
@@ -111,6 +130,10 @@ async def bulk_retry(request: Request) -> Response:
     form = await read_form(request)
     if not auth.csrf_ok(request, token, str(form.get("csrf") or "")):
         return PlainTextResponse("bad CSRF token or origin", status_code=403)
+    # A list reads an unknown status as all of them; a bulk retry that widened a mistyped
+    # status to every failed job of the filter would do far more than it was asked.
+    if str(form.get("status") or DEFAULT_STATUS) not in (*STATUSES, "all"):
+        return PlainTextResponse("status: unknown; nothing was retried", status_code=400)
     f = job_filter(form, scope)
     try:
         async with request.app.state.reads.slot(scope.token_id), acting(request, scope) as conn:
@@ -137,13 +160,13 @@ async def login(request: Request) -> Response:
         max_files=0, max_fields=auth.LOGIN_FIELDS_MAX, max_part_size=auth.LOGIN_FIELD_MAX
     )
     scope = await auth.scope_of(pool, str(form.get("token") or "").strip())
+    landing = auth.landing(str(form.get("next") or ""))
     if scope is None:
-        return templates.TemplateResponse(
-            request, "login.html", {"error": "unknown or revoked token"}, status_code=401
-        )
+        context = {"error": "unknown or revoked token", "next": landing}
+        return templates.TemplateResponse(request, "login.html", context, status_code=401)
     secret = auth.new_session_secret()
     await store.create_session(pool, auth.digest(secret), scope.token_id, auth.SESSION_LIFETIME_S)
-    response = RedirectResponse("/admin/jobs", status_code=303)
+    response = RedirectResponse(landing, status_code=303)
     response.set_cookie(
         auth.COOKIE,
         secret,

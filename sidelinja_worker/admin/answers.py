@@ -19,7 +19,7 @@ async def denied(request: Request, _exc: Exception) -> Response:
         and request.url.path != "/admin/events"
         and auth.is_browser_navigation(request)
     ):
-        return RedirectResponse("/admin/login", status_code=303)
+        return RedirectResponse(auth.login_url(request), status_code=303)
     headers = {"www-authenticate": 'Bearer realm="sidelinja-admin"'}
     if "application/json" in request.headers.get("accept", ""):
         return JSONResponse(
@@ -51,6 +51,14 @@ async def gone(_request: Request, _exc: Exception) -> Response:
     return Response(status_code=400)
 
 
+def page_frame(request: Request, line: str) -> dict[str, object]:
+    """What the 503 page needs for the navigation bar every page has: the session's scope and
+    CSRF value once the session was checked, none when the check itself was the slow part
+    (base.html then shows the links alone)."""
+    scope, secret = getattr(request.state, "scope", None), getattr(request.state, "secret", None)
+    return {"line": line, "scope": scope, "csrf": auth.csrf_for(secret) if secret else None}
+
+
 async def too_slow(request: Request, _exc: Exception) -> Response:
     """503 with one line naming the bound, never a traceback; the connection went back to the
     pool with its transaction rolled back. A page asked for as HTML gets a page, a client that
@@ -64,5 +72,5 @@ async def too_slow(request: Request, _exc: Exception) -> Response:
     if "application/json" in accept:
         return JSONResponse({"error": line}, status_code=503)
     if "text/html" in accept or auth.is_browser_navigation(request):
-        return templates.TemplateResponse(request, "slow.html", {"line": line}, status_code=503)
+        return templates.TemplateResponse(request, "slow.html", page_frame(request, line), 503)
     return PlainTextResponse(line, status_code=503)

@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
+from urllib.parse import urlencode, urlsplit
 
 import asyncpg
 from starlette.requests import Request
@@ -111,6 +112,27 @@ def csrf_ok(request: Request, credential: str, sent: str | None) -> bool:
     if not same_origin(request):
         return False
     return sent is not None and hmac.compare_digest(sent, csrf_for(credential))
+
+
+LANDING = "/admin/jobs"  # where a login goes when it was asked for no page of the view
+
+
+def login_url(request: Request) -> str:
+    """The login page, naming the page the browser asked for: after the login it goes there,
+    not to the job list (a job's link sent in a chat, opened logged out, was lost)."""
+    asked = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return "/admin/login" if asked == LANDING else f"/admin/login?{urlencode({'next': asked})}"
+
+
+def landing(asked: str) -> str:
+    """`asked` if it is a page of this view (a path under /admin, on this host), LANDING
+    otherwise: the login page takes it from its URL, which anyone may make, and must send no
+    one elsewhere (//host, a scheme, a backslash that browsers read as a slash)."""
+    parts = urlsplit(asked)
+    ours = not parts.scheme and not parts.netloc and "\\" not in asked
+    if ours and (parts.path == "/admin" or parts.path.startswith("/admin/")):
+        return asked if not parts.path.startswith("/admin/login") else LANDING
+    return LANDING
 
 
 def is_browser_navigation(request: Request) -> bool:

@@ -55,6 +55,11 @@ LEASE_LABEL = "admin"
 # page; a token shared by a team, some dozens.
 STREAMS_PER_TOKEN = 50
 STREAMS_MAX = 500
+# A stream opens with the present state of the jobs its page shows (`?jobs=`), at most this many
+# (a workflow page draws workflow.MAX_NODES): a change between the page's render and its stream's
+# subscription sent its event to nobody, and the page showed the job as it was (a cancelled job
+# as running, for good) until reloaded.
+SNAPSHOT_MAX = 300
 
 
 # A stream's place in the hub: the queue its events arrive on.
@@ -129,7 +134,17 @@ def confirmed(claim: dict[str, Any], row: asyncpg.Record | None) -> dict[str, An
         return None
     if "attempts" in claim and claim["attempts"] != row["attempts"]:
         return None
-    event = {
+    event = row_event(row)
+    if "progress" in claim:
+        if claim["progress"] != row["progress"]:
+            return None
+        event["progress"] = row["progress"]
+    return event
+
+
+def row_event(row: asyncpg.Record) -> dict[str, Any]:
+    """The event a page gets for a job, from its row (jobs_for_events) alone."""
+    return {
         "id": str(row["id"]),
         "workspace_id": str(row["workspace_id"]),
         "job_type": row["job_type"],
@@ -137,11 +152,18 @@ def confirmed(claim: dict[str, Any], row: asyncpg.Record | None) -> dict[str, An
         "attempts": row["attempts"],
         "max_attempts": row["max_attempts"],
     }
-    if "progress" in claim:
-        if claim["progress"] != row["progress"]:
-            return None
-        event["progress"] = row["progress"]
-    return event
+
+
+def snapshot_ids(text: str) -> list[UUID]:
+    """The job ids of a stream's `?jobs=` (comma-separated), the readable ones, at most
+    SNAPSHOT_MAX."""
+    ids: list[UUID] = []
+    for part in text.split(",")[:SNAPSHOT_MAX]:
+        try:
+            ids.append(UUID(part.strip()))
+        except ValueError:
+            continue
+    return ids
 
 
 PROGRESS_KEYS = ("id", "workspace_id", "job_type", "status", "progress")
@@ -304,6 +326,21 @@ class EventHub:
                 out.append(event)
         return out
 
+    async def snapshot(self, scope: Scope, ids: list[UUID]) -> list[dict[str, Any]]:
+        """The present state of the jobs `ids` the scope sees, as events (with progress where a
+        job has one); none of a job it does not see."""
+        if not ids:
+            return []
+        async with store.scoped(self._pool, scope) as conn:
+            rows = await store.jobs_for_events(conn, ids)
+        events = []
+        for row in rows:
+            event = row_event(row)
+            if row["progress"] is not None:
+                event["progress"] = row["progress"]
+            events.append(event)
+        return events
+
     def subscribe(self, scope: Scope) -> Subscription:
         """A new stream's queue, counted against STREAMS_MAX and STREAMS_PER_TOKEN until
         unsubscribe(queue); TooManyStreams past either."""
@@ -333,12 +370,19 @@ class EventHub:
             self.unsubscribe(queue)
 
     async def frames(
-        self, queue: Subscription, still_valid: Callable[[], Awaitable[bool]] | None = None
+        self,
+        queue: Subscription,
+        still_valid: Callable[[], Awaitable[bool]] | None = None,
+        first: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None,
     ) -> AsyncIterator[bytes]:
         """SSE frames for one page until it goes away, or its token is revoked (checked every
         REVALIDATE_S, busy or idle); a comment now and then keeps proxies from closing an idle
-        stream. `queue` is the page's, from subscribe(), holding events the hub confirmed."""
+        stream. `queue` is the page's, from subscribe(), holding events the hub confirmed.
+        `first`: the events sent before any other (snapshot()), read once the queue is
+        subscribed, so no change falls between the two."""
         yield b"retry: 2000\n: connected\n\n"
+        for event in await first() if first is not None else []:
+            yield b"data: " + orjson.dumps(event) + b"\n\n"
         now = time.monotonic()
         check_at, keepalive_at = now + REVALIDATE_S, now + KEEPALIVE_S
         while True:

@@ -13,7 +13,7 @@ from starlette.types import Receive, Send
 from starlette.types import Scope as AsgiScope
 
 from sidelinja_worker.admin import auth, dashboard, metrics_view, store, workflow
-from sidelinja_worker.admin.events import EventHub, Subscription
+from sidelinja_worker.admin.events import EventHub, Subscription, snapshot_ids
 from sidelinja_worker.admin.forms import job_filter, page_cursor, parse_job_id, query_string
 from sidelinja_worker.admin.store import Scope
 from sidelinja_worker.admin.web import TOO_SLOW, read_bound_s, render, session, templates
@@ -204,9 +204,18 @@ async def events(request: Request) -> Response:
         except TOO_SLOW:
             return False
 
+    async def present() -> list[dict[str, Any]]:
+        """The page's jobs as they are now; none when the database does not answer in time
+        (the events that follow still come)."""
+        try:
+            return await hub.snapshot(scope, snapshot_ids(request.query_params.get("jobs", "")))
+        except TOO_SLOW:
+            return []
+
     queue = hub.subscribe(scope)  # TooManyStreams past the caps
-    return EventStream(hub, queue, hub.frames(queue, still_valid))
+    return EventStream(hub, queue, hub.frames(queue, still_valid, present))
 
 
 async def login_page(request: Request) -> Response:
-    return templates.TemplateResponse(request, "login.html", {"error": None})
+    landing = auth.landing(request.query_params.get("next", ""))
+    return templates.TemplateResponse(request, "login.html", {"error": None, "next": landing})

@@ -157,6 +157,16 @@ SHOW_MAX_BYTES = 128 * 1024
 TEXT_SHOWN = 512
 
 
+def short_id(job_id: UUID | str) -> str:
+    """A job id as the pages' short links name it: its start, which "Id starts with" searches
+    for, and its end. The ids the worker makes are UUIDv7, whose first 12 digits are the
+    millisecond they were made in: a graph enqueued at once, or a worker's jobs claimed
+    together, shared their first 8 and even 12 digits, and their links read the same. The last
+    6 digits are random in every UUID version."""
+    text = str(job_id)
+    return f"{text[:8]}…{text[-6:]}"
+
+
 async def get_job(conn: asyncpg.Connection, job_id: UUID) -> asyncpg.Record | None:
     return await conn.fetchrow(Q["get_job"], job_id, SHOW_MAX_BYTES)
 

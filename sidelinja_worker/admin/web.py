@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
@@ -19,7 +20,26 @@ from sidelinja_worker.admin.store import Scope
 HERE = Path(__file__).parent
 
 
+def shown_at(value: object, precise: bool = False) -> str:
+    """A time as every page shows it, in UTC (the pages say so), to the second, or to the
+    millisecond where it is one job's record (its page). A text is a time from a JSON value (an
+    error history's `at`, which any plain-SQL writer may make anything): shown the same way
+    when it reads as a time, as it is otherwise, like any other value."""
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            value = datetime.fromisoformat(value)
+    if not isinstance(value, datetime):
+        return "" if value is None else str(value)
+    if value.tzinfo is not None:
+        with contextlib.suppress(OverflowError):  # year 1 east of UTC: shown in its own zone
+            value = value.astimezone(UTC)
+    text = value.strftime("%Y-%m-%d %H:%M:%S")
+    return f"{text}.{value.microsecond // 1000:03d}" if precise else text
+
+
 templates = Jinja2Templates(directory=str(HERE / "templates"))
+templates.env.filters["short_id"] = store.short_id
+templates.env.filters["at"] = shown_at
 
 
 # Every form here is a CSRF value and a few short fields (a job filter, a job type and a reason):
@@ -84,6 +104,9 @@ async def session(request: Request) -> tuple[Scope, str]:
     scope = await auth.scope_for(request.app.state.pool, credential)
     if scope is None or credential is None:
         raise Denied
+    # Kept for an answer that has no page of its own to render (answers.too_slow), so it can
+    # still show the navigation bar of the session it answers.
+    request.state.scope, request.state.secret = scope, credential.secret
     return scope, credential.secret
 
 

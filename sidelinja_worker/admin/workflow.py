@@ -18,7 +18,8 @@ from sidelinja_worker.admin import store
 MAX_NODES = 300
 MAX_EDGES = 1500
 COLUMNS = 10
-NODE_W, NODE_H, GAP_X, GAP_Y, MARGIN = 150, 44, 16, 36, 12
+# A node is as wide as its longest line, "cancelled · " and a short id (store.short_id).
+NODE_W, NODE_H, GAP_X, GAP_Y, MARGIN = 196, 44, 16, 36, 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +36,7 @@ class Node:
 
     @property
     def short_id(self) -> str:
-        return str(self.id)[:8]
+        return store.short_id(self.id)
 
     @property
     def retryable(self) -> bool:

@@ -27,11 +27,19 @@ function applyEvent(ev) {
   }
 }
 
-if (document.querySelector("[data-job]")) {
-  const source = new EventSource("/admin/events");
+const shown = [...new Set([...document.querySelectorAll("[data-job]")].map((el) => el.dataset.job))];
+if (shown.length) {
+  // The stream opens with these jobs as they are now: a change between the page's render and
+  // the stream's start (a cancel that lands at once) would otherwise never reach the page.
+  const source = new EventSource(`/admin/events?jobs=${shown.join(",")}`);
   const live = document.getElementById("live");
   source.onopen = () => { document.body.dataset.live = "on"; if (live) live.textContent = "live: on"; };
-  source.onerror = () => { document.body.dataset.live = "off"; if (live) live.textContent = "live: reconnecting"; };
+  source.onerror = () => {
+    // A stream refused outright (its session ended: 401) is closed for good, not retried.
+    const closed = source.readyState === EventSource.CLOSED;
+    document.body.dataset.live = closed ? "closed" : "off";
+    if (live) live.textContent = closed ? "live: off, reload the page" : "live: reconnecting";
+  };
   source.onmessage = (message) => {
     const ev = JSON.parse(message.data);
     applyEvent(ev);
@@ -42,14 +50,32 @@ if (document.querySelector("[data-job]")) {
 
 // The dashboard: its body fetched again every 5 s (the numbers change by the minute, not by
 // the job, so a periodic fetch is cheaper than reacting to every job event).
+// A refresh that fails says so: the figures shown stop changing, and an ended session (401)
+// never comes back by itself. A 429 (this token's heavy pages all busy) is skipped quietly.
 const dashboard = document.getElementById("dashboard");
+const stale = document.getElementById("dashboard-stale");
 if (dashboard) {
   let refreshed = 0;
+  const failed = (why) => {
+    stale.hidden = false;
+    stale.textContent = `Not refreshed since ${new Date().toISOString().slice(11, 19)} UTC: ${why}.`;
+  };
   setInterval(async () => {
-    const response = await fetch(dashboard.dataset.refresh, { credentials: "same-origin" });
+    let response;
+    try {
+      response = await fetch(dashboard.dataset.refresh, { credentials: "same-origin" });
+    } catch {
+      failed("the admin view does not answer");
+      return;
+    }
     if (response.ok) {
       dashboard.innerHTML = await response.text();
       document.body.dataset.refreshed = String(++refreshed);
+      stale.hidden = true;
+    } else if (response.status === 401) {
+      failed("the session has ended; reload the page to log in again");
+    } else if (response.status !== 429) {
+      failed(`the admin view answered ${response.status}`);
     }
   }, 5000);
 }
