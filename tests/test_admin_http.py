@@ -793,3 +793,26 @@ async def test_a_login_goes_to_the_page_the_browser_asked_for(
             assert done.headers["location"] == "/admin/jobs", elsewhere
             page = (await http.get(f"/admin/login?{urlencode({'next': elsewhere})}")).text
             assert 'name="next" value="/admin/jobs"' in page, elsewhere
+
+
+async def test_with_no_job_due_the_pages_say_nothing_is_due(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """With no job due, the overview and the dashboard said the oldest due job had waited 0.0
+    s, which reads as a due job taken at once. They say nothing is due; /metrics keeps 0."""
+    empty = await make_workspace(pool, "Empty")
+    async with httpx.AsyncClient(base_url=admin, headers=workspace_bearer(db_url, empty)) as http:
+        overview = (await http.get("/admin")).text
+        dashboard = (await http.get("/admin/dashboard")).text
+        metrics = (await http.get("/metrics")).text
+    assert '<strong id="oldest">nothing due</strong>' in overview, overview
+    assert '<strong id="oldest-due">nothing due</strong>' in dashboard, dashboard
+    assert "sidelinja_oldest_due_job_age_seconds 0.0" in metrics, metrics
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, scheduled_for)"
+        " VALUES ($1, 'noop', '{}', now() - interval '90 s')",
+        empty,
+    )
+    async with httpx.AsyncClient(base_url=admin, headers=workspace_bearer(db_url, empty)) as http:
+        overview = (await http.get("/admin")).text
+    assert re.search(r'Oldest due job waiting: <strong id="oldest">9\d\.\d s</strong>', overview)

@@ -59,7 +59,7 @@ class Dashboard:
     now: datetime
     total: Figures
     types: list[Figures]
-    oldest_due_s: float
+    oldest_due_s: float | None  # None: no job is due
 
 
 async def load(

@@ -34,7 +34,7 @@ async def render(
         "sidelinja_oldest_due_job_age_seconds",
         "Age of the oldest job that is due and waiting",
         registry=registry,
-    ).set(await worker_store.oldest_due_s(conn, timeout_s))
+    ).set(await worker_store.oldest_due_s(conn, timeout_s) or 0.0)
     finished = Gauge(
         "sidelinja_jobs_finished_last_hour",
         "Jobs finished in the last hour",

@@ -97,8 +97,7 @@ async def view(pool: asyncpg.Pool) -> Group:
             f"{w['last_heartbeat_at']:%H:%M:%S}" if w["last_heartbeat_at"] else "",
         )
     waiting = sum(r["waiting"] for r in depth.values())
-    # With no job due the oldest wait is 0, which reads as a due job taken at once.
-    due = f"oldest due {oldest:.1f} s" if any(r["due"] for r in depth.values()) else "nothing due"
+    due = "nothing due" if oldest is None else f"oldest due {oldest:.1f} s"
     header = Text(
         f"sidelinja-worker top · {datetime.now(UTC):%H:%M:%S} UTC · queue depth {waiting} · "
         f"{due} · {sum(w['alive'] for w in workers)} live workers · Ctrl-C to quit",

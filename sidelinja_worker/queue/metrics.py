@@ -198,7 +198,7 @@ async def _refresh_gauges(pool: asyncpg.Pool) -> None:
     """Runs as the worker's own role: the worker's metrics cover every workspace."""
     async with pool.acquire() as conn:
         rows = await store.counts(conn)
-        oldest = await store.oldest_due_s(conn)
+        oldest = await store.oldest_due_s(conn) or 0.0
         notify = await store.notify_queue_state(conn)
     JOBS.clear()
     for row in rows:

@@ -594,9 +594,11 @@ async def counts(conn: Conn, timeout_s: float = STATEMENT_TIMEOUT_S) -> list[asy
     return await conn.fetch(Q["counts"], COUNTS_MAX_TYPES, timeout=timeout_s)
 
 
-async def oldest_due_s(conn: Conn, timeout_s: float = STATEMENT_TIMEOUT_S) -> float:
-    """Seconds the oldest due job has waited (0 with none)."""
-    return float(await conn.fetchval(Q["oldest_due_s"], timeout=timeout_s))
+async def oldest_due_s(conn: Conn, timeout_s: float = STATEMENT_TIMEOUT_S) -> float | None:
+    """Seconds the oldest due job has waited; None with no due job (a gauge shows it as 0,
+    a page as "nothing due": 0 s reads as a due job taken at once)."""
+    found = await conn.fetchval(Q["oldest_due_s"], timeout=timeout_s)
+    return None if found is None else float(found)
 
 
 async def notify_queue_state(conn: Conn) -> asyncpg.Record:

@@ -924,9 +924,12 @@ GROUP BY 1, 2
 ORDER BY 1, 2;
 
 -- name: oldest_due_s
--- A scheduled_for of -infinity (any plain-SQL writer may set it) cannot be subtracted: left out.
-SELECT coalesce(extract(epoch FROM now() - min(scheduled_for)
-                                            FILTER (WHERE isfinite(scheduled_for))), 0)::float8
+-- NULL with no due job. A scheduled_for of -infinity (any plain-SQL writer may set it) cannot
+-- be subtracted: left out, such a job alone reads 0.
+SELECT CASE WHEN count(*) > 0
+            THEN coalesce(extract(epoch FROM now() - min(scheduled_for)
+                                                  FILTER (WHERE isfinite(scheduled_for))), 0)
+       END::float8
 FROM job_queue
 WHERE status IN ('pending', 'retry') AND scheduled_for <= now();
 
