@@ -1,7 +1,8 @@
-"""Caps under concurrency: two workers run jobs of a capped type in a capped workspace and
-others, jobs that fail, retry and defer at random, while a plain-SQL writer cancels running
-jobs and inserts more. A watcher reads the running rows all along: a cap is never passed, at
-any moment, and every job ends."""
+"""Caps and pauses under concurrency: two workers run jobs of a capped type in a capped
+workspace and others, jobs that fail, retry and defer at random, while a plain-SQL writer
+cancels running jobs and inserts more, or an operator pauses and resumes a type again and
+again. A cap is never passed at any moment (a watcher reads the running rows all along), no
+job of a paused type starts while its pause stands, and every job ends."""
 
 from __future__ import annotations
 
@@ -129,3 +130,47 @@ async def test_caps_hold_at_every_moment_under_failures_deferrals_and_cancels(
     counts = dict(await pool.fetch("SELECT status::text, count(*) FROM job_queue GROUP BY 1"))  # type: ignore[arg-type]
     assert set(counts) <= {"completed", "error", "cancelled"}, (where, counts)
     assert sum(counts.values()) == JOBS_FIRST + JOBS_DURING, (where, counts)
+
+
+async def test_a_paused_type_is_never_started_while_its_pause_stands(
+    pool: asyncpg.Pool, db_url: str
+) -> None:
+    """Two workers drain a type an operator pauses and resumes again and again: no job of it
+    starts between a pause's commit and the start of the resume that lifts it (a claim that
+    began before the pause committed may still take one), and every job ends."""
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    workspaces = [await make_workspace(pool, f"w{i}") for i in range(2)]
+    await pool.execute("CREATE TABLE deferred (job_id uuid PRIMARY KEY)")
+    await _insert(pool, workspaces, JOBS_FIRST, rng)
+    windows: list[tuple[object, object]] = []  # (pause committed, resume began)
+    async with (
+        running_worker(pool, db_url, REGISTRY, max_concurrent=8, poll_interval_s=0.05),
+        running_worker(pool, db_url, REGISTRY, max_concurrent=8, poll_interval_s=0.05),
+    ):
+        for _ in range(15):
+            await asyncio.sleep(rng.random() * 0.05)  # let some run between pauses
+            async with pool.acquire() as conn:
+                await store.pause_type(conn, "capped", "chaos", "test")
+                paused_at = await conn.fetchval("SELECT clock_timestamp()")
+                await asyncio.sleep(rng.random() * 0.1)
+                resumed_at = await conn.fetchval("SELECT clock_timestamp()")
+                await store.resume_type(conn, "capped", "chaos", "test")
+            windows.append((paused_at, resumed_at))
+        await wait_for_sql(
+            pool,
+            "SELECT count(*) = 0 FROM job_queue WHERE status IN ('pending', 'retry', 'running')",
+            timeout_s=90,
+        )
+    where = f"(seed {seed})"
+    started = await pool.fetch(
+        "SELECT id, started_at FROM job_queue WHERE job_type = 'capped' AND started_at IS NOT NULL"
+    )
+    inside = [
+        r["id"]
+        for r in started
+        for a, b in windows
+        if a < r["started_at"] < b  # type: ignore[operator]
+    ]
+    assert not inside, (where, inside)
+    assert len(started) > 50, where  # the type ran between the pauses
