@@ -8,6 +8,7 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
+import pytest
 from pydantic import BaseModel
 
 from sidelinja_worker.queue import client, store
@@ -246,6 +247,53 @@ async def test_retention_prunes_old_finished_jobs_in_batches(
     )
     assert [tuple(r) for r in left] == [("completed", 1), ("error", 20), ("pending", 20)]
     assert await statuses(pool) == {"completed": 1, "error": 1, "pending": 1}
+
+
+@pytest.mark.parametrize("in_graph", [False, True], ids=["alone", "in a graph"])
+async def test_a_job_put_back_while_the_prune_deletes_it_stays(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, in_graph: bool
+) -> None:
+    """A failed job past retention, retried by a writer while the prune (whose snapshot saw it
+    failed) deletes it: the prune waited for the retry's lock, then deleted the job the
+    retry had just put back in the queue, as it matched its ids alone. A job put back stays."""
+    old = "now() - interval '100 days'"
+    job = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, completed_at)"
+        f" VALUES ($1, 'noop', '{{}}', 'error', {old}) RETURNING id",
+        workspace,
+    )
+    if in_graph:  # a finished parent: the graph goes whole or stays whole
+        parent = await pool.fetchval(
+            "INSERT INTO job_queue (workspace_id, job_type, payload, status, completed_at,"
+            f" created_at) VALUES ($1, 'noop', '{{}}', 'completed', {old}, {old}) RETURNING id",
+            workspace,
+        )
+        await pool.execute(
+            "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)", parent, job
+        )
+    writer, pruner = await asyncpg.connect(db_url), await asyncpg.connect(db_url)
+    try:
+        retry = writer.transaction()
+        await retry.start()
+        await writer.execute(
+            "UPDATE job_queue SET status = 'pending', attempts = 0, scheduled_for = now()"
+            " WHERE id = $1",
+            job,
+        )
+        pruning = asyncio.create_task(store.prune(pruner, 14 * 86400, 90 * 86400, batch=100))
+        await wait_for_sql(
+            pool,
+            "SELECT count(*) > 0 FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
+            pruner.get_server_pid(),
+        )
+        await retry.commit()
+        await pruning
+    finally:
+        await writer.close()
+        await pruner.close()
+    assert await pool.fetchval("SELECT status::text FROM job_queue WHERE id = $1", job) == (
+        "pending"
+    )
 
 
 async def _echo(ctx: JobContext, payload: Any) -> Any:

@@ -766,6 +766,10 @@ RETURNING j.id;
 -- again by each of the hundred batches that took its jobs (103 s a prune, deleting nothing).
 -- /* unreferenced */ stands for the prune_guard below (store.prune fills it in): a job another
 -- table still references counts as not past retention, so it and its graph stay.
+-- The DELETE checks each row's status and age again: a job a writer retries while the prune
+-- runs (its snapshot saw the job failed) is waited for and then kept, where matching its id
+-- alone deleted the job just put back in the queue. Such a job's graph may lose its other
+-- finished jobs in that race (its parents' deletion lets it run, as any deleted parent does).
 WITH old AS NOT MATERIALIZED (
     SELECT id, has_children, completed_at FROM job_queue j
     WHERE status IN ('completed', 'error', 'cancelled')
@@ -794,13 +798,16 @@ WITH old AS NOT MATERIALIZED (
                AND (j.status <> 'error' OR j.completed_at < now() - make_interval(secs => $2))
                /* unreferenced */)
               IS NOT TRUE)) AS k(id)
-), gone AS (
+), gone AS (  -- each row checked again as it is deleted: a writer may put one back meanwhile
     DELETE FROM job_queue
     WHERE id = ANY(ARRAY(
         SELECT id FROM batch
         UNION ALL
         SELECT id FROM graph WHERE id NOT IN (SELECT id FROM kept)
     ))
+      AND status IN ('completed', 'error', 'cancelled')
+      AND completed_at < now() - make_interval(secs => $1)
+      AND (status <> 'error' OR completed_at < now() - make_interval(secs => $2))
     RETURNING 1
 ), last AS (
     SELECT completed_at, id FROM in_graph ORDER BY completed_at DESC, id DESC LIMIT 1
