@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -157,10 +157,12 @@ async def create_pool(
     min_size: int = 1,
     max_size: int = 4,
     generic_plans: bool = False,
+    settings: Mapping[str, str] | None = None,
     prepare: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
 ) -> asyncpg.Pool:
     """A pool whose connections speak JSON through orjson; `prepare` runs on each new one
-    after that. Connections above `min_size` close after asyncpg's 300 s of idleness."""
+    after that. `settings` are server settings of its sessions, beside SERVER_SETTINGS.
+    Connections above `min_size` close after asyncpg's 300 s of idleness."""
 
     async def init(conn: asyncpg.Connection) -> None:
         await init_connection(conn)
@@ -180,9 +182,11 @@ async def create_pool(
             loop=None,
             connection_class=asyncpg.Connection,
             record_class=asyncpg.Record,
-            server_settings={**SERVER_SETTINGS, **GENERIC_PLANS}
-            if generic_plans
-            else SERVER_SETTINGS,
+            server_settings={
+                **SERVER_SETTINGS,
+                **(GENERIC_PLANS if generic_plans else {}),
+                **(settings or {}),
+            },
         )
     # Any database error while the connections open and `prepare` runs, the protocol's own
     # too: a connection terminated during `prepare` raised asyncpg's InternalClientError

@@ -9,6 +9,18 @@ import asyncpg
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.db import create_pool
 
+# The server ends a session of the worker's own pools that sits in a transaction this long
+# without a statement. Between the statements of the worker's transactions (the claim lock and
+# the claim under a cap; a completion and its follow-up jobs) a live worker waits only for its
+# event loop, milliseconds; a stopped one (SIGSTOP, a paused VM, a machine gone from the
+# network with its connection open) held the cluster-wide claim lock as long as it stayed
+# stopped, and no capped claim of any worker went through. A session ended this way costs a
+# live worker one retried statement; a stopped one's jobs come back by the lease rescue.
+# Handlers' and the command line's sessions are not bounded: a handler may hold a transaction
+# across a call to a service, `enqueue --file -` across what a person types.
+IDLE_IN_TRANSACTION_S = 5
+OWN_SESSIONS = {"idle_in_transaction_session_timeout": f"{IDLE_IN_TRANSACTION_S}s"}
+
 
 async def open_claim_pool(url: str, job_types: Sequence[str]) -> asyncpg.Pool:
     """The pool for claims and outcome writes, with generic plans. Both connections open now,
@@ -20,6 +32,7 @@ async def open_claim_pool(url: str, job_types: Sequence[str]) -> asyncpg.Pool:
         min_size=2,
         max_size=2,
         generic_plans=True,
+        settings=OWN_SESSIONS,
         prepare=lambda conn: store.prepare_hot_path(conn, job_types),
     )
 
@@ -31,4 +44,4 @@ async def open_lease_pool(url: str) -> asyncpg.Pool:
     heartbeat waiting past the lease, so other workers rescued jobs that were running
     healthily, again and again until they ended in `error`. Its statements are short (each
     bounded by store.STATEMENT_TIMEOUT_S), so one connection serves them in turn."""
-    return await create_pool(url, min_size=1, max_size=1)
+    return await create_pool(url, min_size=1, max_size=1, settings=OWN_SESSIONS)

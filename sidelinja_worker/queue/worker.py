@@ -27,7 +27,7 @@ from sidelinja_worker.queue.jobs import ClaimedJob
 from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
 from sidelinja_worker.queue.listener import Listener
 from sidelinja_worker.queue.maintenance import prune_loop, rescue_loop
-from sidelinja_worker.queue.outcomes import OutcomeWriter
+from sidelinja_worker.queue.outcomes import OutcomeWriter, one_line
 from sidelinja_worker.queue.pools import open_claim_pool, open_lease_pool
 from sidelinja_worker.queue.prefetch import claim_size, prefetch
 from sidelinja_worker.queue.registry import JobType, Registry
@@ -354,7 +354,7 @@ class Worker:
                         return
                 retry_s = 0.05
             except DB_ERRORS as exc:
-                log.warning("claim failed (%s); retrying in %.2fs", exc, retry_s)
+                log.warning("claim failed (%s); retrying in %.2fs", one_line(exc), retry_s)
                 await self._wait_for(self._stop, retry_s)
                 retry_s = min(retry_s * 2, CLAIM_RETRY_MAX_S)
                 continue
@@ -568,7 +568,7 @@ class Worker:
             except DB_ERRORS as exc:
                 log.warning(
                     "heartbeat failed (%s); lease runs out in %.1fs",
-                    exc,
+                    one_line(exc),
                     self._lease_deadline - loop.time(),
                 )
 

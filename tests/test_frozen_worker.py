@@ -1,0 +1,138 @@
+"""A worker that stops without dying: a process stopped by SIGSTOP, a paused VM, a machine gone
+from the network with its connections left open. Its leases run out and its jobs run
+elsewhere; it must hold nothing the rest of the fleet waits for, and what it does once it wakes
+must not overwrite what ran meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from uuid import UUID
+
+import asyncpg
+import pytest
+
+from sidelinja_worker.queue import store
+from sidelinja_worker.queue.pools import open_claim_pool
+from sidelinja_worker.queue.queries import QUERIES
+from tests.helpers import insert_jobs, run_burst, spawn, statuses, wait_for
+
+
+async def test_a_claim_connection_stopped_inside_its_transaction_does_not_stop_the_fleet(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """A claim under a cap takes the cluster-wide claim lock, then claims, in one transaction
+    of two statements. A worker stopped between the two (here: a connection of the worker's
+    claim pool that takes the lock and is never heard from again) held the lock for as long as
+    it stayed stopped, and no capped claim of any worker went through. The server ends such a
+    session: another worker drains its capped jobs."""
+    await store.set_type_limit(pool, "noop", 5)
+    await insert_jobs(pool, workspace, 20, job_type_name="noop")
+    frozen = await open_claim_pool(db_url, ["noop"])
+    try:
+        async with frozen.acquire() as conn:
+            await conn.execute("BEGIN")
+            await conn.execute(QUERIES["lock_limited_claims"])
+            stopped_pid = conn.get_server_pid()
+            started = time.monotonic()
+            await asyncio.wait_for(run_burst(pool, db_url, max_concurrent=5), 30)
+            waited_s = time.monotonic() - started
+            assert await statuses(pool) == {"completed": 20}
+            gone = "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)"
+            assert await pool.fetchval(gone, stopped_pid)
+    finally:
+        frozen.terminate()
+    assert waited_s < 20, waited_s
+
+
+# When the stopped worker is resumed, after the stop: at once when the other worker runs its
+# jobs (its heartbeat, overdue, finds it declared dead and cancels its handlers), or once its
+# 2 s handlers are due too (they finish and their outcomes are sent first).
+@pytest.mark.parametrize("resumed_after_s", [0.0, 2.1], ids=["handlers running", "handlers due"])
+async def test_a_worker_stopped_past_its_lease_overwrites_nothing_and_comes_back(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, resumed_after_s: float
+) -> None:
+    """SIGSTOP a worker while it runs jobs, past its lease; another worker rescues them and runs
+    them. SIGCONT: what the stopped worker does then (its late outcomes, its cancelled
+    handlers' give-backs) may not touch a job that runs elsewhere now: every job it held ends
+    completed by the other worker, with one rescue in its history. Then it runs jobs again, as
+    a new worker."""
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload)"
+        " SELECT $1, 'noop', '{\"sleep_ms\": 2000}' FROM generate_series(1, 30)",
+        workspace,
+    )
+    args = ("run", "--max-concurrent", "10", "--lease", "1s", "--poll-interval", "100ms")
+    victim = spawn(*args, url=db_url)
+    await wait_for(
+        lambda: pool.fetchval("SELECT count(*) >= 10 FROM job_queue WHERE status = 'running'")
+    )
+    victim_id = await pool.fetchval("SELECT id FROM job_workers")
+    held = [
+        r[0]
+        for r in await pool.fetch(
+            "SELECT id FROM job_queue WHERE status = 'running' AND worker_id = $1", victim_id
+        )
+    ]
+    victim.send_signal(signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        other = spawn(
+            "run", "--max-concurrent", "50", "--lease", "1s", "--poll-interval", "100ms", url=db_url
+        )
+        await wait_for(
+            lambda: pool.fetchval(
+                "SELECT count(*) = $2 FROM job_queue WHERE id = ANY($1) AND status = 'running'"
+                " AND worker_id <> $3",
+                held,
+                len(held),
+                victim_id,
+            ),
+            what="the other worker runs every job the stopped one held",
+        )
+        other_id = await pool.fetchval("SELECT worker_id FROM job_queue WHERE id = $1", held[0])
+        # The other worker's runs of the same jobs, started a lease after the stop, go on.
+        await asyncio.sleep(max(0.0, stopped_at + resumed_after_s - time.monotonic()))
+    finally:
+        victim.send_signal(signal.SIGCONT)
+    await wait_for(
+        lambda: pool.fetchval(
+            "SELECT count(*) = 1 FROM job_workers WHERE pid = $1 AND id <> $2",
+            victim.proc.pid,
+            victim_id,
+        ),
+        what="the stopped worker registers again under a new id",
+    )
+    await wait_for(
+        lambda: pool.fetchval("SELECT count(*) = 30 FROM job_queue WHERE status = 'completed'"),
+        what="every job completed",
+    )
+    # Completed by the other worker's own run: its 2 s handler after its claim, never earlier.
+    rows = await pool.fetch(
+        "SELECT worker_id, attempts, errors, completed_at - started_at >= interval '2 s' AS ran"
+        " FROM job_queue WHERE id = ANY($1)",
+        held,
+    )
+    assert {r["worker_id"] for r in rows} == {other_id}
+    assert all(
+        r["ran"] and r["attempts"] == 2 and [e["class"] for e in r["errors"]] == ["rescued"]
+        for r in rows
+    ), [dict(r) for r in rows]
+    assert "was declared dead" in victim.stderr_so_far()
+
+    # Back as a new worker, it runs jobs again, and the other one is gone.
+    other.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(other.proc.wait, 60) == 0
+    reborn = await pool.fetchval("SELECT id FROM job_workers WHERE pid = $1", victim.proc.pid)
+    await insert_jobs(pool, workspace, 20, job_type_name="noop")
+    await wait_for(
+        lambda: pool.fetchval(
+            "SELECT count(*) = 20 FROM job_queue WHERE status = 'completed' AND worker_id = $1",
+            reborn,
+        ),
+        what="the worker that came back completes the new jobs",
+    )
+    victim.send_signal(signal.SIGTERM)
+    _, err = await asyncio.to_thread(victim.communicate, 60)
+    assert victim.returncode == 0, err[-2000:]
