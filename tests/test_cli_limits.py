@@ -32,3 +32,24 @@ async def test_a_cap_on_an_unknown_job_type_is_refused_and_a_stray_one_can_go(
     removed = cli("limits", "type", "gone", "none", url=db_url)
     assert removed.returncode == 0, removed.stderr
     assert await pool.fetchval("SELECT count(*) FROM job_type_limits") == 0
+
+
+async def test_a_rate_on_an_unknown_key_is_refused_and_an_existing_row_can_change(
+    db_url: str, pool: asyncpg.Pool
+) -> None:
+    out = cli("limits", "rate", "ai_gatway", "20/1m", url=db_url)  # a typo spaces no call
+    assert out.returncode == 2
+    assert one_line_error(out) == (
+        "sidelinja-worker: error: unknown rate key 'ai_gatway'; known: ai_gateway"
+    )
+    assert await pool.fetchval("SELECT count(*) FROM rate_limits") == 0
+    known = cli("limits", "rate", "ai_gateway", "20/1m", url=db_url)
+    assert known.returncode == 0, known.stderr
+    # A row written by SQL (or by an older version) stays the operator's to change or remove.
+    await pool.execute("INSERT INTO rate_limits (key, max_requests, per_s) VALUES ('old', 1, 1)")
+    changed = cli("limits", "rate", "old", "5/1s", url=db_url)
+    assert changed.returncode == 0, changed.stderr
+    assert await pool.fetchval("SELECT max_requests FROM rate_limits WHERE key = 'old'") == 5
+    removed = cli("limits", "rate", "old", "none", url=db_url)
+    assert removed.returncode == 0, removed.stderr
+    assert await pool.fetchval("SELECT array_agg(key) FROM rate_limits") == ["ai_gateway"]

@@ -15,7 +15,12 @@ from sidelinja_worker.queue import store
 from sidelinja_worker.queue.durations import parse_duration_s
 from sidelinja_worker.queue.errors import UserError
 from sidelinja_worker.queue.escapes import printable
+from sidelinja_worker.services import ai_gateway
 from sidelinja_worker.settings import FALSE, TRUE
+
+# The keys a handler of this installation passes to ctx.services.limiter.acquire: a row under
+# any other key spaces no call.
+RATE_KEYS = frozenset({ai_gateway.RATE_KEY})
 
 USAGE = """examples:
   sidelinja-worker limits                                  show every limit
@@ -39,7 +44,12 @@ def add_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("kind", nargs="?", choices=["type", "workspace", "rate", "fair"])
-    p.add_argument("name", nargs="?", help="job type, workspace id, rate key, or on/off")
+    p.add_argument(
+        "name",
+        nargs="?",
+        help=f"job type, workspace id, rate key ({', '.join(sorted(RATE_KEYS))}, or one already "
+        "set), or on/off",
+    )
     p.add_argument("value", nargs="?", help="N, N/DURATION for a rate, or none")
 
 
@@ -63,6 +73,13 @@ async def run(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
         await _set_workspace_limit(pool, parse_uuid(args.name, "workspace"), _count(args.value))
     else:
         rate = _rate(args.value)
+        # As for a type's cap: a typo is refused, a row already there stays editable, and
+        # removing one is always allowed.
+        if rate is not None and args.name not in RATE_KEYS:
+            stored = {r["name"] for r in await store.list_limits(pool) if r["kind"] == "rate"}
+            if args.name not in stored:
+                known = ", ".join(printable(k) for k in sorted(RATE_KEYS | stored))
+                raise UserError(f"unknown rate key {args.name!r}; known: {known}")
         await store.set_rate_limit(pool, args.name, *(rate or (None, None)))
     return await show(pool)
 
