@@ -89,3 +89,27 @@ async def test_a_unique_key_is_held_to_the_bulk_lines_bounds(
     assert out.returncode == 2
     assert one_line_error(out) == "sidelinja-worker: error: --unique-key: 1 to 1,000 characters"
     assert await pool.fetchval("SELECT count(*) FROM job_queue") == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (("--audio", ""), "--audio must not be empty"),
+        (("--audio", " \t"), "--audio must not be empty"),
+        (("--audio", "ep1.mp3", "--language", " "), "--language must not be empty"),
+        (("--audio", "ep1.mp3", "--repo", " /transcripts"), "--repo must be OWNER/REPO, got ' /transcripts'"),
+        (("--audio", "ep1.mp3", "--ref", ""), "--ref must not be empty (leave it out for its default)"),
+        (("--audio", "ep1.mp3", "--srt-path", " "), "--srt-path must not be empty (leave it out for its default)"),
+        (("--audio", "ep1.mp3", "--branch", ""), "--branch must not be empty (leave it out for its default)"),
+        (("--audio", "/"), "--audio '/' names no file to name the transcript by: give --ref"),
+        (("--audio", "ep1.mp3", "--language", "english"), "--language 'english': String should match pattern '^[a-z]{2,3}$'"),
+    ],
+)  # fmt: skip
+async def test_the_episode_pipeline_refuses_a_blank_value_and_enqueues_nothing(
+    db_url: str, pool: asyncpg.Pool, workspace: UUID, flags: tuple[str, ...], said: str
+) -> None:
+    """A blank --audio was enqueued as a graph whose first job fails at once."""
+    out = cli("pipeline", "episode", "--workspace", str(workspace), *flags, url=db_url)
+    assert out.returncode == 2
+    assert one_line_error(out) == f"sidelinja-worker: error: {said}"
+    assert await pool.fetchval("SELECT count(*) FROM job_queue") == 0

@@ -12,10 +12,12 @@ import signal
 import textwrap
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import PurePosixPath
 from typing import Any
 from uuid import UUID, uuid4
 
 import asyncpg
+from pydantic import ValidationError
 
 from sidelinja_worker.cli import admin as admin_cli
 from sidelinja_worker.cli import bulk, newjob, progress, retention
@@ -302,8 +304,23 @@ def _at(when: datetime) -> str:
 async def cmd_pipeline(args: argparse.Namespace) -> int:
     """`pipeline episode`: the episode's whole pipeline as one graph; prints each job's id."""
     owner, _, repo = args.repo.partition("/")
-    if not owner or not repo:
+    if not owner.strip() or not repo.strip():
         raise UserError(f"--repo must be OWNER/REPO, got {args.repo!r}")
+    for flag, value in (("--audio", args.audio), ("--language", args.language)):
+        if not value.strip():
+            raise UserError(f"{flag} must not be empty")
+    # An empty value given from an unset shell variable would otherwise mean the default.
+    for flag, value in (
+        ("--ref", args.ref),
+        ("--srt-path", args.srt_path),
+        ("--branch", args.branch),
+    ):
+        if value is not None and not value.strip():
+            raise UserError(f"{flag} must not be empty (leave it out for its default)")
+    if args.ref is None and not PurePosixPath(args.audio).stem.strip():
+        raise UserError(
+            f"--audio {args.audio!r} names no file to name the transcript by: give --ref"
+        )
     episode = pipeline.Episode(
         workspace_id=parse_uuid(args.workspace, "--workspace"),
         audio_path=args.audio,
@@ -316,6 +333,7 @@ async def cmd_pipeline(args: argparse.Namespace) -> int:
         title=args.title,
         embed=not args.no_embed,
     )
+    check_episode(episode)
     async with opened(args) as (_db, pool):
         if not await store.workspace_exists(pool, episode.workspace_id):
             raise UserError(f"no workspace {episode.workspace_id}")
@@ -327,6 +345,31 @@ async def cmd_pipeline(args: argparse.Namespace) -> int:
         print(f"{job_type} {job_id}")
     newjob.warn_missing_settings(args, ids)
     return 0
+
+
+# The flag behind each payload field of the episode's jobs, to name it in an error.
+EPISODE_FLAGS = {
+    "audio_path": "--audio",
+    "transcript_ref": "--ref",
+    "language": "--language",
+    "owner": "--repo",
+    "repo": "--repo",
+    "path": "--srt-path",
+    "branch": "--branch",
+    "title": "--title",
+}
+
+
+def check_episode(episode: pipeline.Episode) -> None:
+    """Each job of the graph as its handler reads its payload: a value the handler refuses
+    fails the whole graph at its first job, so it is refused here, naming the flag."""
+    for job in pipeline.episode_jobs(episode):
+        try:
+            REGISTRY[job.job_type].payload_model.model_validate(dict(job.payload))
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            flag = EPISODE_FLAGS.get(str(error["loc"][-1]), f"{job.job_type} payload")
+            raise UserError(f"{flag} {error['input']!r}: {error['msg']}") from None
 
 
 def _relatives(rows: list[Any], relation: str) -> list[dict[str, Any]]:
