@@ -91,3 +91,23 @@ async def test_once_shows_a_worker_of_every_type_as_all(db_url: str, pool: async
     assert out.returncode == 0, out.stderr
     (row,) = [line for line in out.stdout.splitlines() if line.startswith("│ live ")]
     assert row.split("│")[5].strip() == "all", row
+
+
+async def test_once_fits_80_columns_and_breaks_the_header_between_its_parts(
+    db_url: str, pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """At 80 columns the header ran to two lines broken between two words ("1" and "live
+    workers")."""
+    await insert_jobs(pool, workspace, 3, job_type_name="valgomat_generate_profile")
+    await store.register_worker(
+        pool, uuid4(), "render-worker-7.example.org", 123456, ["srt_parse"], 600, "0.1.0", 8
+    )
+    out = cli("top", "--once", url=db_url, env={"COLUMNS": "80"})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, out.stdout
+    header = lines[: next(i for i, line in enumerate(lines) if "Jobs (" in line)]
+    parts = [part for line in header for part in line.strip().split(" · ")]
+    assert parts[0] == "sidelinja-worker top" and parts[-1] == "Ctrl-C to quit", header
+    assert {"queue depth 3", "1 live workers"} <= set(parts), header
+    assert any(part.startswith("oldest due ") for part in parts), header

@@ -8,7 +8,7 @@ import asyncio
 from datetime import UTC, datetime
 
 import asyncpg
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -97,10 +97,36 @@ async def view(pool: asyncpg.Pool) -> Group:
             f"{w['last_heartbeat_at']:%H:%M:%S}" if w["last_heartbeat_at"] else "",
         )
     waiting = sum(r["waiting"] for r in depth.values())
-    due = "nothing due" if oldest is None else f"oldest due {oldest:.1f} s"
-    header = Text(
-        f"sidelinja-worker top · {datetime.now(UTC):%H:%M:%S} UTC · queue depth {waiting} · "
-        f"{due} · {sum(w['alive'] for w in workers)} live workers · Ctrl-C to quit",
-        style="bold",
+    header = Header(
+        "sidelinja-worker top",
+        f"{datetime.now(UTC):%H:%M:%S} UTC",
+        f"queue depth {waiting}",
+        "nothing due" if oldest is None else f"oldest due {oldest:.1f} s",
+        f"{sum(w['alive'] for w in workers)} live workers",
+        "Ctrl-C to quit",
     )
     return Group(header, jobs, fleet)
+
+
+class Header:
+    """The line above the tables, broken between its parts where the terminal is too narrow
+    for all of them: rich breaks a line between any two words ("1" at one line's end, "live
+    workers" at the next one's start). Laid out at each redraw, for the width of that moment."""
+
+    SEPARATOR = " · "
+
+    def __init__(self, *parts: str) -> None:
+        self.parts = parts
+
+    def lines(self, width: int) -> list[str]:
+        lines = [self.parts[0]]
+        for part in self.parts[1:]:
+            joined = lines[-1] + self.SEPARATOR + part
+            if len(joined) <= width:
+                lines[-1] = joined
+            else:
+                lines.append(part)
+        return lines
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield Text("\n".join(self.lines(options.max_width)), style="bold")
