@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import sys
 from typing import Any
 from uuid import UUID
@@ -16,6 +17,7 @@ from sidelinja_worker import settings
 from sidelinja_worker.admin import auth, store
 from sidelinja_worker.admin.spacetime import SpacetimeTarget
 from sidelinja_worker.admin.store import JobFilter, Scope
+from sidelinja_worker.cli import jobids
 from sidelinja_worker.cli.session import json_default, opened, why_not_listening
 from sidelinja_worker.queue.config import Secret
 from sidelinja_worker.queue.errors import UserError
@@ -26,6 +28,12 @@ ALL = Scope(token_id=None, workspace_id=None)
 MAX_LIST = 100_000  # jobs one `jobs list` prints
 TYPE_SHOWN = 40  # characters of a job type in the table (the catalog's longest has 25)
 ERROR_SHOWN = 60  # characters of the last error in the table (`jobs show` has all of it)
+# At a terminal: the characters of a row but its job type and error (a short id, the status,
+# the tries, the time to the minute and the gaps), the fewest of an error worth a column, and
+# the indent of an error on a line of its own.
+FITTED_FIXED = 15 + 2 + 1 + 9 + 1 + 5 + 2 + 11 + 2
+ERROR_MIN = 20
+ERROR_INDENT = "    "
 COLUMNS = (
     "id",
     "workspace_id",
@@ -61,6 +69,11 @@ def add_jobs_commands(jsub: argparse._SubParsersAction) -> None:  # type: ignore
     j = jsub.add_parser(
         "list",
         help=f"jobs, newest first (default: errors); with --status all, errors first, then {after}",
+        description="At a terminal the table fits its width: ids are short (the first 8 and "
+        "last 6 hex digits, which `jobs show`, `why`, `cancel` and `retry` take as they take "
+        "any unambiguous start of an id), times are to the minute (UTC), and the last error "
+        "takes the room left or a line of its own. Piped, the ids are whole; --json has every "
+        "column whole.",
     )
     j.add_argument(
         "--status", default="error", help=f"{', '.join(STATUSES)} or all (default error)"
@@ -72,7 +85,7 @@ def add_jobs_commands(jsub: argparse._SubParsersAction) -> None:  # type: ignore
     )
     j.add_argument("--json", action="store_true", help="one JSON array, for scripts")
     j = jsub.add_parser("retry", help="an error or retry job back to pending, due now")
-    j.add_argument("job_id", metavar="ID")
+    j.add_argument("job_id", metavar="ID", help=jobids.HELP)
 
 
 async def dispatch(args: argparse.Namespace) -> int | None:
@@ -84,6 +97,8 @@ async def dispatch(args: argparse.Namespace) -> int | None:
         async with opened(args) as (_db, pool):
             return await token_command(args, pool)
     if args.command == "jobs" and args.jobs_command in ("list", "retry"):
+        if args.jobs_command == "retry":  # a malformed id is refused before the database opens
+            args.job_ref = jobids.parse(args.job_id)
         async with opened(args) as (_db, pool):
             return await (
                 jobs_list(args, pool) if args.jobs_command == "list" else jobs_retry(args, pool)
@@ -145,6 +160,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     if not rows:
         print("no jobs match")
         return
+    if sys.stdout.isatty():
+        print_fitted(rows, shutil.get_terminal_size().columns)
+        return
     # As wide as the longest job type listed: a cut one is a name `--type` does not find.
     width = max(len("TYPE"), *(len(printable(r["job_type"])) for r in rows))
     width = min(width, TYPE_SHOWN)
@@ -157,13 +175,44 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         )
 
 
+def print_fitted(rows: list[dict[str, Any]], columns: int) -> None:
+    """The table for a person at a terminal `columns` wide: a whole id is 36 of them, and a
+    row the terminal wraps breaks the columns. The ids are short (as the admin view shows them;
+    `jobs show` and the other commands take one), the time (UTC, as piped) is to the minute,
+    and the last error takes the room left, or a line of its own below its row when less than
+    ERROR_MIN is left. A pipe and --json get the whole ids."""
+    width = max(len("TYPE"), *(len(printable(r["job_type"])) for r in rows))
+    width = max(min(width, TYPE_SHOWN, columns - FITTED_FIXED), len("TYPE"))
+    room = columns - FITTED_FIXED - width
+    below = room < ERROR_MIN
+    error_head = "" if below else "  LAST ERROR"
+    head = f"{'ID':<15}  {'TYPE':<{width}} {'STATUS':<9} {'TRIES':>5}  {'CREATED':<11}{error_head}"
+    print(head.rstrip())
+    if below:
+        print(f"{ERROR_INDENT}LAST ERROR")
+    for r in rows:
+        error = printable((r["error_msg"] or "").replace("\n", " "))
+        row = (
+            f"{store.short_id(r['id'])}  {cut(printable(r['job_type']), width):<{width}} "
+            f"{r['status']:<9} {r['attempts']:>2}/{r['max_attempts']:<2}  "
+            f"{r['created_at']:%m-%d %H:%M}"
+        )
+        if not error:
+            print(row)
+        elif below:
+            print(row)
+            print(ERROR_INDENT + cut(error, max(columns - len(ERROR_INDENT), 1)))
+        else:
+            print(f"{row}  {cut(error, room)}")
+
+
 def cut(text: str, width: int) -> str:
     """`text` in at most `width` characters, a cut one ending in "…"."""
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
 async def jobs_retry(args: argparse.Namespace, pool: asyncpg.Pool) -> int:
-    job_id = _uuid(args.job_id, "job id")
+    job_id = await jobids.resolve(pool, args.job_ref)
     try:
         async with store.scoped(pool, ALL) as conn:
             done = await store.retry_job(conn, job_id)

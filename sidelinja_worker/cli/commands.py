@@ -20,7 +20,7 @@ import asyncpg
 from pydantic import ValidationError
 
 from sidelinja_worker.cli import admin as admin_cli
-from sidelinja_worker.cli import bulk, newjob, progress, retention
+from sidelinja_worker.cli import bulk, jobids, newjob, progress, retention
 from sidelinja_worker.cli import limits as limits_cli
 from sidelinja_worker.cli import operator as operator_cli
 from sidelinja_worker.cli.session import json_default, opened, parse_uuid, why_not_listening
@@ -231,8 +231,9 @@ async def say_kept(pool: asyncpg.Pool, workspace_id: UUID) -> None:
 
 
 async def cmd_jobs(args: argparse.Namespace) -> int:
-    job_id = parse_uuid(args.job_id, "job id")
+    ref = jobids.parse(args.job_id)
     async with opened(args) as (_db, pool):
+        job_id = await jobids.resolve(pool, ref)
         if args.jobs_command == "why":
             facts = await store.why_facts(pool, job_id)
             if facts is None:

@@ -17,7 +17,7 @@ import asyncpg
 
 from sidelinja_worker import settings
 from sidelinja_worker.cli import admin as admin_cli
-from sidelinja_worker.cli import bulk, commands, retention
+from sidelinja_worker.cli import bulk, commands, jobids, retention
 from sidelinja_worker.cli import limits as limits_cli
 from sidelinja_worker.cli import operator as operator_cli
 from sidelinja_worker.queue import logs
@@ -102,11 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("jobs", help="look at and steer jobs")
     jsub = p.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
     j = jsub.add_parser("show", help="one job, whole, as JSON")
-    j.add_argument("job_id", metavar="ID")
+    j.add_argument("job_id", metavar="ID", help=jobids.HELP)
     j = jsub.add_parser("cancel", help="cancel a queued job, or ask a running one to stop")
-    j.add_argument("job_id", metavar="ID")
+    j.add_argument("job_id", metavar="ID", help=jobids.HELP)
     j = jsub.add_parser("why", help="why a job is not running (yet)")
-    j.add_argument("job_id", metavar="ID")
+    j.add_argument("job_id", metavar="ID", help=jobids.HELP)
     admin_cli.add_jobs_commands(jsub)
 
     p = sub.add_parser("pipeline", help="enqueue a built-in job graph")
