@@ -524,19 +524,40 @@ WHERE j.id = f.id
   AND j.status = 'running'
   AND j.worker_id = $6;
 
+-- name: _give_back_set
+-- The end of a give-back's SET (`release`, `release_lost`): the job goes back to the queue
+-- with the attempt taken at claim returned, it was not a failed attempt; or, when its cancel
+-- was requested (cancel_requested_at), it ends `cancelled`, as its handler would have: put
+-- back, its next claim cleared the request and ran it again.
+    status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                  WHEN j.attempts <= 1 THEN 'pending'
+                  ELSE 'retry' END::job_status,
+    attempts = CASE WHEN j.cancel_requested_at IS NOT NULL THEN j.attempts
+                    ELSE greatest(j.attempts - 1, 0) END,
+    started_at = CASE WHEN j.cancel_requested_at IS NOT NULL THEN j.started_at END,
+    completed_at = CASE WHEN j.cancel_requested_at IS NOT NULL THEN now()
+                        ELSE j.completed_at END,
+    error_msg = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled while running'
+                     ELSE j.error_msg END,
+    errors = CASE WHEN j.cancel_requested_at IS NOT NULL
+                       AND pg_column_size(j.errors) <= 1048576  -- the history stops at 1 MB
+                  THEN j.errors || jsonb_build_array(jsonb_build_object(
+                      'attempt', j.attempts, 'at', now(), 'class', 'cancelled',
+                      'message', 'cancelled while running'))
+                  ELSE j.errors END,
+    worker_id = NULL
+
 -- name: release
 -- Batched give-back: a deferral (resource governor, rate limit) or a job unfinished at shutdown
--- goes back to the queue at $2[i] and the attempt taken at claim is returned: it was not a
--- failed attempt. A deferral's reason ($3[i]) is recorded in `progress` for `jobs why`.
+-- goes back to the queue at $2[i] (a job whose cancel was requested ends instead:
+-- `_give_back_set`). A deferral's reason ($3[i]) is recorded in `progress` for `jobs why`.
 UPDATE job_queue j
-SET status = CASE WHEN j.attempts <= 1 THEN 'pending' ELSE 'retry' END::job_status,
-    attempts = greatest(j.attempts - 1, 0),
-    scheduled_for = coalesce(r.run_at, now()),
-    started_at = NULL,
-    worker_id = NULL,
+SET scheduled_for = CASE WHEN j.cancel_requested_at IS NOT NULL THEN j.scheduled_for
+                         ELSE coalesce(r.run_at, now()) END,
     progress = CASE WHEN r.reason IS NULL THEN j.progress
                     ELSE jsonb_build_object('message', r.reason, 'deferred_until',
-                                            coalesce(r.run_at, now()), 'at', now()) END
+                                            coalesce(r.run_at, now()), 'at', now()) END,
+-- include: _give_back_set
 FROM unnest($1::uuid[], $2::timestamptz[], $3::text[]) AS r(id, run_at, reason)
 WHERE j.id = r.id
   AND j.status = 'running'
@@ -681,6 +702,7 @@ WHERE id = ANY($2::uuid[])
 -- set so by another writer. A batch at a time, for any writer may set them by the hundred
 -- thousand, and the claim lock is held meanwhile. At exit, after every outcome is written, it
 -- runs with $2 empty: anything still `running` under the worker then never reached it.
+-- A job whose cancel was requested ends instead (`_give_back_set`).
 WITH lost AS (
     SELECT id FROM job_queue
     WHERE worker_id = $1
@@ -690,11 +712,9 @@ WITH lost AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE job_queue j
-SET status = CASE WHEN j.attempts <= 1 THEN 'pending' ELSE 'retry' END::job_status,
-    attempts = greatest(j.attempts - 1, 0),
-    scheduled_for = now(),
-    started_at = NULL,
-    worker_id = NULL
+SET scheduled_for = CASE WHEN j.cancel_requested_at IS NOT NULL THEN j.scheduled_for
+                         ELSE now() END,
+-- include: _give_back_set
 FROM lost
 WHERE j.id = lost.id
 RETURNING j.id;
@@ -722,8 +742,14 @@ RETURNING id;
 -- A batch at a time, and rows another rescue holds are passed over: any writer may set rows
 -- running under a worker by the hundred thousand, and one statement for all of them outlasts
 -- its timeout while every worker runs it at once.
+-- A job whose cancel was requested (cancel_requested_at) ends `cancelled` instead: put back,
+-- its next claim cleared the request and ran it again.
 WITH lost AS (
-    SELECT id FROM job_queue j
+    SELECT id, cancel_requested_at IS NOT NULL AS cancelling,
+           CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled: ' ELSE '' END
+           || 'rescued from a dead worker (' || coalesce(worker_id::text, 'none')
+           || ') whose lease expired' AS message
+    FROM job_queue j
     WHERE j.status = 'running'
       AND (j.worker_id = ANY($2::uuid[])
            OR (NOT EXISTS (SELECT 1 FROM job_workers w WHERE w.id = j.worker_id)
@@ -733,16 +759,17 @@ WITH lost AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE job_queue j
-SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'error' ELSE 'retry' END::job_status,
+SET status = CASE WHEN lost.cancelling THEN 'cancelled'
+                  WHEN j.attempts >= j.max_attempts THEN 'error'
+                  ELSE 'retry' END::job_status,
     scheduled_for = now(),
-    completed_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
-    error_msg = 'rescued from a dead worker (' || coalesce(j.worker_id::text, 'none')
-                || ') whose lease expired',
+    completed_at = CASE WHEN lost.cancelling OR j.attempts >= j.max_attempts THEN now() END,
+    error_msg = lost.message,
     errors = CASE WHEN pg_column_size(j.errors) <= 1048576  -- the history stops at 1 MB
                   THEN j.errors || jsonb_build_array(jsonb_build_object(
-                      'attempt', j.attempts, 'at', now(), 'class', 'rescued',
-                      'message', 'rescued from a dead worker ('
-                                 || coalesce(j.worker_id::text, 'none') || ') whose lease expired'))
+                      'attempt', j.attempts, 'at', now(),
+                      'class', CASE WHEN lost.cancelling THEN 'cancelled' ELSE 'rescued' END,
+                      'message', lost.message))
                   ELSE j.errors END,
     worker_id = NULL
 FROM lost
@@ -974,22 +1001,30 @@ ANALYZE job_queue;
 -- in `errors`. Up to $3 rows a statement, as `release_lost`; the worker leaves the workers
 -- table (unregister_worker) only once none is left, so rows it did not reach stay its own,
 -- for the rescue to find when its lease expires.
+-- A job whose cancel was requested (cancel_requested_at) ends `cancelled` instead: put back,
+-- its next claim cleared the request and ran it again.
 WITH held AS (
-    SELECT id FROM job_queue
-    WHERE worker_id = $1
+    SELECT id, cancel_requested_at IS NOT NULL AS cancelling,
+           CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled: ' ELSE '' END
+           || 'abandoned by worker ' || $1::uuid::text || ': ' || $2::text AS message
+    FROM job_queue
+    WHERE worker_id = $1::uuid
       AND status = 'running'
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
 UPDATE job_queue j
-SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'error' ELSE 'retry' END::job_status,
+SET status = CASE WHEN held.cancelling THEN 'cancelled'
+                  WHEN j.attempts >= j.max_attempts THEN 'error'
+                  ELSE 'retry' END::job_status,
     scheduled_for = now(),
-    completed_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
-    error_msg = 'abandoned by worker ' || $1::text || ': ' || $2::text,
+    completed_at = CASE WHEN held.cancelling OR j.attempts >= j.max_attempts THEN now() END,
+    error_msg = held.message,
     errors = CASE WHEN pg_column_size(j.errors) <= 1048576  -- the history stops at 1 MB
                   THEN j.errors || jsonb_build_array(jsonb_build_object(
-                      'attempt', j.attempts, 'at', now(), 'class', 'rescued',
-                      'message', 'abandoned by worker ' || $1::text || ': ' || $2::text))
+                      'attempt', j.attempts, 'at', now(),
+                      'class', CASE WHEN held.cancelling THEN 'cancelled' ELSE 'rescued' END,
+                      'message', held.message))
                   ELSE j.errors END,
     worker_id = NULL
 FROM held
