@@ -379,3 +379,34 @@ async def test_a_bulk_retry_of_an_unknown_status_retries_nothing(
             "/admin/jobs/bulk-retry", data={"csrf": csrf, "status": "error", "type": "srt_parse"}
         )
         assert sent.status_code == 303 and "retried=2" in sent.headers["location"], sent.headers
+
+
+async def test_a_pause_names_the_token_that_made_it_by_its_label(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """The pauses list's "By" showed `admin token <id>`, which says nothing to a reader: it
+    shows the token's label (escaped), and the id once the token's row is gone."""
+    await seed(pool)
+    out = cli("admin-token", "create", "--all", "--label", "Kari <b>on call</b>", url=db_url)
+    assert out.returncode == 0, out.stderr
+    labelled = {"authorization": f"Bearer {out.stdout.strip()}", **SAME_SITE}
+    token_id = await pool.fetchval("SELECT id FROM admin_tokens WHERE label LIKE 'Kari%'")
+    async with httpx.AsyncClient(base_url=admin, headers=labelled) as http:
+        form = {"csrf": await _csrf(http), "job_type": "srt_parse", "reason": "parser bug"}
+        assert (await http.post("/admin/pauses/pause", data=form)).status_code == 303
+        page = (await http.get("/admin")).text
+    by = _pause_by(page, "srt_parse")
+    assert html.unescape(by) == "Kari <b>on call</b>" and "<b>" not in by, by
+    await pool.execute("DELETE FROM admin_tokens WHERE id = $1", token_id)
+    other = {"authorization": f"Bearer {token_for(db_url, '--all')}", **SAME_SITE}
+    async with httpx.AsyncClient(base_url=admin, headers=other) as http:
+        page = (await http.get("/admin")).text
+    assert html.unescape(_pause_by(page, "srt_parse")) == f"admin token {token_id}"
+
+
+def _pause_by(page: str, job_type: str) -> str:
+    """The "By" cell of a pause's row on the overview, as HTML."""
+    table = page.split('id="pauses"', 1)[1].split("</table>", 1)[0]
+    row = table.split(f'<td class="text">{job_type}</td>', 1)[1].split("</tr>", 1)[0]
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+    return cells[1]

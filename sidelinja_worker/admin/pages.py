@@ -16,7 +16,14 @@ from sidelinja_worker.admin import auth, dashboard, metrics_view, store, workflo
 from sidelinja_worker.admin.events import EventHub, Subscription, snapshot_ids
 from sidelinja_worker.admin.forms import job_filter, page_cursor, parse_job_id, query_string
 from sidelinja_worker.admin.store import Scope
-from sidelinja_worker.admin.web import TOO_SLOW, read_bound_s, render, session, templates
+from sidelinja_worker.admin.web import (
+    TOO_SLOW,
+    actor_token,
+    read_bound_s,
+    render,
+    session,
+    templates,
+)
 from sidelinja_worker.queue import store as worker_store
 
 
@@ -113,6 +120,7 @@ async def overview_figures(pool: asyncpg.Pool, scope: Scope, timeout_s: float) -
         or r["name"] == str(scope.workspace_id)
     ]
     pauses = [dict(p) for p in await worker_store.list_pauses(pool, timeout_s)]
+    await name_authors(pool, pauses, timeout_s)
     types = [r["name"] for r in limits if r["kind"] == "job type"] + [p["job_type"] for p in pauses]
     async with store.scoped(pool, scope) as conn:
         counts = await worker_store.counts(conn, timeout_s)
@@ -133,6 +141,18 @@ async def overview_figures(pool: asyncpg.Pool, scope: Scope, timeout_s: float) -
         "limits": limits,
         "pauses": pauses,
     }
+
+
+async def name_authors(pool: asyncpg.Pool, pauses: list[dict[str, Any]], timeout_s: float) -> None:
+    """Sets each pause's `by`: the label of the admin token that made it (its paused_by names
+    the token's id, which tells a reader nothing), or paused_by as written when it names no
+    token, or one without a label or a row any more."""
+    tokens = {p["paused_by"]: actor_token(p["paused_by"]) for p in pauses}
+    ids = [t for t in tokens.values() if t is not None]
+    labels = await store.token_labels(pool, ids, timeout_s) if ids else {}
+    for p in pauses:
+        token = tokens[p["paused_by"]]
+        p["by"] = labels.get(token, p["paused_by"]) if token else p["paused_by"]
 
 
 async def dashboard_page(request: Request) -> Response:

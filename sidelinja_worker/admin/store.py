@@ -101,6 +101,14 @@ async def revoke_token(conn: asyncpg.Pool, token_id: UUID) -> bool:
     return await conn.fetchval(Q["token_revoke"], token_id) is not None
 
 
+async def token_labels(
+    conn: asyncpg.Pool, token_ids: list[UUID], timeout_s: float | None = None
+) -> dict[UUID, str]:
+    """The label of each named token that has one and still has its row."""
+    rows = await conn.fetch(Q["token_labels"], token_ids, timeout=timeout_s)
+    return {r["id"]: r["label"] for r in rows}
+
+
 async def create_session(
     conn: asyncpg.Pool, digest: bytes, token_id: UUID | None, lifetime_s: float
 ) -> None:

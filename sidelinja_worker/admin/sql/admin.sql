@@ -37,6 +37,12 @@ UPDATE admin_tokens SET revoked_at = now()
 WHERE id = $1 AND revoked_at IS NULL
 RETURNING id;
 
+-- name: token_labels
+-- The labels of the tokens named; a token with no label, or whose row is gone, has no row.
+SELECT id, label
+FROM admin_tokens
+WHERE id = ANY($1::uuid[]) AND coalesce(label, '') <> '';
+
 -- name: token_list
 SELECT id, workspace_id, all_workspaces, label, created_at, revoked_at
 FROM admin_tokens
