@@ -151,6 +151,32 @@ async def test_overview_counts_only_the_token_s_workspace(
     assert 'sidelinja_jobs_finished_last_hour{status="completed"} 1.0' in metrics
 
 
+async def test_a_workspace_cap_is_named_by_its_workspace_s_name(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """The limits table named a capped workspace by its id alone: it names it by its name,
+    escaped, with the id (which `limits workspace` takes) beside it."""
+    a, _b, _ = await seed(pool)
+    marked = await make_workspace(pool, "Lyd <i>&</i> bilde")
+    for ws, cap in ((a, 3), (marked, 4)):
+        await pool.execute(
+            "INSERT INTO workspace_limits (workspace_id, max_running) VALUES ($1, $2)", ws, cap
+        )
+    headers = {"authorization": f"Bearer {token_for(db_url, '--all')}"}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        page = (await http.get("/admin")).text
+    table = page.split('id="limits"', 1)[1].split("</table>", 1)[0]
+    rows = {
+        cells[2]: cells[1]
+        for cells in (re.findall(r"<td[^>]*>(.*?)</td>", r, re.S) for r in table.split("<tr>"))
+        if cells and cells[0] == "workspace"
+    }
+    assert set(rows) == {"3", "4"}, table
+    assert html.unescape(re.sub(r"<[^>]*>", " ", rows["3"])).split() == ["Alfa", str(a)]
+    assert "<i>" not in rows["4"] and "Lyd &lt;i&gt;&amp;&lt;/i&gt; bilde" in rows["4"]
+    assert str(marked) in rows["4"]
+
+
 BROWSER = {"accept": "text/html,application/xhtml+xml,*/*;q=0.8", "sec-fetch-mode": "navigate"}
 
 
@@ -495,7 +521,7 @@ async def test_overview_counts_of_paused_and_capped_types_are_the_token_s_own(
         async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
             page = (await http.get("/admin")).text
         paused = re.search(
-            r'<tr><td class="text">srt_parse</td><td>[^<]*</td><td class="text">ops</td>'
+            r'<tr><td class="text">srt_parse</td><td>[^<]*</td><td class="text"[^>]*>ops</td>'
             r'<td class="text">parser bug</td><td>(\d+)</td>',
             page,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Any
+from uuid import UUID
 
 import asyncpg
 from starlette.requests import Request
@@ -119,6 +120,13 @@ async def overview_figures(pool: asyncpg.Pool, scope: Scope, timeout_s: float) -
         or scope.workspace_id is None
         or r["name"] == str(scope.workspace_id)
     ]
+    capped = [UUID(r["name"]) for r in limits if r["kind"] == "workspace"]
+    names = await store.workspace_names(pool, capped, timeout_s) if capped else {}
+    for r in limits:
+        # The table's name of a workspace cap is the workspace's id (what `limits workspace`
+        # takes); a reader knows a workspace by its name, shown beside it.
+        if r["kind"] == "workspace":
+            r["workspace"] = names.get(UUID(r["name"]))
     pauses = [dict(p) for p in await worker_store.list_pauses(pool, timeout_s)]
     await name_authors(pool, pauses, timeout_s)
     types = [r["name"] for r in limits if r["kind"] == "job type"] + [p["job_type"] for p in pauses]

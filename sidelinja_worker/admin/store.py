@@ -258,6 +258,13 @@ async def type_counts(conn: asyncpg.Connection, job_types: list[str]) -> list[as
     return await conn.fetch(Q["type_counts"], job_types)
 
 
+async def workspace_names(
+    conn: asyncpg.Pool, workspace_ids: list[UUID], timeout_s: float | None = None
+) -> dict[UUID, str]:
+    rows = await conn.fetch(Q["workspace_names"], workspace_ids, timeout=timeout_s)
+    return {r["id"]: r["name"] for r in rows}
+
+
 async def workspaces(conn: asyncpg.Pool) -> list[asyncpg.Record]:
     return await conn.fetch(Q["workspaces"])
 

@@ -265,6 +265,9 @@ FROM job_queue
 WHERE job_type = ANY($1::text[]) AND status IN ('pending', 'retry', 'running')
 GROUP BY job_type;
 
+-- name: workspace_names
+SELECT id, name FROM workspaces WHERE id = ANY($1::uuid[]);
+
 -- name: workspaces
 SELECT id, name FROM workspaces ORDER BY name, id;
 
