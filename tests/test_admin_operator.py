@@ -410,3 +410,35 @@ def _pause_by(page: str, job_type: str) -> str:
     row = table.split(f'<td class="text">{job_type}</td>', 1)[1].split("</tr>", 1)[0]
     cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
     return cells[1]
+
+
+async def test_a_pause_of_a_type_nobody_knows_is_refused(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A hand-made POST paused any name (a typo paused nothing and said "paused."): a pause
+    takes a job type this installation runs, or one that jobs in the queue have (a plain-SQL
+    writer's); any other is a 400 that says why and pauses nothing. A resume takes any paused
+    name, so a pause SQL made of another name can still be lifted."""
+    a, _b, _ = await seed(pool)
+    await insert_jobs(pool, a, 1, job_type_name="legacy_import")
+    await pool.execute(
+        "INSERT INTO job_type_pauses (job_type, paused_by, reason) VALUES ('ghost', 'ops', 'x')"
+    )
+    platform = {"authorization": f"Bearer {token_for(db_url, '--all')}", **SAME_SITE}
+    async with httpx.AsyncClient(base_url=admin, headers=platform) as http:
+        csrf = await _csrf(http)
+
+        async def post(action: str, job_type: str) -> httpx.Response:
+            form = {"csrf": csrf, "job_type": job_type, "reason": "why"}
+            return await http.post(f"/admin/pauses/{action}", data=form)
+
+        for name in ("srt_prase", "<b>nope</b>"):
+            refused = await post("pause", name)
+            assert refused.status_code == 400, refused.text
+            assert f"unknown job type {name!r}" in refused.text, refused.text
+            assert "srt_parse" in refused.text  # the known ones are named
+        for name in ("whisper_transcribe", "legacy_import"):  # no job / not registered
+            assert (await post("pause", name)).status_code == 303, name
+        assert (await post("resume", "ghost")).status_code == 303
+    paused = await pool.fetch("SELECT job_type FROM job_type_pauses ORDER BY 1")
+    assert [r["job_type"] for r in paused] == ["legacy_import", "whisper_transcribe"]

@@ -29,6 +29,7 @@ from sidelinja_worker.admin.web import (
     session,
     templates,
 )
+from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.queue import store as worker_store
 
 BULK_LIMIT = 10_000
@@ -63,10 +64,26 @@ async def pause_action(request: Request) -> Response:
     if not job_type or not reason:
         return PlainTextResponse("a job type and a reason are required", status_code=400)
     pool, timeout_s = request.app.state.pool, read_bound_s(request)
+    if action == "pause" and not await pausable(pool, job_type, timeout_s):
+        known = ", ".join(sorted(REGISTRY))
+        return PlainTextResponse(
+            f"unknown job type {job_type!r}: no job has it and this installation runs no such"
+            f" type (known: {known}); nothing was paused",
+            status_code=400,
+        )
     change = worker_store.pause_type if action == "pause" else worker_store.resume_type
     changed = await change(pool, job_type, actor(scope), reason, timeout_s)
     done = action if changed else UNCHANGED[action]
     return RedirectResponse(f"/admin?done={done}", status_code=303)
+
+
+async def pausable(pool: asyncpg.Pool, job_type: str, timeout_s: float) -> bool:
+    """Whether the admin view pauses `job_type`: a job type this installation registers (as
+    `sidelinja-worker pause` takes), or one that jobs in job_queue have, which a plain-SQL
+    writer may have enqueued under a type no worker here runs yet. Any other name is a typo:
+    its pause would hold nothing and read as if it held the type meant. A resume takes any
+    paused name (SQL may pause any)."""
+    return job_type in REGISTRY or await store.job_type_queued(pool, job_type, timeout_s)
 
 
 async def drain_action(request: Request) -> Response:

@@ -258,6 +258,12 @@ async def type_counts(conn: asyncpg.Connection, job_types: list[str]) -> list[as
     return await conn.fetch(Q["type_counts"], job_types)
 
 
+async def job_type_queued(
+    conn: asyncpg.Pool, job_type: str, timeout_s: float | None = None
+) -> bool:
+    return bool(await conn.fetchval(Q["job_type_queued"], job_type, timeout=timeout_s))
+
+
 async def workspace_names(
     conn: asyncpg.Pool, workspace_ids: list[UUID], timeout_s: float | None = None
 ) -> dict[UUID, str]:

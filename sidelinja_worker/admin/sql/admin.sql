@@ -265,6 +265,12 @@ FROM job_queue
 WHERE job_type = ANY($1::text[]) AND status IN ('pending', 'retry', 'running')
 GROUP BY job_type;
 
+-- name: job_type_queued
+-- Whether any job, of any status, has the type. No index has job_type first: a type no job
+-- has reads the whole table, so actions.pause_action asks only about a name that is no
+-- registered job type.
+SELECT EXISTS (SELECT 1 FROM job_queue WHERE job_type = $1);
+
 -- name: workspace_names
 SELECT id, name FROM workspaces WHERE id = ANY($1::uuid[]);
 
