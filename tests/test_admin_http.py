@@ -41,6 +41,51 @@ async def pages(http: httpx.AsyncClient, url: str | None) -> list[str]:
     raise AssertionError(f"still more pages after 20: {url}")
 
 
+def _link(page: str, name: str) -> str | None:
+    """The href of the jobs page's paging link `name` (next, newer, newest), if it shows one."""
+    found = re.search(rf'href="(/admin/jobs\?[^"]*)" id="{name}"', page)
+    return html.unescape(found[1]) if found else None
+
+
+def _ids(page: str) -> list[str]:
+    return re.findall(r'<tr data-job="([0-9a-f-]{36})"', page)
+
+
+async def test_the_job_list_pages_back_to_newer_jobs_and_the_newest(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """The list paged to older jobs only ("Older"): back was the browser's history, or the
+    filter sent again. "Newer" shows the page before, across a change of status as "Older"
+    does, and "Newest" the first page; both by a cursor, never an offset."""
+    a = await make_workspace(pool, "Alfa")
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, created_at)"
+        " SELECT $1, 'noop', '{}', CASE WHEN i <= 70 THEN 'error' ELSE 'pending' END::job_status,"
+        " now() - i * interval '1 minute' FROM generate_series(1, 150) i",
+        a,
+    )
+    headers = {"authorization": f"Bearer {token_for(db_url, '--all')}"}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        first = (await http.get("/admin/jobs?status=all")).text
+        assert _link(first, "newer") is None and _link(first, "newest") is None
+        second = (await http.get(_link(first, "next") or "")).text
+        third = (await http.get(_link(second, "next") or "")).text
+        assert [len(_ids(p)) for p in (first, second, third)] == [50, 50, 50]
+        assert _link(third, "next") is None
+        back = (await http.get(_link(third, "newer") or "")).text
+        assert _ids(back) == _ids(second)  # 20 errors, then 30 pending jobs
+        assert _ids((await http.get(_link(back, "next") or "")).text) == _ids(third)
+        top = (await http.get(_link(back, "newer") or "")).text
+        assert _ids(top) == _ids(first) and _link(top, "newer") is None
+        assert _ids((await http.get(_link(third, "newest") or "")).text) == _ids(first)
+        one_status = (await http.get("/admin/jobs?status=pending")).text
+        older = (await http.get(_link(one_status, "next") or "")).text
+        assert len(_ids(older)) == 30
+        assert _ids((await http.get(_link(older, "newer") or "")).text) == _ids(one_status)
+    statements = (line.split("--")[0] for q in admin_store.Q.values() for line in q.splitlines())
+    assert "OFFSET" not in " ".join(statements).upper()
+
+
 async def test_no_token_or_a_revoked_one_gets_nothing(
     pool: asyncpg.Pool, db_url: str, admin: str
 ) -> None:

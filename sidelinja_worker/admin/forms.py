@@ -106,18 +106,21 @@ def is_number(value: str) -> bool:
     )
 
 
-def page_cursor(params: Mapping[str, Any], f: JobFilter) -> Cursor | None:
-    """The cursor of a next-page link; a link without its status (older ones) continues the
-    filter's status, or the first of the all-statuses list."""
-    at, job_id = _time(params.get("after_at")), parse_job_id(str(params.get("after_id") or ""))
-    status = str(params.get("after_status") or "")
+def page_cursor(params: Mapping[str, Any], f: JobFilter, side: str = "after") -> Cursor | None:
+    """The cursor of an "Older" link (`side` "after") or a "Newer" one ("before"); a link
+    without its status (older ones) continues the filter's status, or the first of the
+    all-statuses list."""
+    at = _time(params.get(f"{side}_at"))
+    job_id = parse_job_id(str(params.get(f"{side}_id") or ""))
+    status = str(params.get(f"{side}_status") or "")
     if status not in STATUSES:
         status = f.status or STATUS_ORDER[0]
     return Cursor(status, at, job_id) if at and job_id else None
 
 
-def query_string(f: JobFilter, last: Mapping[str, Any] | None) -> str:
-    """The filter (and, given the last row shown, the next page's cursor) as a query string."""
+def query_string(f: JobFilter, row: Mapping[str, Any] | None, side: str = "after") -> str:
+    """The filter as a query string; given a row shown, with a cursor at it: the page after it
+    (`side` "after") or before it ("before")."""
     fields = {
         "status": f.status or "all",
         "type": f.job_type or "",
@@ -129,11 +132,13 @@ def query_string(f: JobFilter, last: Mapping[str, Any] | None) -> str:
         if f.payload
         else "",
     }
-    if last is not None:
+    if row is not None:
         fields.update(
-            after_status=last["status"],
-            after_at=last["sort_at"].isoformat(),
-            after_id=str(last["id"]),
+            {
+                f"{side}_status": row["status"],
+                f"{side}_at": row["sort_at"].isoformat(),
+                f"{side}_id": str(row["id"]),
+            }
         )
     return urlencode({k: v for k, v in fields.items() if v})
 

@@ -33,18 +33,26 @@ async def home(_request: Request) -> Response:
 
 
 async def jobs_page(request: Request) -> Response:
+    """A page of the list, by keyset: the first, the one after an "Older" link's cursor, or
+    the one before a "Newer" link's. A "Newer" page that would reach the top of the list is
+    the first page itself, so it is full and shows no link back further."""
     scope, token = await session(request)
     f = job_filter(request.query_params, scope)
+    after = page_cursor(request.query_params, f)
+    before = None if after else page_cursor(request.query_params, f, "before")
     async with (
         request.app.state.reads.slot(scope.token_id),
         store.scoped(request.app.state.pool, scope) as conn,
     ):
-        rows = await store.list_jobs(
-            conn, f, page_cursor(request.query_params, f), store.PAGE_SIZE + 1
-        )
-    more = len(rows) > store.PAGE_SIZE
-    rows = rows[: store.PAGE_SIZE]
-    next_qs = query_string(f, rows[-1]) if more else None
+        rows = []
+        if before is not None:
+            rows = await store.list_jobs(conn, f, before, store.PAGE_SIZE + 1, newer=True)
+        if len(rows) > store.PAGE_SIZE:  # a page before the cursor, and more before it
+            rows, older, first_page = rows[1:], True, False
+        else:
+            rows = await store.list_jobs(conn, f, after, store.PAGE_SIZE + 1)
+            older, first_page = len(rows) > store.PAGE_SIZE, after is None
+            rows = rows[: store.PAGE_SIZE]
     return render(
         request,
         "jobs.html",
@@ -52,7 +60,9 @@ async def jobs_page(request: Request) -> Response:
         scope,
         rows=rows,
         f=f,
-        next_qs=next_qs,
+        next_qs=query_string(f, rows[-1]) if older else None,
+        newer_qs=query_string(f, rows[0], "before") if rows and not first_page else None,
+        newest_qs=None if first_page else query_string(f, None),
         workspaces=await visible_workspaces(request, scope),
         bulk_qs=query_string(f, None),
     )

@@ -132,21 +132,30 @@ async def list_tokens(conn: asyncpg.Pool) -> list[asyncpg.Record]:
 
 
 async def list_jobs(
-    conn: asyncpg.Connection, f: JobFilter, after: Cursor | None, limit: int = PAGE_SIZE
+    conn: asyncpg.Connection,
+    f: JobFilter,
+    after: Cursor | None,
+    limit: int = PAGE_SIZE,
+    newer: bool = False,
 ) -> list[asyncpg.Record]:
     """A page of jobs after the cursor. Every status is its own keyset query over its own
     index; all statuses are read one after another in STATUS_ORDER until the page is full, so
-    a page costs one or two index scans, never a sort of the whole table."""
+    a page costs one or two index scans, never a sort of the whole table. With `newer`, the
+    `limit` jobs just before the cursor instead (it needs one), read nearest first through the
+    same indexes and statuses the other way, and returned in the list's order."""
     if f.status:
         statuses: tuple[str, ...] = (f.status,)
+    elif newer:
+        assert after is not None
+        statuses = STATUS_ORDER[: STATUS_ORDER.index(after.status) + 1][::-1]
     else:
         statuses = STATUS_ORDER[STATUS_ORDER.index(after.status) if after else 0 :]
     rows: list[asyncpg.Record] = []
     for status in statuses:
         at, job_id = (after.sort_at, after.id) if after and after.status == status else (None, None)
-        query = Q["list_completed"] if status == "completed" else Q["list_jobs"]
+        query = "list_completed" if status == "completed" else "list_jobs"
         rows += await conn.fetch(
-            query,
+            Q[f"{query}_newer" if newer else query],
             *replace(f, status=status).args(),
             at,
             job_id,
@@ -155,7 +164,7 @@ async def list_jobs(
         )
         if len(rows) >= limit:
             break
-    return rows
+    return rows[::-1] if newer else rows
 
 
 # The most bytes (as stored, perhaps compressed) of a payload, result or error history the job

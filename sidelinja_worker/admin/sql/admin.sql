@@ -48,12 +48,12 @@ SELECT id, workspace_id, all_workspaces, label, created_at, revoked_at
 FROM admin_tokens
 ORDER BY created_at;
 
--- name: list_jobs
--- One status's page, newest first: the page after ($6 sort_at, $7 id). No OFFSET, no count.
--- admin/store.py `list_jobs` runs it (or list_completed) once per status, in STATUS_ORDER for
--- the all-statuses list, so every page is a keyset scan of one status's index; one query
--- ordered across statuses had no index to follow and sorted the whole table (0.6-0.9 s on
--- 1,000,000 jobs). Errors, retries, cancellations and pending jobs page over the
+-- name: _list_jobs
+-- One status's rows (list_jobs and list_jobs_newer add the cursor and the order). No OFFSET,
+-- no count. admin/store.py `list_jobs` runs it (or _list_completed) once per status, in
+-- STATUS_ORDER for the all-statuses list, so every page is a keyset scan of one status's index;
+-- one query ordered across statuses had no index to follow and sorted the whole table
+-- (0.6-0.9 s on 1,000,000 jobs). Errors, retries, cancellations and pending jobs page over the
 -- idx_job_queue_admin_* indexes: `status = $1` (not LEAKPROOF, so never an index condition
 -- under row-level security) proves the partial index's predicate, and the row comparison is
 -- LEAKPROOF, so it stays an index condition (pending: idx_job_queue_admin_pending_by_id, 0013;
@@ -77,13 +77,25 @@ WHERE status = $1::job_status
   AND ($3::uuid IS NULL OR workspace_id = $3)
   AND ($4::timestamptz IS NULL OR created_at >= $4)
   AND ($5::timestamptz IS NULL OR created_at < $5)
-  AND ($6::timestamptz IS NULL OR (created_at, id) < ($6, $7::uuid))
   AND ($9::uuid IS NULL OR id BETWEEN $9 AND $10::uuid)
   AND ($11::text IS NULL OR payload @> $11::text::jsonb)
+
+-- name: list_jobs
+-- One status's page, newest first: the page after ($6 sort_at, $7 id).
+-- include: _list_jobs
+  AND ($6::timestamptz IS NULL OR (created_at, id) < ($6, $7::uuid))
 ORDER BY created_at DESC, id DESC
 LIMIT $8;
 
--- name: list_completed
+-- name: list_jobs_newer
+-- The rows before ($6, $7) in list_jobs's order, the nearest first: the same index read the
+-- other way.
+-- include: _list_jobs
+  AND ($6::timestamptz IS NULL OR (created_at, id) > ($6, $7::uuid))
+ORDER BY created_at, id
+LIMIT $8;
+
+-- name: _list_completed
 -- Completed jobs, most recently finished first, over idx_job_queue_finished (completed_at): the
 -- bulk of a big table, which no index by created_at covers (it would slow every completion).
 -- The time filter ($4, $5) is on completed_at too, the time this list is sorted by: on
@@ -103,10 +115,19 @@ WHERE status = 'completed' AND $1::job_status = 'completed'
   AND ($3::uuid IS NULL OR workspace_id = $3)
   AND ($4::timestamptz IS NULL OR completed_at >= $4)
   AND ($5::timestamptz IS NULL OR completed_at < $5)
-  AND ($6::timestamptz IS NULL OR (completed_at, id) < ($6, $7::uuid))
   AND ($9::uuid IS NULL OR id BETWEEN $9 AND $10::uuid)
   AND ($11::text IS NULL OR payload @> $11::text::jsonb)
+
+-- name: list_completed
+-- include: _list_completed
+  AND ($6::timestamptz IS NULL OR (completed_at, id) < ($6, $7::uuid))
 ORDER BY completed_at DESC, id DESC
+LIMIT $8;
+
+-- name: list_completed_newer
+-- include: _list_completed
+  AND ($6::timestamptz IS NULL OR (completed_at, id) > ($6, $7::uuid))
+ORDER BY completed_at, id
 LIMIT $8;
 
 -- name: get_job
