@@ -107,6 +107,48 @@ async def test_filter_open_retry_and_watch_it_live(
     assert await page.evaluate("window.notReloaded") is True
 
 
+async def test_the_job_page_s_buttons_follow_its_live_status(
+    pool: asyncpg.Pool, db_url: str, admin: str, browser: object
+) -> None:
+    """The job page drew Cancel and Retry for the status it was rendered with and kept them
+    while its status changed live: a job that failed under the operator's eyes offered Cancel
+    (which then did nothing) and no Retry. Its buttons now follow each status it receives."""
+    a, _b, _ = await seed(pool)
+    job_id = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'noop', '{}')"
+        " RETURNING id",
+        a,
+    )
+    page = await logged_in(browser, admin, token_for(db_url, "--workspace", str(a)))
+    await page.goto(f"{admin}/admin/jobs/{job_id}")
+    await page.wait_for_selector("body[data-live=on]")
+    assert await page.is_visible("#cancel") and not await page.is_visible("#retry")
+
+    async def becomes(status: str, cancel: bool, retry: bool) -> None:
+        await page.wait_for_function(
+            f"document.querySelector('#job-status').textContent === '{status}'"
+        )
+        for button, shown in (("#cancel", cancel), ("#retry", retry)):
+            await page.wait_for_selector(
+                button, state="visible" if shown else "hidden", timeout=5_000
+            )
+
+    await pool.execute(
+        "UPDATE job_queue SET status = 'error', completed_at = now() WHERE id = $1", job_id
+    )
+    await becomes("error", cancel=False, retry=True)
+    page.once("dialog", lambda d: asyncio.ensure_future(d.accept()))
+    await page.click("#retry")
+    await page.wait_for_url("**done=retry")
+    await becomes("pending", cancel=True, retry=False)
+    await pool.execute("UPDATE job_queue SET status = 'retry' WHERE id = $1", job_id)
+    await becomes("retry", cancel=True, retry=True)
+    await pool.execute(
+        "UPDATE job_queue SET status = 'completed', completed_at = now() WHERE id = $1", job_id
+    )
+    await becomes("completed", cancel=False, retry=False)
+
+
 async def claim_by_hand(pool: asyncpg.Pool, job_id: UUID) -> UUID:
     """What a worker's claim does to the row, so a progress report is accepted."""
     worker_id = await pool.fetchval("SELECT gen_random_uuid()")

@@ -13,6 +13,10 @@ function applyEvent(ev) {
       status.textContent = ev.status;
       status.className = `status s-${ev.status}`;
     }
+    // A job page's actions: each form names the statuses it takes.
+    for (const form of el.querySelectorAll("form[data-shown-for]")) {
+      if (ev.status) form.hidden = !form.dataset.shownFor.split(" ").includes(ev.status);
+    }
     const attempts = el.querySelector("[data-attempts]");
     if (attempts && ev.attempts != null && ev.max_attempts != null) {
       attempts.textContent = `${ev.attempts}/${ev.max_attempts}`;
