@@ -518,6 +518,35 @@ async def test_dates_no_datetime_holds_in_utc_are_ignored_like_unreadable_ones(
         assert window.status_code == 200 and "No jobs match." in window.text
 
 
+async def test_a_from_or_to_that_is_no_time_is_a_400_saying_what_to_type(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A From or To that was no time was left out of the filter without a word: the list
+    answered for all time, as if the window held. It is a 400 naming the field and the format;
+    ISO 8601 in its usual spellings is read (UTC when it names no zone)."""
+    a, _b, _ = await seed(pool)
+    headers = workspace_bearer(db_url, a)
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        for query, field in (
+            ("from=yesterday", "from"),
+            ("to=2026-13-01", "to"),
+            ("from=12%2F7%2F2026+2%3A05+PM", "from"),
+            ("to=" + "9" * 5000, "to"),
+        ):
+            page = await http.get(f"/admin/jobs?status=all&{query}")
+            assert page.status_code == 400, (query, page.text)
+            assert page.text.startswith(f"{field}: ") and "YYYY-MM-DDTHH:MM:SS" in page.text
+            assert len(page.text) < 300, page.text
+        for at in (
+            "2026-12-07",
+            "2026-12-07 14:05",
+            "2026-12-07T14:05:00Z",
+            "2026-12-07T14:05+02:00",
+        ):
+            page = await http.get("/admin/jobs", params={"status": "all", "to": at})
+            assert page.status_code == 200, (at, page.text)
+
+
 async def test_a_job_page_shows_an_error_history_that_is_not_a_list(
     pool: asyncpg.Pool, db_url: str, admin: str
 ) -> None:

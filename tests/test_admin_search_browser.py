@@ -46,7 +46,8 @@ async def _job(
 
 
 def _minute(at: datetime) -> str:
-    """A datetime-local field's value; the view reads times without a zone as UTC."""
+    """A From or To value, as ISO 8601 to the minute; the view reads times without a zone as
+    UTC."""
     return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M")
 
 
@@ -142,6 +143,34 @@ async def test_search_form_in_chromium_with_two_workspaces(
     assert await _search(page, status="all", payload="episode_id=42") == {b42, b42_pending}
     assert await _search(page, **{**CLEAR, "id": a42[:8]}) == set()
     assert await _search(page, id="") == in_b
+
+
+async def test_from_and_to_take_24_hour_utc_as_typed(
+    pool: asyncpg.Pool,
+    db_url: str,
+    admin: str,
+    browser: object,  # noqa: F811 (the fixture imported above)
+) -> None:
+    """From and To were the browser's date-time fields, which an en-US Chromium shows and takes
+    in 12-hour time of no stated zone, and which refuse a time typed as the pages show one.
+    They are text fields for ISO 8601 in 24-hour UTC: a time typed as the list shows it
+    (`2026-12-07 14:05:00`) filters by it, and one that is no time is a 400 saying what to
+    type."""
+    a, _b, _ = await seed(pool)
+    old = await _job(pool, a, "whisper_transcribe", "error", 42, timedelta(days=3))
+    page = await logged_in(browser, admin, token_for(db_url, "--all"))
+    for field in ("from", "to"):
+        box = f"input[name={field}]"
+        assert await page.get_attribute(box, "type") == "text"  # type: ignore[attr-defined]
+        assert await page.get_attribute(box, "placeholder") == "YYYY-MM-DDTHH:MM:SS"  # type: ignore[attr-defined]
+    at = (datetime.now(UTC) - timedelta(days=2)).strftime("%Y-%m-%d %H:%M:%S")
+    assert await _search(page, status="all", to=at) == {old}
+    assert await page.input_value("input[name=to]") == at.replace(" ", "T")  # type: ignore[attr-defined]
+    async with page.expect_navigation():  # type: ignore[attr-defined]
+        await page.fill("input[name=from]", "12/7/2026, 2:05 PM")  # type: ignore[attr-defined]
+        await page.click("#apply")  # type: ignore[attr-defined]
+    text = await page.inner_text("body")  # type: ignore[attr-defined]
+    assert "from: '12/7/2026, 2:05 PM' is no time" in text and "YYYY-MM-DDTHH:MM:SS" in text
 
 
 def test_the_screenshot_is_linked_from_the_operator_guide() -> None:

@@ -44,13 +44,29 @@ def parse_job_id(text: str) -> UUID | None:
         return None
 
 
-def _time(text: Any) -> datetime | None:
+# How the From and To fields ask for a time: ISO 8601 in 24-hour time, read as UTC.
+TIME_FORMAT = "YYYY-MM-DDTHH:MM:SS"
+
+
+def _time(text: Any, field: str | None = None) -> datetime | None:
+    """A time as ISO 8601 (a space for the T, minutes alone, a date alone, an offset or Z, as
+    Python reads it), in UTC; None when there is none. Text that is no time is BadField for a
+    form `field` (a filter left out without a word answered for all time, as if its window
+    held) and None for a page cursor, which the app writes itself. A time that has no UTC
+    datetime (year 1 east of UTC, year 9999 west of it) is None."""
     if not text:
         return None
     try:
-        value = datetime.fromisoformat(str(text))
+        value = datetime.fromisoformat(str(text).strip())
+    except ValueError:
+        if field is None:
+            return None
+        shown = str(text) if len(str(text)) <= 40 else f"{str(text)[:40]}…"
+        raise BadField(
+            f"{field}: {shown!r} is no time; type it as {TIME_FORMAT} (24-hour, UTC), or a date"
+        ) from None
+    try:
         # In UTC: the form shows a time without its zone, and reads such a time back as UTC.
-        # Year 1 east of UTC or year 9999 west of it has no UTC datetime: as unreadable.
         return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
     except (ValueError, OverflowError):
         return None
@@ -62,16 +78,16 @@ def job_filter(params: Mapping[str, Any], scope: Scope) -> JobFilter:
     status = str(params.get("status") or DEFAULT_STATUS)
     workspace = parse_job_id(str(params.get("workspace") or ""))
     payload = payload_filter(text_field(params, "payload"))
-    time_from = _time(params.get("from"))
+    time_from, time_to = _time(params.get("from"), "from"), _time(params.get("to"), "to")
     if payload and time_from is None:
-        end = _time(params.get("to")) or datetime.now(UTC)
+        end = time_to or datetime.now(UTC)
         time_from = max(end, EARLIEST + PAYLOAD_WINDOW) - PAYLOAD_WINDOW  # from year 1 at most
     return JobFilter(
         status=status if status in STATUSES else None,
         job_type=text_field(params, "type") or None,
         workspace_id=scope.workspace_id or workspace,
         time_from=time_from,
-        time_to=_time(params.get("to")),
+        time_to=time_to,
         id_prefix=id_prefix(str(params.get("id") or "")),
         payload=payload,
     )

@@ -15,7 +15,13 @@ from starlette.types import Scope as AsgiScope
 
 from sidelinja_worker.admin import auth, dashboard, metrics_view, store, workflow
 from sidelinja_worker.admin.events import EventHub, Subscription, snapshot_ids
-from sidelinja_worker.admin.forms import job_filter, page_cursor, parse_job_id, query_string
+from sidelinja_worker.admin.forms import (
+    TIME_FORMAT,
+    job_filter,
+    page_cursor,
+    parse_job_id,
+    query_string,
+)
 from sidelinja_worker.admin.store import Scope
 from sidelinja_worker.admin.web import (
     TOO_SLOW,
@@ -63,6 +69,7 @@ async def jobs_page(request: Request) -> Response:
         next_qs=query_string(f, rows[-1]) if older else None,
         newer_qs=query_string(f, rows[0], "before") if rows and not first_page else None,
         newest_qs=None if first_page else query_string(f, None),
+        time_format=TIME_FORMAT,
         workspaces=await visible_workspaces(request, scope),
         bulk_qs=query_string(f, None),
     )
