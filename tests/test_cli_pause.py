@@ -2,17 +2,60 @@
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+from uuid import UUID
+
+import asyncpg
 
 from sidelinja_worker.jobs.catalog import REGISTRY
 from tests.helpers import cli, one_line_error
 
 
-@pytest.mark.parametrize("args", [("pause", "nope", "--reason", "x"), ("resume", "nope")])
-def test_an_unknown_type_names_the_known_ones_as_enqueue_does(
-    db_url: str, args: tuple[str, ...]
-) -> None:
-    line = one_line_error(cli(*args, url=db_url))
+def test_an_unknown_type_names_the_known_ones_as_enqueue_does(db_url: str) -> None:
+    line = one_line_error(cli("pause", "nope", "--reason", "x", url=db_url))
     assert line == (
         f"sidelinja-worker: error: unknown job type 'nope'; known: {', '.join(sorted(REGISTRY))}"
     )
+
+
+async def test_pause_takes_what_the_admin_view_takes_and_resume_any_paused_name(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """A type no worker here runs but jobs have (a plain-SQL writer enqueued it) may be paused,
+    as in the admin view; a pause plain SQL made of any name may be lifted. Before, both were
+    'unknown job type' (the SQL-made pause could not be lifted from the command line)."""
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'web_only', '{}')",
+        workspace,
+    )
+    paused = await asyncio.to_thread(
+        cli, "pause", "web_only", "--reason", "its service is down", url=db_url
+    )
+    assert paused.returncode == 0 and "paused web_only" in paused.stdout, paused.stderr
+    await pool.execute(
+        "INSERT INTO job_type_pauses (job_type, paused_by, reason) VALUES ('old_name', 'sql', 'x')"
+    )
+    resumed = await asyncio.to_thread(cli, "resume", "old_name", url=db_url)
+    assert resumed.returncode == 0 and "resumed old_name" in resumed.stdout, resumed.stderr
+    never = await asyncio.to_thread(cli, "resume", "nope", url=db_url)
+    assert never.returncode == 0 and "nope was not paused" in never.stdout, never.stderr
+
+
+async def test_the_pause_list_names_an_admin_token_by_its_label(
+    pool: asyncpg.Pool, db_url: str
+) -> None:
+    """A pause made in the admin view names its token by id, which tells a reader nothing; the
+    list says the token's label, as the admin view does, and the id once the token is gone."""
+    token = await pool.fetchval(
+        "INSERT INTO admin_tokens (token_sha256, all_workspaces, label)"
+        " VALUES ('\\x00', true, 'on-call laptop') RETURNING id"
+    )
+    await pool.execute(
+        "INSERT INTO job_type_pauses (job_type, paused_by, reason) VALUES ('noop', $1, 'x')",
+        f"admin token {token}",
+    )
+    shown = await asyncio.to_thread(cli, "pause", url=db_url)
+    assert "by on-call laptop (x)" in shown.stdout, shown.stdout
+    await pool.execute("DELETE FROM admin_tokens")
+    shown = await asyncio.to_thread(cli, "pause", url=db_url)
+    assert f"by admin token {token} (x)" in shown.stdout, shown.stdout

@@ -18,6 +18,7 @@ from sidelinja_worker.admin.forms import (
     query_string,
     text_field,
 )
+from sidelinja_worker.admin.pauses import pausable
 from sidelinja_worker.admin.store import Scope
 from sidelinja_worker.admin.web import (
     Forbidden,
@@ -75,15 +76,6 @@ async def pause_action(request: Request) -> Response:
     changed = await change(pool, job_type, actor(scope), reason, timeout_s)
     done = action if changed else UNCHANGED[action]
     return RedirectResponse(f"/admin?done={done}", status_code=303)
-
-
-async def pausable(pool: asyncpg.Pool, job_type: str, timeout_s: float) -> bool:
-    """Whether the admin view pauses `job_type`: a job type this installation registers (as
-    `sidelinja-worker pause` takes), or one that jobs in job_queue have, which a plain-SQL
-    writer may have enqueued under a type no worker here runs yet. Any other name is a typo:
-    its pause would hold nothing and read as if it held the type meant. A resume takes any
-    paused name (SQL may pause any)."""
-    return job_type in REGISTRY or await store.job_type_queued(pool, job_type, timeout_s)
 
 
 async def drain_action(request: Request) -> Response:

@@ -22,10 +22,10 @@ from sidelinja_worker.admin.forms import (
     parse_job_id,
     query_string,
 )
+from sidelinja_worker.admin.pauses import name_authors
 from sidelinja_worker.admin.store import Scope
 from sidelinja_worker.admin.web import (
     TOO_SLOW,
-    actor_token,
     read_bound_s,
     render,
     session,
@@ -166,18 +166,6 @@ async def overview_figures(pool: asyncpg.Pool, scope: Scope, timeout_s: float) -
         "limits": limits,
         "pauses": pauses,
     }
-
-
-async def name_authors(pool: asyncpg.Pool, pauses: list[dict[str, Any]], timeout_s: float) -> None:
-    """Sets each pause's `by`: the label of the admin token that made it (its paused_by names
-    the token's id, which tells a reader nothing), or paused_by as written when it names no
-    token, or one without a label or a row any more."""
-    tokens = {p["paused_by"]: actor_token(p["paused_by"]) for p in pauses}
-    ids = [t for t in tokens.values() if t is not None]
-    labels = await store.token_labels(pool, ids, timeout_s) if ids else {}
-    for p in pauses:
-        token = tokens[p["paused_by"]]
-        p["by"] = labels.get(token, p["paused_by"]) if token else p["paused_by"]
 
 
 async def dashboard_page(request: Request) -> Response:

@@ -7,7 +7,6 @@ import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
-from uuid import UUID
 
 import asyncpg
 from starlette.datastructures import FormData
@@ -16,6 +15,7 @@ from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
 from sidelinja_worker.admin import auth, store
+from sidelinja_worker.admin.pauses import ACTOR_PREFIX
 from sidelinja_worker.admin.store import Scope
 
 HERE = Path(__file__).parent
@@ -123,21 +123,7 @@ def render(
     return templates.TemplateResponse(request, name, context, status_code=status_code)
 
 
-ACTOR_PREFIX = "admin token "
-
-
 def actor(scope: Scope) -> str:
     """Who, in the audit log, for an action taken in the admin view: the token's id, which
-    stays true when its label changes or its row goes (actor_token reads it back)."""
+    stays true when its label changes or its row goes (pauses.author_token reads it back)."""
     return f"{ACTOR_PREFIX}{scope.token_id}" if scope.token_id else "admin"
-
-
-def actor_token(text: str | None) -> UUID | None:
-    """The token an actor() text names, or None for any other text (a pause written by the CLI
-    or by SQL names whoever its writer says)."""
-    if not text or not text.startswith(ACTOR_PREFIX):
-        return None
-    try:
-        return UUID(text.removeprefix(ACTOR_PREFIX))
-    except ValueError:
-        return None

@@ -10,9 +10,9 @@ import socket
 
 import asyncpg
 
+from sidelinja_worker.admin import pauses
 from sidelinja_worker.cli import newjob, progress, top
 from sidelinja_worker.cli.session import opened
-from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.errors import UserError
 from sidelinja_worker.queue.escapes import printable
@@ -49,9 +49,11 @@ async def dispatch(args: argparse.Namespace) -> int | None:
     async with opened(args) as (_db, pool):
         if args.command == "pause" and args.job_type is None:
             return await show(pool)
-        if args.job_type not in REGISTRY:
-            raise newjob.unknown_type(args.job_type)
         if args.command == "pause":
+            # The admin view's rule: a registered type or one jobs have; a resume takes any
+            # name, as plain SQL may pause any.
+            if not await pauses.pausable(pool, args.job_type, store.STATEMENT_TIMEOUT_S):
+                raise newjob.unknown_type(args.job_type)
             if not args.reason:
                 raise UserError("say why with --reason (it goes to the audit log)")
             if not await store.pause_type(pool, args.job_type, args.by, args.reason):
@@ -66,12 +68,13 @@ async def dispatch(args: argparse.Namespace) -> int | None:
 
 
 async def show(pool: asyncpg.Pool) -> int:
-    rows = await store.list_pauses(pool)
+    rows = [dict(r) for r in await store.list_pauses(pool)]
+    await pauses.name_authors(pool, rows, store.STATEMENT_TIMEOUT_S)
     if not rows:
         print("no job type is paused")
     for r in rows:
         # Plain SQL may pause a type with any text in its row.
-        by, reason = printable(r["paused_by"]), printable(r["reason"] or "no reason")
+        by, reason = printable(r["by"]), printable(r["reason"] or "no reason")
         print(
             f"{printable(r['job_type'])}: paused {r['paused_at']:%Y-%m-%d %H:%M:%S %Z} by {by}"
             f" ({reason}); {progress.count(r['waiting'], 'job')} waiting"

@@ -288,7 +288,7 @@ GROUP BY job_type;
 
 -- name: job_type_queued
 -- Whether any job, of any status, has the type. No index has job_type first: a type no job
--- has reads the whole table, so actions.pausable asks only about a name that is no
+-- has reads the whole table, so pauses.pausable asks only about a name that is no
 -- registered job type.
 SELECT EXISTS (SELECT 1 FROM job_queue WHERE job_type = $1);
 
