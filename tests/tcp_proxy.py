@@ -1,6 +1,8 @@
 """A TCP proxy on 127.0.0.1 between a worker and PostgreSQL that a test can cut (every
-connection reset at once) or black-hole (the open connections stop forwarding but stay open:
-half-open, as a dead network path looks to both ends); new connections go through."""
+connection reset at once), black-hole (the open connections stop forwarding but stay open:
+half-open, as a dead network path looks to both ends; new connections go through) or take down
+(every connection reset and new ones refused, as a server restarting or failing over looks,
+until it is brought up again)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ class TcpProxy:
         self._target = (target_host, target_port)
         self._server: asyncio.Server | None = None
         self._pairs: list[_Pair] = []
+        self._down = False
         self.port = 0
 
     async def start(self) -> TcpProxy:
@@ -60,6 +63,14 @@ class TcpProxy:
         self._held = getattr(self, "_held", []) + pairs
         return len(pairs)
 
+    def down(self) -> int:
+        """Resets every open connection and refuses new ones until `up`. Returns how many."""
+        self._down = True
+        return self.cut()
+
+    def up(self) -> None:
+        self._down = False
+
     def release_held(self) -> None:
         for pair in getattr(self, "_held", []):
             pair.reset()
@@ -70,6 +81,9 @@ class TcpProxy:
         return len(self._pairs)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._down:
+            _reset(writer)
+            return
         host, port = self._target
         try:
             if host.startswith("/"):

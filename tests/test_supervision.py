@@ -88,7 +88,7 @@ INJECT = """
 import sys
 from sidelinja_worker.queue import worker
 
-async def broken(pool, settings):
+async def broken(pool, settings, **_):
     raise RuntimeError("injected fault")
 
 worker.rescue_loop = broken
@@ -128,7 +128,7 @@ async def stubborn(ctx, payload):
 
 REGISTRY._types["noop"] = dataclasses.replace(REGISTRY["noop"], handler=stubborn)
 
-async def broken(pool, settings):
+async def broken(pool, settings, **_):
     await running.wait()
     raise RuntimeError("injected fault")
 

@@ -19,7 +19,11 @@ PRUNE_BATCH = 1000
 
 
 async def rescue_loop(
-    pool: asyncpg.Pool, settings: WorkerSettings, timeout_s: float = store.STATEMENT_TIMEOUT_S
+    pool: asyncpg.Pool,
+    settings: WorkerSettings,
+    timeout_s: float = store.STATEMENT_TIMEOUT_S,
+    *,
+    may_reap: Callable[[], bool] = lambda: True,
 ) -> None:
     """Every poll interval, puts back the jobs of workers whose lease expired: a dead worker's
     jobs are back in the queue within its lease plus one poll.
@@ -30,10 +34,15 @@ async def rescue_loop(
     300,000 children outlasts the usual timeout. With that timeout fixed, the same batch timed
     out at every turn and no dead worker's job came back; a batch that times out is tried again
     with twice the time (store.longer_timeout), and a rescue that gets through starts over.
-    The workers it reaped are kept till their jobs are all back, for their rows are gone."""
+    The workers it reaped are kept till their jobs are all back, for their rows are gone.
+    While `may_reap()` says no (the worker was out of reach of the database within a lease:
+    Worker.may_declare_dead), it rescues nothing."""
     allowed_s = timeout_s
     dead: set[UUID] = set()
     while True:
+        if not may_reap():
+            await asyncio.sleep(settings.poll_interval_s)
+            continue
         try:
             rescued = await store.rescue(pool, settings.lease_s, allowed_s, dead=dead)
             allowed_s = timeout_s

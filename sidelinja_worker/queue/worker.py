@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import socket
 import time
@@ -44,6 +45,7 @@ TIMEOUT_TICK_S = 0.05  # how late a timeout may fire
 # right after an empty claim is picked up at most this much later.
 EMPTY_CLAIM_GAP_S = 0.005
 DRAIN_AT_EXIT_S = 10.0
+HEARTBEAT_RETRY_S = 0.5  # the next heartbeat after a failed one, at the latest
 LOST_LEASE = "lost-lease"
 # After an internal task dies, the worker gives back what it can within this and raises
 # WorkerDied: the process exits non-zero within ~5 s and its process manager restarts it.
@@ -108,6 +110,9 @@ class Worker:
         self._stop = asyncio.Event()
         self.draining = False  # an operator asked it to finish its jobs and claim no more
         self._lease_deadline = 0.0
+        # When the heartbeats began to get through again after failing (None: failing now).
+        # The rescue declares no worker dead until a lease has passed since (may_declare_dead).
+        self._reached_since: float | None = -math.inf
         # Held while a claim is in flight and its jobs are being started, so the heartbeat's
         # reconciliation never mistakes a job on its way here for a lost one.
         self._claim_lock = asyncio.Lock()
@@ -210,7 +215,9 @@ class Worker:
             self._supervise(self._writer.run(), "outcomes"),
             self._supervise(self._heartbeat_loop(), "heartbeat"),
             self._supervise(self._timeout_watchdog(), "timeouts"),
-            self._supervise(rescue_loop(self._pool, self.settings), "rescue"),
+            self._supervise(
+                rescue_loop(self._pool, self.settings, may_reap=self.may_declare_dead), "rescue"
+            ),
             self._supervise(prune_loop(self._pool, self.settings), "prune"),
             self._supervise(analyze_loop(self._pool), "analyze"),
             self._supervise(metrics.lag_loop(LAG_TICK_S), "loop-lag"),
@@ -548,14 +555,38 @@ class Worker:
             self.settings.max_concurrent,
         )
 
+    def may_declare_dead(self) -> bool:
+        """Whether this worker's rescue may declare other workers dead: not until a lease has
+        passed since its own heartbeats got through again. While the database was out of reach
+        (a failover, a restart, the network) no worker could renew its lease, and every lease
+        may have run out meanwhile; the first worker back reaped all the others, and every job
+        running anywhere was taken from the worker running it and run a second time. A worker
+        that was out of reach gives the others one lease to renew theirs."""
+        since = self._reached_since
+        return since is not None and asyncio.get_running_loop().time() - since >= (
+            self.settings.lease_s
+        )
+
     async def _heartbeat_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            # After a failure the next try comes soon: a lease that ran low while the database
+            # was out of reach is renewed as soon as it is back, not an interval later.
+            interval_s = self.settings.heartbeat_interval_s
+            failing = self._reached_since is None
+            await asyncio.sleep(min(interval_s, HEARTBEAT_RETRY_S) if failing else interval_s)
             sent = loop.time()
             try:
                 drain = await store.heartbeat(self._lease_pool, self.id, self.settings.lease_s)
+                if self._reached_since is None:
+                    self._reached_since = sent
+                    log.warning(
+                        "the database is reachable again; declaring no worker dead for %gs,"
+                        " while the others renew their leases",
+                        self.settings.lease_s,
+                    )
                 if drain is None:
+                    self._reached_since = sent  # out of reach itself, as the others may be
                     await self._declared_dead()
                     continue
                 if drain != self.draining:
@@ -566,6 +597,7 @@ class Worker:
                 self._job_ready.set()  # held jobs may start again if the lease had lapsed
                 await self._reconcile()
             except DB_ERRORS as exc:
+                self._reached_since = None
                 log.warning(
                     "heartbeat failed (%s); lease runs out in %.1fs",
                     one_line(exc),
