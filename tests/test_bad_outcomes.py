@@ -31,7 +31,14 @@ from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.store import Failure, Release
 from sidelinja_worker.services.classify import parse_retry_after
-from tests.helpers import contend_unique_key, job_type, make_workspace, run_burst, wait_for_sql
+from tests.helpers import (
+    contend_unique_key,
+    job_type,
+    make_workspace,
+    run_burst,
+    wait_for,
+    wait_for_sql,
+)
 
 
 async def _claimed(pool: asyncpg.Pool, workspace: UUID, n: int) -> tuple[UUID, list[UUID]]:
@@ -532,3 +539,49 @@ async def test_a_rescue_that_outlasts_its_timeout_is_tried_with_more_time(
         )
     finally:
         loop.cancel()
+
+
+async def test_a_flush_that_fails_across_a_discard_is_not_tried_under_the_next_worker_id(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """A worker declared dead discards its buffered outcomes and comes back under a new id. An
+    outcome whose flush was in flight then, and failed (a lost connection, a timeout), went
+    back to the buffers and was written under the new id: had the new worker claimed the same
+    job meanwhile, the old run's result completed the new run's job. Here a trigger holds the
+    completion past the writer's timeout while the worker is declared dead and its job is
+    claimed again under the new id."""
+    old_id, ids = await _claimed(pool, workspace, 1)
+    new_id = uuid4()
+    await pool.execute(
+        "CREATE FUNCTION test_slow_completion() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$;"
+        " CREATE TRIGGER test_slow_completion AFTER UPDATE ON job_queue FOR EACH ROW"
+        " WHEN (NEW.status = 'completed') EXECUTE FUNCTION test_slow_completion()"
+    )
+    writer = OutcomeWriter(pool, old_id, timeout_s=0.3)
+    task = asyncio.create_task(writer.run())
+    try:
+        writer.completed(ids[0], RawJson(b'{"run": "old"}'))
+        await wait_for_sql(
+            pool,
+            "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
+            " AND datname = current_database())",
+            timeout_s=10,
+        )
+        writer.discard()  # what Worker._declared_dead does, then a new id
+        writer.worker_id = new_id
+        # The rescue and the new incarnation's claim, once the timed-out completion is gone;
+        # the trigger goes with them, so a write under the new id would go through.
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("DROP TRIGGER test_slow_completion ON job_queue")
+            await conn.execute(
+                "UPDATE job_queue SET worker_id = $2 WHERE id = $1 AND status = 'running'",
+                ids[0],
+                new_id,
+            )
+        # Until the flush that failed has ended and nothing is left to write or on its way.
+        await wait_for(lambda: not writer.unwritten() and not writer._arrived.is_set(), 10)
+    finally:
+        task.cancel()
+    row = await pool.fetchrow("SELECT status::text, worker_id FROM job_queue WHERE id = $1", ids[0])
+    assert (row["status"], row["worker_id"]) == ("running", new_id)

@@ -46,6 +46,8 @@ class OutcomeWriter:
         self._released: list[Release] = []
         self._cancelled: list[UUID] = []
         self._inflight: set[UUID] = set()
+        # Counts `discard`s: a flush in flight across one puts nothing back.
+        self._generation = 0
         self._arrived = asyncio.Event()
         self._empty = asyncio.Event()
         self._empty.set()
@@ -79,14 +81,16 @@ class OutcomeWriter:
         self._empty.clear()
         self._arrived.set()
 
-    async def _complete(self, conn: asyncpg.Connection, done: list[tuple[UUID, RawJson]]) -> None:
+    async def _complete(
+        self, conn: asyncpg.Connection, owner: UUID, done: list[tuple[UUID, RawJson]]
+    ) -> None:
         """Completions; a job's follow-up jobs commit in the same transaction, and only for the
         jobs this statement really completed (not one rescued from us meanwhile)."""
         if not self._follow_ups or not any(job_id in self._follow_ups for job_id, _ in done):
-            await store.complete_quietly(conn, self.worker_id, done, self._timeout_s)
+            await store.complete_quietly(conn, owner, done, self._timeout_s)
             return
         async with conn.transaction():
-            completed = await store.complete(conn, self.worker_id, done, self._timeout_s)
+            completed = await store.complete(conn, owner, done, self._timeout_s)
             jobs = [job for job_id in completed for job in self._follow_ups.get(job_id, ())]
             if jobs:
                 await enqueue_many(conn, jobs)
@@ -94,9 +98,14 @@ class OutcomeWriter:
             self._follow_ups.pop(job_id, None)
 
     def discard(self) -> None:
-        """Forget buffered outcomes: their jobs were rescued from us and may run elsewhere."""
+        """Forget buffered outcomes: their jobs were rescued from us and may run elsewhere. A
+        flush in flight finishes under the worker id it started with, and what it fails to
+        write is dropped too, not tried again under the worker's next id: by then that
+        worker may have claimed the same job again, and the old run's outcome would end the
+        new run's job."""
         self._done, self._failed, self._released, self._cancelled = [], [], [], []
         self._follow_ups.clear()
+        self._generation += 1
         self._empty.set()
 
     def owned_ids(self) -> set[UUID]:
@@ -149,6 +158,7 @@ class OutcomeWriter:
             return False
 
     async def _flush(self) -> None:
+        owner, generation = self.worker_id, self._generation
         done, self._done = self._done, []
         failed, self._failed = self._failed, []
         released, self._released = self._released, []
@@ -162,19 +172,25 @@ class OutcomeWriter:
         try:
             async with self._pool.acquire() as conn:
                 if done:
-                    await self._isolated(conn, "result", done, self._complete, _done_id)
+                    await self._isolated(conn, owner, "result", done, self._complete, _done_id)
                     done = []
                 if failed:
-                    await self._isolated(conn, "failure", failed, self._fail, _failure_id)
+                    await self._isolated(conn, owner, "failure", failed, self._fail, _failure_id)
                     failed = []
                 if released:
-                    await self._isolated(conn, "deferral", released, self._release, _release_id)
+                    await self._isolated(
+                        conn, owner, "deferral", released, self._release, _release_id
+                    )
                     released = []
                 if cancelled:
-                    await self._isolated(conn, "cancellation", cancelled, self._cancel, _same_id)
+                    await self._isolated(
+                        conn, owner, "cancellation", cancelled, self._cancel, _same_id
+                    )
                     cancelled = []
         finally:
             self._inflight = set()
+            if generation != self._generation:  # discarded meanwhile: see `discard`
+                done, failed, released, cancelled = [], [], [], []
             # What was not written goes back to the front of the buffers for the next try.
             self._done[:0] = done
             self._failed[:0] = failed
@@ -183,24 +199,27 @@ class OutcomeWriter:
             if not self.pending():
                 self._empty.set()
 
-    async def _fail(self, conn: asyncpg.Connection, failed: list[Failure]) -> None:
-        await store.fail(conn, self.worker_id, failed, self._timeout_s)
+    async def _fail(self, conn: asyncpg.Connection, owner: UUID, failed: list[Failure]) -> None:
+        await store.fail(conn, owner, failed, self._timeout_s)
 
-    async def _release(self, conn: asyncpg.Connection, released: list[Release]) -> None:
-        await store.release(conn, self.worker_id, released, self._timeout_s)
+    async def _release(
+        self, conn: asyncpg.Connection, owner: UUID, released: list[Release]
+    ) -> None:
+        await store.release(conn, owner, released, self._timeout_s)
 
-    async def _cancel(self, conn: asyncpg.Connection, cancelled: list[UUID]) -> None:
-        await store.mark_cancelled(conn, self.worker_id, cancelled, self._timeout_s)
+    async def _cancel(self, conn: asyncpg.Connection, owner: UUID, cancelled: list[UUID]) -> None:
+        await store.mark_cancelled(conn, owner, cancelled, self._timeout_s)
 
     async def _isolated(
         self,
         conn: asyncpg.Connection,
+        owner: UUID,
         what: str,
         batch: list[T],
-        write: Callable[[asyncpg.Connection, list[T]], Awaitable[None]],
+        write: Callable[[asyncpg.Connection, UUID, list[T]], Awaitable[None]],
         job_id: Callable[[T], UUID],
     ) -> None:
-        """Writes `batch` in one statement; if PostgreSQL refuses it for its values (a NUL in
+        """Writes `batch` in one statement, as worker `owner`; if PostgreSQL refuses it for its values (a NUL in
         text, `\\u0000` in JSON, a number out of range, a value too big), or a job's follow-up
         could not be enqueued (its unique key unresolved), writes it row by row, and each row
         refused again ends its job in `error` saying what was wrong with its outcome, or, for
@@ -208,7 +227,7 @@ class OutcomeWriter:
         bad outcome never holds up the others, nor stops this writer. A lost connection is not
         a bad value: it raises, and the whole flush is tried again."""
         try:
-            await write(conn, batch)
+            await write(conn, owner, batch)
             return
         except Exception as exc:
             if not (refused_value(exc) or isinstance(exc, UniqueKeyUnresolved)):
@@ -221,7 +240,7 @@ class OutcomeWriter:
         refused: list[Failure] = []
         for item in batch:
             try:
-                await write(conn, [item])
+                await write(conn, owner, [item])
             except UniqueKeyUnresolved as exc:
                 message = f"its follow-up jobs could not be enqueued: {one_line(exc)}"
                 log.error("job %s: %s", job_id(item), message)
@@ -238,7 +257,7 @@ class OutcomeWriter:
                 refused.append(Failure(job_id(item), "bad_outcome", clean(message), True, 0.0))
         for failure in refused:  # the stand-in outcome is ours, plain text: refused, give up
             try:
-                await store.fail(conn, self.worker_id, [failure], self._timeout_s)
+                await store.fail(conn, owner, [failure], self._timeout_s)
             except Exception as exc:
                 if not refused_value(exc):
                     raise
