@@ -36,7 +36,7 @@ from sidelinja_worker.admin import store
 from sidelinja_worker.admin.store import Cursor, JobFilter, Scope
 from sidelinja_worker.queue import migrate
 from sidelinja_worker.queue.client import NewJob, enqueue_many
-from sidelinja_worker.queue.db import SERVER_SETTINGS, connect, init_connection
+from sidelinja_worker.queue.db import connect, init_connection, server_settings
 
 # Status from g % 100, type and workspace from g / 100: independent of each other, so every
 # workspace has jobs of every status and type (with workspace and status both g % 100, the
@@ -114,7 +114,7 @@ async def list_timings(url: str) -> None:
         min_size=1,
         max_size=2,
         init=init_connection,
-        server_settings={**SERVER_SETTINGS, "plan_cache_mode": "force_custom_plan"},
+        server_settings={**server_settings(), "plan_cache_mode": "force_custom_plan"},
     )
     ws = await pool.fetchval("SELECT id FROM workspaces WHERE name = 'w1'")
     small_ws = await pool.fetchval("SELECT id FROM workspaces WHERE name = 'small'")

@@ -28,7 +28,7 @@ from sidelinja_worker.admin import dashboard, store
 from sidelinja_worker.admin.store import Scope
 from sidelinja_worker.admin.web import templates
 from sidelinja_worker.queue import migrate
-from sidelinja_worker.queue.db import SERVER_SETTINGS, connect, init_connection
+from sidelinja_worker.queue.db import connect, init_connection, server_settings
 from sidelinja_worker.queue.metrics import MINUTE_BOUNDS_S
 
 JOBS = 10_000_000
@@ -99,7 +99,7 @@ async def main() -> None:
             min_size=1,
             max_size=2,
             init=init_connection,
-            server_settings={**SERVER_SETTINGS, "plan_cache_mode": "force_custom_plan"},
+            server_settings={**server_settings(), "plan_cache_mode": "force_custom_plan"},
         )
         try:
             ws = await pool.fetchval("SELECT id FROM workspaces WHERE name = 'w1'")

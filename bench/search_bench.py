@@ -25,7 +25,7 @@ from bench.admin_list_bench import fill
 from bench.common import create_database, drop_database
 from sidelinja_worker.admin import forms, store
 from sidelinja_worker.admin.store import Scope
-from sidelinja_worker.queue.db import SERVER_SETTINGS, init_connection
+from sidelinja_worker.queue.db import init_connection, server_settings
 
 SAMPLES = 15
 
@@ -55,7 +55,7 @@ async def main() -> None:
             min_size=1,
             max_size=2,
             init=init_connection,
-            server_settings={**SERVER_SETTINGS, "plan_cache_mode": "force_custom_plan"},
+            server_settings={**server_settings(), "plan_cache_mode": "force_custom_plan"},
         )
         try:
             some_id = str(

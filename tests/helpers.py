@@ -215,7 +215,7 @@ async def kill_worker_connections(pool: asyncpg.Pool) -> int:
     none is left): the next round of kills then hits the new connections."""
     killed: int = await pool.fetchval(
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-        " WHERE application_name = 'sidelinja-worker' AND datname = current_database()"
+        " WHERE application_name LIKE 'sidelinja-worker %' AND datname = current_database()"
     )
     # A killed connection commits nothing more: every completion counted later is a new one.
     done = await pool.fetchval("SELECT count(*) FROM job_queue WHERE status = 'completed'")

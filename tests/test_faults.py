@@ -188,7 +188,7 @@ async def test_kill_9_during_the_outcome_flush(
         await wait_for(
             lambda: pool.fetchval(
                 "SELECT count(*) > 0 FROM pg_stat_activity WHERE datname = current_database()"
-                " AND application_name = 'sidelinja-worker' AND wait_event_type = 'Lock'"
+                " AND application_name LIKE 'sidelinja-worker %' AND wait_event_type = 'Lock'"
                 " AND query LIKE '%completed%'"
             ),
             30,

@@ -9,7 +9,7 @@ import asyncio
 import random
 import signal
 import time
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
@@ -17,7 +17,8 @@ import pytest
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.pools import open_claim_pool
 from sidelinja_worker.queue.queries import QUERIES
-from tests.helpers import insert_jobs, run_burst, spawn, statuses, wait_for
+from tests.helpers import insert_jobs, run_burst, running_worker, spawn, statuses, wait_for
+from tests.tcp_proxy import proxy_for
 
 
 async def test_a_claim_connection_stopped_inside_its_transaction_does_not_stop_the_fleet(
@@ -236,3 +237,77 @@ async def test_workers_stopped_and_resumed_at_random_lose_nothing_and_pass_no_ca
     for w in workers:
         _, err = await asyncio.to_thread(w.communicate, 60)
         assert w.returncode == 0, (seed, err[-2000:])
+
+
+async def test_a_worker_declared_dead_loses_its_sessions_and_the_locks_they_held(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """A worker stopped or cut off, not killed, keeps its sessions, and with them its open
+    transactions' locks: here, the cluster-wide claim lock of a capped claim whose answer the
+    server is still sending it (so no idle-in-transaction timeout reaches it), and a row lock
+    its handler took on the job it runs. Before, every capped claim of the fleet waited on the
+    first, and the second kept the job from the rescue, both for as long as the worker stayed
+    stopped. The rescue that declares it dead now ends its sessions (job_workers.sessions)."""
+    name = "sidelinja-worker frozen0test"
+    dead_id = uuid4()
+    await pool.execute(
+        "INSERT INTO job_workers (id, hostname, pid, expires_at, sessions)"
+        " VALUES ($1, 'elsewhere', 1, now() - interval '1 minute', $2)",
+        dead_id,
+        name,
+    )
+    held = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, worker_id, started_at,"
+        " attempts) VALUES ($1, 'noop', '{}', 'running', $2, now(), 1) RETURNING id",
+        workspace,
+        dead_id,
+    )
+    await store.set_type_limit(pool, "noop", 5)
+    await insert_jobs(pool, workspace, 10, job_type_name="noop")
+
+    proxy, via_proxy = await proxy_for(db_url)
+    settings = {"application_name": name}
+    claiming = await asyncpg.connect(via_proxy, server_settings=settings)
+    handler = await asyncpg.connect(db_url, server_settings=settings)
+    answer: asyncio.Task[list[asyncpg.Record]] | None = None
+    try:
+        # The handler's transaction, holding its job's row.
+        await handler.execute("BEGIN")
+        await handler.execute("SELECT FROM job_queue WHERE id = $1 FOR UPDATE", held)
+        # The claim lock, then an answer of 64 MB that the worker stops reading half a second
+        # in: the server blocks in its send once the sockets' buffers are full.
+        await claiming.execute("BEGIN")
+        await claiming.execute(QUERIES["lock_limited_claims"])
+        pid = claiming.get_server_pid()
+        answer = asyncio.create_task(
+            claiming.fetch(
+                "SELECT CASE WHEN g = 1 THEN pg_sleep(0.5)::text END, repeat('x', 1048576)"
+                " FROM generate_series(1, 64) g"
+            )
+        )
+        waits_on = "SELECT wait_event = $2 FROM pg_stat_activity WHERE pid = $1"
+        await wait_for(lambda: pool.fetchval(waits_on, pid, "PgSleep"), what="the answer starts")
+        proxy.black_hole()
+        await wait_for(
+            lambda: pool.fetchval(waits_on, pid, "ClientWrite"),
+            what="the server blocks sending the answer",
+        )
+
+        async with running_worker(pool, db_url, max_concurrent=5, poll_interval_s=0.05):
+            await wait_for(
+                lambda: pool.fetchval(
+                    "SELECT count(*) = 11 FROM job_queue WHERE status = 'completed'"
+                ),
+                timeout_s=20,
+                what="the capped jobs and the rescued one completed",
+            )
+        ours = "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1"
+        assert await pool.fetchval(ours, name) == 0
+        errors = await pool.fetchval("SELECT errors FROM job_queue WHERE id = $1", held)
+        assert [e["class"] for e in errors] == ["rescued"]
+    finally:
+        if answer is not None:
+            answer.cancel()
+        claiming.terminate()
+        handler.terminate()
+        await proxy.close()

@@ -95,7 +95,7 @@ async def _chaos(pool: asyncpg.Pool, workspace: UUID, rng: random.Random, kills:
         if kills and step % (CHAOS_STEPS // KILLS) == CHAOS_STEPS // KILLS // 2:
             await pool.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE application_name = 'sidelinja-worker' AND datname = current_database()"
+                " WHERE application_name LIKE 'sidelinja-worker %' AND datname = current_database()"
             )
         row = await pool.fetchrow(
             "SELECT id, status::text FROM job_queue TABLESAMPLE BERNOULLI (20) LIMIT 1"

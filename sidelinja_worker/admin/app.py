@@ -55,7 +55,7 @@ from sidelinja_worker.admin.pages import (
 )
 from sidelinja_worker.admin.spacetime import SpacetimeForwarder, SpacetimeTarget
 from sidelinja_worker.admin.web import CLIENT_GRACE_S, HERE, Denied, Forbidden
-from sidelinja_worker.queue.db import SERVER_SETTINGS, init_connection
+from sidelinja_worker.queue.db import init_connection, server_settings
 
 
 @contextlib.asynccontextmanager
@@ -107,7 +107,7 @@ def create_app(
         # action raises it for its own transaction (acting). The event hub's LISTEN has a
         # connection of its own, outside the pool: an idle stream holds no statement.
         settings = {
-            **SERVER_SETTINGS,
+            **server_settings(),
             "application_name": "sidelinja-admin",
             "plan_cache_mode": "force_custom_plan",
             "statement_timeout": str(round(read_timeout_s * 1000)),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -32,9 +34,27 @@ DB_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.TransactionRollbackError,
 )
 
-# jit off: the claim's cost estimate on a big table can cross jit_above_cost, and compiling
-# costs more milliseconds than the whole claim. The application name shows us in pg_stat_activity.
-SERVER_SETTINGS = {"jit": "off", "application_name": "sidelinja-worker"}
+_session: tuple[int, str] | None = None
+
+
+def session_name() -> str:
+    """This process's application_name on every connection it opens: "sidelinja-worker" and a
+    tag of its own, drawn once per process (a forked child draws its own). It shows the
+    process's sessions in pg_stat_activity, and a worker registers it (job_workers.sessions)
+    so that the rescue that declares it dead can end them: a worker stopped or cut off, not
+    killed, otherwise keeps its open transactions' locks for as long as it stays so."""
+    global _session
+    pid = os.getpid()
+    if _session is None or _session[0] != pid:
+        _session = (pid, f"sidelinja-worker {secrets.token_hex(6)}")
+    return _session[1]
+
+
+def server_settings() -> dict[str, str]:
+    """The settings of every session: jit off, as the claim's cost estimate on a big table can
+    cross jit_above_cost, and compiling costs more milliseconds than the whole claim; and the
+    process's `session_name`."""
+    return {"jit": "off", "application_name": session_name()}
 
 
 @dataclass(frozen=True)
@@ -135,7 +155,7 @@ def _decode_jsonb(data: bytes) -> Any:
 
 async def connect(url: str, **kwargs: Any) -> asyncpg.Connection:
     try:
-        conn = await asyncpg.connect(url, server_settings=SERVER_SETTINGS, **kwargs)
+        conn = await asyncpg.connect(url, server_settings=server_settings(), **kwargs)
     except (*DB_ERRORS, asyncpg.PostgresError) as exc:
         raise UserError(
             f"cannot connect to the database at {redact(url)}: {_one_line(exc)}"
@@ -161,7 +181,7 @@ async def create_pool(
     prepare: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
 ) -> asyncpg.Pool:
     """A pool whose connections speak JSON through orjson; `prepare` runs on each new one
-    after that. `settings` are server settings of its sessions, beside SERVER_SETTINGS.
+    after that. `settings` are server settings of its sessions, beside `server_settings()`.
     Connections above `min_size` close after asyncpg's 300 s of idleness."""
 
     async def init(conn: asyncpg.Connection) -> None:
@@ -183,7 +203,7 @@ async def create_pool(
             connection_class=asyncpg.Connection,
             record_class=asyncpg.Record,
             server_settings={
-                **SERVER_SETTINGS,
+                **server_settings(),
                 **(GENERIC_PLANS if generic_plans else {}),
                 **(settings or {}),
             },

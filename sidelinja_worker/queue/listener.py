@@ -15,9 +15,9 @@ import asyncpg
 
 from sidelinja_worker.queue.db import (
     DB_ERRORS,
-    SERVER_SETTINGS,
     init_connection,
     redact,
+    server_settings,
 )
 
 log = logging.getLogger("sidelinja_worker.listener")
@@ -63,7 +63,7 @@ class Listener:
             delay = min(delay * 2, RECONNECT_MAX_S)
 
     async def _listen_once(self) -> None:
-        conn = await asyncpg.connect(self._url, server_settings=SERVER_SETTINGS)
+        conn = await asyncpg.connect(self._url, server_settings=server_settings())
         lost = asyncio.Event()
         try:
             await init_connection(conn)

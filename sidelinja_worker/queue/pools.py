@@ -17,7 +17,8 @@ from sidelinja_worker.queue.db import create_pool
 # stopped, and no capped claim of any worker went through. A session ended this way costs a
 # live worker one retried statement; a stopped one's jobs come back by the lease rescue.
 # Handlers' and the command line's sessions are not bounded: a handler may hold a transaction
-# across a call to a service, `enqueue --file -` across what a person types.
+# across a call to a service, `enqueue --file -` across what a person types. A stopped worker's
+# sessions, these and its handlers', end when the rescue declares it dead (store.rescue).
 IDLE_IN_TRANSACTION_S = 5
 OWN_SESSIONS = {"idle_in_transaction_session_timeout": f"{IDLE_IN_TRANSACTION_S}s"}
 

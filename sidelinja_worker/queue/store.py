@@ -4,6 +4,7 @@ at run time (migrate.py runs the schema files)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -12,10 +13,12 @@ from uuid import UUID
 
 import asyncpg
 
-from sidelinja_worker.queue.db import Conn
+from sidelinja_worker.queue.db import DB_ERRORS, Conn
 from sidelinja_worker.queue.errors import UserError
 from sidelinja_worker.queue.jobs import ClaimedJob
 from sidelinja_worker.queue.queries import QUERIES as Q
+
+log = logging.getLogger("sidelinja_worker.rescue")
 
 # Every statement here but the enqueue (which runs in the caller's transaction) gives up after
 # this long: on a connection that died silently (a half-open TCP path: no reset, no answer)
@@ -309,7 +312,10 @@ async def register_worker(
     lease_s: float,
     version: str | None = None,
     concurrency: int | None = None,
+    sessions: str | None = None,
 ) -> None:
+    """`sessions`: the application_name of the worker's sessions (db.session_name), which the
+    rescue that declares it dead ends (None: none)."""
     await conn.execute(
         Q["register_worker"],
         worker_id,
@@ -319,6 +325,7 @@ async def register_worker(
         lease_s,
         version,
         concurrency,
+        sessions,
         timeout=STATEMENT_TIMEOUT_S,
     )
 
@@ -387,18 +394,37 @@ async def rescue(
     dead: set[UUID] | None = None,
     limit: int = GIVE_BACK_BATCH,
 ) -> list[UUID]:
-    """Deletes the rows of workers whose lease expired and puts back their running jobs and the
-    orphans', `limit` a statement, each statement bounded by `timeout_s`. `dead` carries the
-    reaped workers whose jobs are not all back yet from a rescue that failed halfway to the
-    next: their rows are gone, and only it knows them until their jobs count as orphans."""
+    """Deletes the rows of workers whose lease expired, ends their database sessions
+    (`end_sessions`), and puts back their running jobs and the orphans', `limit` a statement,
+    each statement bounded by `timeout_s`. `dead` carries the reaped workers whose jobs are
+    not all back yet from a rescue that failed halfway to the next: their rows are gone, and
+    only it knows them until their jobs count as orphans."""
     dead = set() if dead is None else dead
-    dead.update(r[0] for r in await conn.fetch(Q["reap_workers"], timeout=timeout_s))
+    reaped = await conn.fetch(Q["reap_workers"], timeout=timeout_s)
+    dead.update(r["id"] for r in reaped)
+    names = [r["sessions"] for r in reaped if r["sessions"]]
+    if names:
+        await _end_sessions(conn, names, reaped[0]["reaped_at"], timeout_s)
     workers = list(dead)
     rescued = await _in_batches(
         lambda: conn.fetch(Q["rescue"], orphan_after_s, workers, limit, timeout=timeout_s), limit
     )
     dead.clear()
     return rescued
+
+
+async def _end_sessions(conn: Conn, names: list[str], before: datetime, timeout_s: float) -> None:
+    """The reaped workers' sessions, ended and logged. The jobs' rescue goes on whatever
+    happens here: a refusal is logged, a lost connection raises as any statement's does."""
+    try:
+        ended = await conn.fetchval(Q["end_sessions"], names, before, timeout=timeout_s)
+    except asyncpg.PostgresError as exc:
+        if isinstance(exc, DB_ERRORS):
+            raise
+        log.warning("could not end the sessions of dead workers: %s", exc)
+        return
+    if ended:
+        log.warning("ended %d database sessions of dead workers (%s)", ended, ", ".join(names))
 
 
 async def _in_batches(

@@ -22,7 +22,7 @@ from sidelinja_worker.queue.analyze import analyze_loop
 from sidelinja_worker.queue.cancels import CancelNotices
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.context import Services, clean_text
-from sidelinja_worker.queue.db import DB_ERRORS
+from sidelinja_worker.queue.db import DB_ERRORS, session_name
 from sidelinja_worker.queue.errors import UserError
 from sidelinja_worker.queue.jobs import ClaimedJob
 from sidelinja_worker.queue.limits import LimitsCache, RateLimiter
@@ -539,6 +539,7 @@ class Worker:
                     self.settings.lease_s,
                     _version(),
                     self.settings.max_concurrent,
+                    session_name(),
                 )
                 break
             except DB_ERRORS as exc:

@@ -671,8 +671,9 @@ JOIN unnest($1::uuid[], $2::text[]) AS k(workspace_id, unique_key)
 WHERE j.status IN ('pending', 'retry', 'running', 'waiting');
 
 -- name: register_worker
-INSERT INTO job_workers (id, hostname, pid, job_types, expires_at, version, concurrency)
-VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5), $6, $7);
+INSERT INTO job_workers
+    (id, hostname, pid, job_types, expires_at, version, concurrency, sessions)
+VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5), $6, $7, $8);
 
 -- name: heartbeat
 -- Renews the lease of every job this worker runs in one row write, and says whether an
@@ -728,9 +729,32 @@ DELETE FROM job_workers WHERE id = $1;
 -- worker that is renewing is never touched: its row is only deleted once its expiry has
 -- passed, and the DELETE rechecks that against a concurrent heartbeat. A worker learns it was
 -- declared dead by its heartbeat finding no row, before any of its jobs can run elsewhere.
+-- Each comes back with its sessions' application_name and the reap's time, for `end_sessions`.
 DELETE FROM job_workers
 WHERE expires_at < now()
-RETURNING id;
+RETURNING id, sessions, now() AS reaped_at;
+
+-- name: end_sessions
+-- Ends the database sessions of the workers just reaped: those in this database named $1
+-- (their `sessions`) that opened before the reap ($2), so that a stopped or cut-off worker's
+-- open transactions let go of their locks now rather than when it wakes, and none it opens
+-- once it learns it was declared dead (a new id, the same name) is touched. Never this
+-- process's own sessions (a worker whose own lease ran out declares itself dead by its
+-- heartbeat), and only sessions this role may end (a member of their role, or of
+-- pg_signal_backend; a superuser's only by a superuser), so the statement never fails on
+-- permissions: a session it may not end is left. Each is waited for up to a second, so that
+-- the rescue that follows finds their row locks gone. Returns how many it ended.
+SELECT count(*) FILTER (WHERE pg_terminate_backend(a.pid, 1000))
+FROM pg_stat_activity a
+JOIN pg_roles r ON r.oid = a.usesysid
+WHERE a.application_name = ANY($1::text[])
+  AND a.backend_start < $2
+  AND a.datname = current_database()
+  AND a.pid <> pg_backend_pid()
+  AND a.application_name <> current_setting('application_name')
+  AND (pg_has_role(a.usesysid, 'MEMBER') OR pg_has_role('pg_signal_backend', 'MEMBER'))
+  AND (NOT r.rolsuper
+       OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user));
 
 -- name: rescue
 -- Puts back up to $3 running jobs of dead workers, each counted as an attempt: those of the
