@@ -22,7 +22,7 @@ from sidelinja_worker.queue import maintenance, store
 from sidelinja_worker.queue.backoff import DEFER_MAX_S, RETRY_MAX_S, clamp_s, defer_until
 from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.context import JobContext
-from sidelinja_worker.queue.db import RawJson
+from sidelinja_worker.queue.db import RawJson, init_connection
 from sidelinja_worker.queue.errors import Defer, RetryJob, UserError
 from sidelinja_worker.queue.executor import MAX_PAYLOAD_BYTES, MAX_RESULT_BYTES, timeout_for
 from sidelinja_worker.queue.jobs import ClaimedJob
@@ -585,3 +585,49 @@ async def test_a_flush_that_fails_across_a_discard_is_not_tried_under_the_next_w
         task.cancel()
     row = await pool.fetchrow("SELECT status::text, worker_id FROM job_queue WHERE id = $1", ids[0])
     assert (row["status"], row["worker_id"]) == ("running", new_id)
+
+
+@pytest.mark.parametrize("fault", ["lock_timeout", "read_only"])
+async def test_a_database_that_cannot_take_a_write_now_is_not_a_refused_value(
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    fault: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A lock timeout (a role's or database's `lock_timeout` while the web app holds the row)
+    and a server that takes no writes (a standby that a failover left the connection on) were
+    taken for values PostgreSQL refuses: the outcome was written row by row, then its job's
+    error, each refused again, and the result was dropped, the job left to the lease rescue to
+    run again. They are the database's state, not the outcome's: the writer tries again until
+    the write goes through, as when the database is away."""
+    worker_id, ids = await _claimed(pool, workspace, 1)
+    setting = {"lock_timeout": "100ms"} if fault == "lock_timeout" else {}
+    if fault == "read_only":
+        setting = {"default_transaction_read_only": "on"}
+    faulty = await asyncpg.create_pool(
+        db_url, min_size=1, max_size=1, init=init_connection, server_settings=setting
+    )
+    holder = await pool.acquire()
+    writer = OutcomeWriter(faulty, worker_id)
+    task = asyncio.create_task(writer.run())
+    try:
+        if fault == "lock_timeout":  # the web app's transaction holds the job's row
+            await holder.execute("BEGIN")
+            await holder.execute("SELECT FROM job_queue WHERE id = $1 FOR UPDATE", ids[0])
+        writer.completed(ids[0], RawJson(b'{"kept": true}'))
+        await wait_for(
+            lambda: sum(r.name == "sidelinja_worker.outcomes" for r in caplog.records) >= 2,
+            what="two writes fail",
+        )
+        if fault == "lock_timeout":
+            await holder.execute("COMMIT")
+        else:  # the failover is over: new connections reach the primary
+            writer.use_pool(pool)
+        assert await writer.drain(20)
+    finally:
+        task.cancel()
+        await pool.release(holder)
+        await faulty.close()
+    row = await pool.fetchrow("SELECT status::text, result FROM job_queue WHERE id = $1", ids[0])
+    assert (row["status"], row["result"]) == ("completed", {"kept": True})

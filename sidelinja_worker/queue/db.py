@@ -20,9 +20,13 @@ from sidelinja_worker.queue.errors import UserError
 # What runs a query: a connection, or a pool that lends one for the call.
 Conn: TypeAlias = asyncpg.Connection | asyncpg.Pool
 
-# What a lost, restarted or overloaded database looks like to asyncpg: worth retrying. A SQL
-# error (a bug) is not in here and stops the program loudly. InternalClientError shows up when a
-# connection is cut in the middle of a protocol exchange.
+# What a lost, restarted, overloaded or momentarily unwritable database looks like to asyncpg:
+# worth retrying. A SQL error (a bug) is not in here and stops the program loudly; nor is a
+# value PostgreSQL refuses (outcomes.refused_value). InternalClientError shows up when a
+# connection is cut in the middle of a protocol exchange. A server that takes no writes (a
+# standby a failover left the connection on), a lock wait past a role's `lock_timeout`, a
+# snapshot too old and an I/O error on the server are the database's state, not the
+# statement's: taken for refused values, they ended good jobs in `error`.
 DB_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
@@ -32,6 +36,10 @@ DB_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.InsufficientResourcesError,
     asyncpg.exceptions.TransactionRollbackError,
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
+    asyncpg.exceptions.LockNotAvailableError,
+    asyncpg.exceptions.SnapshotTooOldError,
+    asyncpg.exceptions.PostgresIOError,
 )
 
 _session: tuple[int, str] | None = None
