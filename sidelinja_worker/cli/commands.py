@@ -35,6 +35,7 @@ from sidelinja_worker.queue.db import (
 from sidelinja_worker.queue.errors import UserError
 from sidelinja_worker.queue.escapes import printable, printable_json
 from sidelinja_worker.queue.ids import uuid7s
+from sidelinja_worker.queue.pools import WORKER_SESSIONS
 from sidelinja_worker.queue.why import explain
 from sidelinja_worker.queue.worker import EXIT_WORKER_DIED, Worker, WorkerDied
 
@@ -160,7 +161,7 @@ async def say_held(pool: asyncpg.Pool, unique_key: str, holder: UUID) -> None:
 
 async def cmd_run(args: argparse.Namespace) -> int:
     settings = args.settings.worker_settings(tuple(REGISTRY))  # bad flags fail before the database
-    async with opened(args, pool_size=5) as (db, pool):
+    async with opened(args, pool_size=5, settings=WORKER_SESSIONS) as (db, pool):
         config = args.settings.service_config()
         worker = Worker(pool, db.url, REGISTRY, settings, config)
         install_stop_signals(worker)

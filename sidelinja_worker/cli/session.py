@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
@@ -29,9 +29,14 @@ START_ATTEMPTS = 4  # a connection lost while starting is tried again, ~0.7 s in
 
 @asynccontextmanager
 async def opened(
-    args: argparse.Namespace, *, pool_size: int = 2, must_be_migrated: bool = True
+    args: argparse.Namespace,
+    *,
+    pool_size: int = 2,
+    must_be_migrated: bool = True,
+    settings: Mapping[str, str] | None = None,
 ) -> AsyncIterator[tuple[Database, asyncpg.Pool]]:
-    """The database named by the settings, announced in one line, migrated if embedded."""
+    """The database named by the settings, announced in one line, migrated if embedded; its
+    pool's sessions with the server `settings`."""
     db = resolve_database(args.settings.database, args.settings.data_dir)
     say(f"sidelinja-worker: {db.describe()}")
     for attempt in range(START_ATTEMPTS):
@@ -51,7 +56,7 @@ async def opened(
                 await conn.close()
             except DB_ERRORS:
                 conn.terminate()
-    pool = await create_pool(db.url, max_size=pool_size)
+    pool = await create_pool(db.url, max_size=pool_size, settings=settings)
     try:
         yield db, pool
     finally:

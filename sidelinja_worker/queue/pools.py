@@ -20,7 +20,17 @@ from sidelinja_worker.queue.db import create_pool
 # across a call to a service, `enqueue --file -` across what a person types. A stopped worker's
 # sessions, these and its handlers', end when the rescue declares it dead (store.rescue).
 IDLE_IN_TRANSACTION_S = 5
-OWN_SESSIONS = {"idle_in_transaction_session_timeout": f"{IDLE_IN_TRANSACTION_S}s"}
+# The engine bounds each of its statements itself (store.STATEMENT_TIMEOUT_S, doubled for one
+# that timed out, up to store.STATEMENT_TIMEOUT_MAX_S) and handlers' by their jobs' timeouts,
+# so a statement_timeout set on the role or the database is lifted on every session of `run`.
+# Shorter than an outcome that settles a big graph's children, it failed that statement at
+# every try, however long the engine allowed: every outcome buffered behind it waited for
+# ever, and the heartbeat kept their jobs from the rescue.
+WORKER_SESSIONS = {"statement_timeout": "0"}
+OWN_SESSIONS = {
+    **WORKER_SESSIONS,
+    "idle_in_transaction_session_timeout": f"{IDLE_IN_TRANSACTION_S}s",
+}
 
 
 async def open_claim_pool(url: str, job_types: Sequence[str]) -> asyncpg.Pool:
