@@ -15,6 +15,7 @@ import asyncpg
 import pytest
 
 from sidelinja_worker.queue import store
+from sidelinja_worker.queue.jobs import ClaimedJob
 from sidelinja_worker.queue.pools import open_claim_pool
 from sidelinja_worker.queue.queries import QUERIES
 from tests.helpers import insert_jobs, run_burst, running_worker, spawn, statuses, wait_for
@@ -311,3 +312,35 @@ async def test_a_worker_declared_dead_loses_its_sessions_and_the_locks_they_held
         claiming.terminate()
         handler.terminate()
         await proxy.close()
+
+
+async def test_jobs_claimed_but_not_started_when_declared_dead_leave_the_claims_going(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """A worker stopped right after a claim's answer arrived, before its slots took the jobs:
+    when it wakes, its lease has lapsed, so its slots start none of them, and its claim loop,
+    with every slot spoken for by the jobs held, waits for a slot to free. Declared dead, it
+    drops the held jobs (they run elsewhere) and comes back as a new worker; the claim loop
+    went on waiting for a slot that no job would ever free, and the worker claimed nothing
+    again while it lived (seen once in ten runs of the stopped-worker test above). Here the
+    state is set up by hand: held jobs, a lapsed lease, then the heartbeat's finding."""
+    async with running_worker(
+        pool, db_url, max_concurrent=2, lease_s=30, poll_interval_s=0.05
+    ) as worker:
+        await wait_for(lambda: pool.fetchval("SELECT count(*) = 1 FROM job_workers"))
+        worker._lease_deadline = 0.0  # the lease lapsed while the process was stopped
+        worker._ready.extend(
+            ClaimedJob(uuid4(), workspace, "noop", {}, 0, 1, 3, None) for _ in range(2)
+        )
+        worker._slot_freed.set()
+        worker.wake()
+        await wait_for(
+            lambda: not worker._slot_freed.is_set(), what="the claim loop waits for a slot"
+        )
+        await worker._declared_dead()
+        await insert_jobs(pool, workspace, 3, job_type_name="noop")
+        await wait_for(
+            lambda: pool.fetchval("SELECT count(*) = 3 FROM job_queue WHERE status = 'completed'"),
+            timeout_s=10,
+            what="the worker that came back claims and runs new jobs",
+        )

@@ -338,8 +338,12 @@ class Worker:
                 + self._prefetch()
             )
             if want <= 0:
+                # Until a slot frees (a job ends, held jobs are dropped): every path that
+                # frees one sets the event. The poll interval bounds the wait all the same:
+                # a path that forgot to left the worker claiming nothing for the rest of
+                # its life.
                 self._slot_freed.clear()
-                await self._wait_for(self._slot_freed)
+                await self._wait_for(self._slot_freed, self.settings.poll_interval_s)
                 continue
             if loop.time() >= self._lease_deadline or self.draining:  # start nothing new
                 await self._wait_for(self._stop, self.settings.poll_interval_s)
@@ -669,6 +673,7 @@ class Worker:
         self.id = uuid4()
         self._writer.worker_id = self.id
         await self._register()
+        self._slot_freed.set()  # the held jobs dropped above freed their slots
 
     def _on_cancel_notice(self, job_id: UUID) -> None:
         self._cancel_notices.notice(job_id)
@@ -688,6 +693,7 @@ class Worker:
         if held is not None:  # claimed ahead, never started: just record the cancel
             self._ready.remove(held)
             self._writer.cancelled(job_id)
+            self._slot_freed.set()
             return
         task = self._running.get(job_id)
         if task is not None and job_id not in self._cancel_reasons:
