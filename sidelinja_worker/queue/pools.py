@@ -25,8 +25,12 @@ IDLE_IN_TRANSACTION_S = 5
 # so a statement_timeout set on the role or the database is lifted on every session of `run`.
 # Shorter than an outcome that settles a big graph's children, it failed that statement at
 # every try, however long the engine allowed: every outcome buffered behind it waited for
-# ever, and the heartbeat kept their jobs from the rescue.
-WORKER_SESSIONS = {"statement_timeout": "0"}
+# ever, and the heartbeat kept their jobs from the rescue. The engine's statements are written
+# for READ COMMITTED (a claim's SKIP LOCKED, an outcome's recheck of a row another transaction
+# changed), so they keep it whatever the role's or the database's default: under SERIALIZABLE,
+# claims and outcome writes failed and were retried by the dozen per thousand jobs. A handler
+# wanting more sets it for its own transaction.
+WORKER_SESSIONS = {"statement_timeout": "0", "default_transaction_isolation": "read committed"}
 OWN_SESSIONS = {
     **WORKER_SESSIONS,
     "idle_in_transaction_session_timeout": f"{IDLE_IN_TRANSACTION_S}s",
