@@ -631,30 +631,3 @@ async def test_a_database_that_cannot_take_a_write_now_is_not_a_refused_value(
         await faulty.close()
     row = await pool.fetchrow("SELECT status::text, result FROM job_queue WHERE id = $1", ids[0])
     assert (row["status"], row["result"]) == ("completed", {"kept": True})
-
-
-async def test_a_statement_timeout_of_the_database_s_does_not_hold_outcomes_for_ever(
-    pool: asyncpg.Pool, db_url: str, workspace: UUID
-) -> None:
-    """A statement_timeout set on the database (or the role), shorter than one completion (here
-    a trigger makes it take 0.4 s; a parent settling a big graph's children takes seconds),
-    cancelled that completion at every try however long the worker allowed it, and every
-    outcome buffered with it waited for ever: the burst never ended. The worker's own sessions
-    run without it; the engine bounds its statements itself."""
-    await pool.execute(
-        "CREATE FUNCTION test_slow_completion() RETURNS trigger LANGUAGE plpgsql AS"
-        " $$ BEGIN PERFORM pg_sleep(0.4); RETURN NULL; END $$;"
-        " CREATE TRIGGER test_slow_completion AFTER UPDATE ON job_queue FOR EACH ROW"
-        " WHEN (NEW.status = 'completed' AND NEW.payload ? 'slow')"
-        " EXECUTE FUNCTION test_slow_completion()"
-    )
-    await pool.execute(
-        "INSERT INTO job_queue (workspace_id, job_type, payload)"
-        " SELECT $1, 'noop', CASE WHEN g = 1 THEN '{\"slow\": 1}' ELSE '{}' END::jsonb"
-        " FROM generate_series(1, 20) g",
-        workspace,
-    )
-    database = await pool.fetchval("SELECT current_database()")
-    await pool.execute(f'ALTER DATABASE "{database}" SET statement_timeout = 200')
-    await asyncio.wait_for(run_burst(pool, db_url, max_concurrent=5), 20)
-    assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE status = 'completed'") == 20
