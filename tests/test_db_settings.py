@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from uuid import UUID
 
 import asyncpg
 import pytest
 
-from tests.helpers import insert_jobs, run_burst, statuses
+from tests.helpers import insert_jobs, run_burst, spawn, statuses, wait_for
 
 
 @pytest.mark.parametrize("isolation", ["serializable", "repeatable read"])
@@ -61,3 +62,33 @@ async def test_a_statement_timeout_of_the_database_s_does_not_hold_outcomes_for_
     await pool.execute(f'ALTER DATABASE "{database}" SET statement_timeout = 200')
     await asyncio.wait_for(run_burst(pool, db_url, max_concurrent=5), 20)
     assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE status = 'completed'") == 20
+
+
+async def test_an_idle_session_timeout_does_not_end_the_worker_s_idle_connections(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """A worker's connections idle by design: the LISTEN connection between notifications, the
+    claim pool's floor between jobs. With the database's idle_session_timeout at 0.5 s, the
+    server ended them every half second: a warning, a reconnect and a slow pickup each time.
+    Here every session of an idle worker must outlive that, and jobs still run."""
+    database = await pool.fetchval("SELECT current_database()")
+    await pool.execute(f'ALTER DATABASE "{database}" SET idle_session_timeout = 500')
+    worker = spawn("run", "--poll-interval", "100ms", url=db_url)
+    async with pool.acquire() as conn:  # opened before: the timeout is not its own
+        await wait_for(
+            lambda: conn.fetchval(
+                "SELECT count(*) >= 3 FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name LIKE 'sidelinja-worker %'"
+                " AND state = 'idle' AND state_change < now() - interval '1.5 s'"
+            ),
+            what="the worker's sessions idle for three times the timeout",
+        )
+        await insert_jobs(pool, workspace, 5, job_type_name="noop")
+        await wait_for(
+            lambda: conn.fetchval("SELECT count(*) = 5 FROM job_queue WHERE status = 'completed'"),
+            what="the jobs run",
+        )
+    worker.send_signal(signal.SIGTERM)
+    _, err = await asyncio.to_thread(worker.communicate, 60)
+    assert worker.returncode == 0, err[-2000:]
+    assert "lost" not in err and "failed" not in err, err[-2000:]

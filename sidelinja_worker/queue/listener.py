@@ -27,6 +27,9 @@ CANCEL_CHANNEL = "sidelinja_job_cancel"
 LIMITS_CHANNEL = "sidelinja_limits_changed"
 HEALTH_TIMEOUT_S = 5.0
 RECONNECT_MAX_S = 10.0
+# The connection idles between notifications by design: a role's or database's
+# idle_session_timeout would end it every few seconds (see pools.WORKER_SESSIONS).
+LISTEN_SESSION = {"idle_session_timeout": "0"}
 
 
 class Listener:
@@ -63,7 +66,9 @@ class Listener:
             delay = min(delay * 2, RECONNECT_MAX_S)
 
     async def _listen_once(self) -> None:
-        conn = await asyncpg.connect(self._url, server_settings=server_settings())
+        conn = await asyncpg.connect(
+            self._url, server_settings={**server_settings(), **LISTEN_SESSION}
+        )
         lost = asyncio.Event()
         try:
             await init_connection(conn)

@@ -29,8 +29,15 @@ IDLE_IN_TRANSACTION_S = 5
 # for READ COMMITTED (a claim's SKIP LOCKED, an outcome's recheck of a row another transaction
 # changed), so they keep it whatever the role's or the database's default: under SERIALIZABLE,
 # claims and outcome writes failed and were retried by the dozen per thousand jobs. A handler
-# wanting more sets it for its own transaction.
-WORKER_SESSIONS = {"statement_timeout": "0", "default_transaction_isolation": "read committed"}
+# wanting more sets it for its own transaction. The worker's connections idle by design (the
+# LISTEN connection between notifications, the claim pool's floor between jobs, kept open so a
+# pickup pays no connect), so an `idle_session_timeout` is lifted too: the server ended them
+# every few seconds, and each end cost a warning, a reconnect and a slow pickup.
+WORKER_SESSIONS = {
+    "statement_timeout": "0",
+    "idle_session_timeout": "0",
+    "default_transaction_isolation": "read committed",
+}
 OWN_SESSIONS = {
     **WORKER_SESSIONS,
     "idle_in_transaction_session_timeout": f"{IDLE_IN_TRANSACTION_S}s",
