@@ -219,13 +219,13 @@ class OutcomeWriter:
         write: Callable[[asyncpg.Connection, UUID, list[T]], Awaitable[None]],
         job_id: Callable[[T], UUID],
     ) -> None:
-        """Writes `batch` in one statement, as worker `owner`; if PostgreSQL refuses it for its values (a NUL in
-        text, `\\u0000` in JSON, a number out of range, a value too big), or a job's follow-up
-        could not be enqueued (its unique key unresolved), writes it row by row, and each row
-        refused again ends its job in `error` saying what was wrong with its outcome, or, for
-        the follow-up, fails its attempt (the holders' race may be over at the next). So one
-        bad outcome never holds up the others, nor stops this writer. A lost connection is not
-        a bad value: it raises, and the whole flush is tried again."""
+        """Writes `batch` in one statement, as worker `owner`; if PostgreSQL refuses it for its
+        values (a NUL in text, `\\u0000` in JSON, a number out of range, a value too big), or a
+        job's follow-up could not be enqueued (its unique key unresolved), writes it row by
+        row, and each row refused again ends its job in `error` saying what was wrong with its
+        outcome, or, for the follow-up, fails its attempt (the holders' race may be over at
+        the next). So one bad outcome never holds up the others, nor stops this writer. A lost
+        connection is not a bad value: it raises, and the whole flush is tried again."""
         try:
             await write(conn, owner, batch)
             return

@@ -20,22 +20,22 @@ from sidelinja_worker.queue.db import create_pool
 # across a call to a service, `enqueue --file -` across what a person types. A stopped worker's
 # sessions, these and its handlers', end when the rescue declares it dead (store.rescue).
 IDLE_IN_TRANSACTION_S = 5
-# The engine bounds each of its statements itself (store.STATEMENT_TIMEOUT_S, doubled for one
-# that timed out, up to store.STATEMENT_TIMEOUT_MAX_S) and handlers' by their jobs' timeouts,
-# so a statement_timeout set on the role or the database is lifted on every session of `run`.
-# Shorter than an outcome that settles a big graph's children, it failed that statement at
-# every try, however long the engine allowed: every outcome buffered behind it waited for
-# ever, and the heartbeat kept their jobs from the rescue. The engine's statements are written
-# for READ COMMITTED (a claim's SKIP LOCKED, an outcome's recheck of a row another transaction
-# changed), so they keep it whatever the role's or the database's default: under SERIALIZABLE,
-# claims and outcome writes failed and were retried by the dozen per thousand jobs. A handler
-# wanting more sets it for its own transaction. The worker's connections idle by design (the
-# LISTEN connection between notifications, the claim pool's floor between jobs, kept open so a
-# pickup pays no connect), so an `idle_session_timeout` is lifted too: the server ended them
-# every few seconds, and each end cost a warning, a reconnect and a slow pickup.
+# Every session of `run`, whatever the role's or the database's defaults.
 WORKER_SESSIONS = {
+    # The engine bounds each of its statements itself (store.STATEMENT_TIMEOUT_S, doubled for
+    # one that timed out, up to store.STATEMENT_TIMEOUT_MAX_S), handlers by their jobs'
+    # timeouts. A server-side timeout shorter than an outcome that settles a big graph's
+    # children failed that statement at every try: every outcome buffered behind it waited for
+    # ever, and the heartbeat kept their jobs from the rescue.
     "statement_timeout": "0",
+    # The connections idle by design (the LISTEN connection between notifications, the claim
+    # pool's floor between jobs, kept open so that a pickup pays no connect): the server ended
+    # them every few seconds, each end a warning, a reconnect and a slow pickup.
     "idle_session_timeout": "0",
+    # The engine's statements are written for it (a claim's SKIP LOCKED, an outcome's recheck
+    # of a row another transaction changed): under SERIALIZABLE, claims and outcome writes
+    # failed and were retried by the dozen per thousand jobs. A handler wanting more sets it
+    # for its own transaction.
     "default_transaction_isolation": "read committed",
 }
 OWN_SESSIONS = {
