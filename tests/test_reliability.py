@@ -29,6 +29,7 @@ from tests.helpers import (
     job_type,
     kill_worker_connections,
     metrics_text,
+    run_burst,
     running_worker,
     spawn,
     statuses,
@@ -403,3 +404,34 @@ async def test_a_connection_lost_while_a_pool_prepares_is_a_user_error(db_url: s
 
     with pytest.raises(UserError, match="cannot switch to state 12"):
         await create_pool(db_url, min_size=1, max_size=1, prepare=lost)
+
+
+async def test_a_handler_that_asks_the_process_to_exit_fails_its_job_not_the_worker(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """A handler (or a library it calls: a command-line tool's main, an argument parser) that
+    raises SystemExit or KeyboardInterrupt went past the executor's handling of exceptions
+    and out of the event loop: the whole worker stopped, its other jobs left to the lease
+    rescue, and with SystemExit(0) it exited 0, which a process manager takes for a clean
+    stop and does not restart. The attempt fails (transient) like any other handler fault."""
+
+    async def exits(ctx: JobContext, payload: Any) -> None:
+        if payload.kind == "exit":
+            raise SystemExit(0)
+        raise KeyboardInterrupt
+
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, max_attempts)"
+        " SELECT $1, 'exits', jsonb_build_object('kind', k), 1"
+        " FROM unnest(ARRAY['exit', 'interrupt', 'exit']) k",
+        workspace,
+    )
+    await asyncio.wait_for(
+        run_burst(pool, db_url, Registry([job_type("exits", exits)]), max_concurrent=2), 30
+    )
+    rows = await pool.fetch("SELECT status::text, error_msg FROM job_queue ORDER BY error_msg")
+    assert [(r[0], r[1]) for r in rows] == [
+        ("error", "KeyboardInterrupt: "),
+        ("error", "SystemExit: 0"),
+        ("error", "SystemExit: 0"),
+    ]

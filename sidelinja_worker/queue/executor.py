@@ -142,7 +142,12 @@ async def execute(
         # shutdown past the grace period: back to the queue, not a failed attempt
         writer.released(Release(job.id, None))
         return "released", None
-    except Exception as exc:  # a handler bug or an unclassified fault: transient, retried
+    # A handler bug or an unclassified fault: transient, retried. SystemExit and
+    # KeyboardInterrupt too: raised by a handler (or a library's command-line entry point it
+    # calls), they went out of the event loop and stopped the worker, with SystemExit(0) at
+    # exit code 0, which a process manager takes for a clean stop. The worker's own stop
+    # signals never raise them: they are handled on the loop (cli.commands).
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:
         log.warning(
             "job %s (%s) raised %s", job.id, job.job_type, type(exc).__name__, exc_info=True
         )
