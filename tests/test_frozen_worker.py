@@ -344,3 +344,24 @@ async def test_jobs_claimed_but_not_started_when_declared_dead_leave_the_claims_
             timeout_s=10,
             what="the worker that came back claims and runs new jobs",
         )
+
+
+async def test_the_rescue_ends_no_session_but_a_worker_s(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """`job_workers.sessions` is a name any writer of that table may set: a dead worker's row
+    naming the admin view's sessions (or the web app's) must not make the rescue end them."""
+    bystander = await asyncpg.connect(
+        db_url, server_settings={"application_name": "sidelinja-admin"}
+    )
+    try:
+        await pool.execute(
+            "INSERT INTO job_workers (id, hostname, pid, expires_at, sessions)"
+            " VALUES ($1, 'elsewhere', 1, now() - interval '1 minute', 'sidelinja-admin')",
+            uuid4(),
+        )
+        await store.rescue(pool, 60)
+        assert await pool.fetchval("SELECT count(*) FROM job_workers") == 0
+        assert await bystander.fetchval("SELECT 1") == 1
+    finally:
+        bystander.terminate()

@@ -740,7 +740,8 @@ RETURNING id, sessions, now() AS reaped_at;
 -- open transactions let go of their locks now rather than when it wakes, and none it opens
 -- once it learns it was declared dead (a new id, the same name) is touched. Never this
 -- process's own sessions (a worker whose own lease ran out declares itself dead by its
--- heartbeat), and only sessions this role may end (a member of their role, or of
+-- heartbeat), never a session not named as a worker's (a row written by hand naming the
+-- admin view's or the web app's sessions), and only sessions this role may end (a member of their role, or of
 -- pg_signal_backend; a superuser's only by a superuser), so the statement never fails on
 -- permissions: a session it may not end is left. Each is waited for up to a second, so that
 -- the rescue that follows finds their row locks gone. Returns how many it ended.
@@ -748,6 +749,7 @@ SELECT count(*) FILTER (WHERE pg_terminate_backend(a.pid, 1000))
 FROM pg_stat_activity a
 JOIN pg_roles r ON r.oid = a.usesysid
 WHERE a.application_name = ANY($1::text[])
+  AND a.application_name LIKE 'sidelinja-worker %'
   AND a.backend_start < $2
   AND a.datname = current_database()
   AND a.pid <> pg_backend_pid()
