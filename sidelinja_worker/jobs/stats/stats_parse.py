@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import os
 import pickle
 import sys
 import tempfile
@@ -250,6 +251,7 @@ async def parse_in_child(
         sys.executable,
         "-m",
         "sidelinja_worker.jobs.stats.child",
+        str(os.getpid()),  # it ends once this process is gone (child.exit_with_parent)
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
