@@ -213,7 +213,7 @@ class Settings(BaseSettings):
     no_listen: Flag = _field(
         False,
         "SIDELINJA_NO_LISTEN",
-        "poll only, no LISTEN (for PgBouncer in transaction mode)",
+        "poll only, no LISTEN (for a pooler that does not keep a session)",
         "off",
     )
     max_timeout: Duration = _field(
