@@ -19,6 +19,7 @@ from sidelinja_worker.queue.db import (
     redact,
     server_settings,
 )
+from sidelinja_worker.queue.pools import WORKER_SESSIONS
 
 log = logging.getLogger("sidelinja_worker.listener")
 
@@ -27,9 +28,6 @@ CANCEL_CHANNEL = "sidelinja_job_cancel"
 LIMITS_CHANNEL = "sidelinja_limits_changed"
 HEALTH_TIMEOUT_S = 5.0
 RECONNECT_MAX_S = 10.0
-# The connection idles between notifications by design: a role's or database's
-# idle_session_timeout would end it every few seconds (see pools.WORKER_SESSIONS).
-LISTEN_SESSION = {"idle_session_timeout": "0"}
 
 
 class Listener:
@@ -67,7 +65,7 @@ class Listener:
 
     async def _listen_once(self) -> None:
         conn = await asyncpg.connect(
-            self._url, server_settings={**server_settings(), **LISTEN_SESSION}
+            self._url, server_settings={**server_settings(), **WORKER_SESSIONS}
         )
         lost = asyncio.Event()
         try:

@@ -1,7 +1,7 @@
-"""`python -m sidelinja_worker.jobs.stats.child PARENT_PID`: one parse in its own process, so the worker's event
-loop and its other jobs never wait on the CPU-bound part. Pickled (tasks, rules, spill folder,
-spill threshold) in on stdin,
-a pickled ParseResult (or ("error", message)) out on stdout."""
+"""`python -m sidelinja_worker.jobs.stats.child PARENT_PID`: one parse in its own process, so
+the worker's event loop and its other jobs never wait on the CPU-bound part. Pickled (tasks,
+rules, spill folder, spill threshold) in on stdin, a pickled ParseResult (or ("error",
+message)) out on stdout."""
 
 from __future__ import annotations
 

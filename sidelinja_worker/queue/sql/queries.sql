@@ -741,10 +741,10 @@ RETURNING id, sessions, now() AS reaped_at;
 -- once it learns it was declared dead (a new id, the same name) is touched. Never this
 -- process's own sessions (a worker whose own lease ran out declares itself dead by its
 -- heartbeat), never a session not named as a worker's (a row written by hand naming the
--- admin view's or the web app's sessions), and only sessions this role may end (a member of their role, or of
--- pg_signal_backend; a superuser's only by a superuser), so the statement never fails on
--- permissions: a session it may not end is left. Each is waited for up to a second, so that
--- the rescue that follows finds their row locks gone. Returns how many it ended.
+-- admin view's or the web app's sessions), and only sessions this role may end (a member of
+-- their role, or of pg_signal_backend; a superuser's only by a superuser), so the statement
+-- never fails on permissions: a session it may not end is left. Each is waited for up to a
+-- second, so that the rescue that follows finds their row locks gone. Returns how many.
 SELECT count(*) FILTER (WHERE pg_terminate_backend(a.pid, 1000))
 FROM pg_stat_activity a
 JOIN pg_roles r ON r.oid = a.usesysid
@@ -755,8 +755,7 @@ WHERE a.application_name = ANY($1::text[])
   AND a.pid <> pg_backend_pid()
   AND a.application_name <> current_setting('application_name')
   AND (pg_has_role(a.usesysid, 'MEMBER') OR pg_has_role('pg_signal_backend', 'MEMBER'))
-  AND (NOT r.rolsuper
-       OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user));
+  AND (NOT r.rolsuper OR current_setting('is_superuser') = 'on');
 
 -- name: rescue
 -- Puts back up to $3 running jobs of dead workers, each counted as an attempt: those of the
