@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime, timedelta
 
+from sidelinja_worker.queue import clock
+
 BASE_S = 30.0
 MAX_S = 6 * 3600.0  # so a job with max_attempts=30 does not wait for years
 # A retry is never scheduled further out than this, whatever a service or a handler asks for.
@@ -42,8 +44,9 @@ def retry_delay_s(after_s: object, attempt: int) -> float:
 
 def defer_until(after_s: object, until: object, now: datetime | None = None) -> datetime:
     """When a deferred job is due again: `until` (an aware datetime) or now + `after_s`, never
-    past now + DEFER_MAX_S; anything unreadable means "now"."""
-    now = now or datetime.now(UTC)
+    past now + DEFER_MAX_S; anything unreadable means "now". "Now" is the database's
+    (clock.py): the due time is compared with its `now()`, not this machine's."""
+    now = now or clock.now()
     latest = now + timedelta(seconds=DEFER_MAX_S)
     if isinstance(until, datetime):
         aware = until if until.tzinfo is not None else until.replace(tzinfo=UTC)

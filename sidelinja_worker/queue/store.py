@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -13,6 +14,7 @@ from uuid import UUID
 
 import asyncpg
 
+from sidelinja_worker.queue import clock
 from sidelinja_worker.queue.db import DB_ERRORS, Conn
 from sidelinja_worker.queue.errors import UserError
 from sidelinja_worker.queue.jobs import ClaimedJob
@@ -315,8 +317,9 @@ async def register_worker(
     sessions: str | None = None,
 ) -> None:
     """`sessions`: the application_name of the worker's sessions (db.session_name), which the
-    rescue that declares it dead ends (None: none)."""
-    await conn.execute(
+    rescue that declares it dead ends (None: none). Reads the database's clock (clock.py)."""
+    sent_s = time.time()
+    db_now = await conn.fetchval(
         Q["register_worker"],
         worker_id,
         hostname,
@@ -328,12 +331,18 @@ async def register_worker(
         sessions,
         timeout=STATEMENT_TIMEOUT_S,
     )
+    clock.observe(db_now, sent_s, time.time())
 
 
 async def heartbeat(conn: Conn, worker_id: UUID, lease_s: float) -> bool | None:
     """Renews the lease; None if this worker was declared dead meanwhile, else whether an
-    operator asked it to drain."""
-    return await conn.fetchval(Q["heartbeat"], worker_id, lease_s, timeout=STATEMENT_TIMEOUT_S)
+    operator asked it to drain. Reads the database's clock (clock.py)."""
+    sent_s = time.time()
+    row = await conn.fetchrow(Q["heartbeat"], worker_id, lease_s, timeout=STATEMENT_TIMEOUT_S)
+    if row is None:
+        return None
+    clock.observe(row[1], sent_s, time.time())
+    return bool(row[0])
 
 
 async def cancel_requests(conn: Conn, worker_id: UUID, job_ids: Collection[UUID]) -> set[UUID]:

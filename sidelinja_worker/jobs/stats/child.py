@@ -36,9 +36,9 @@ def exit_with_parent(parent: int) -> None:
 
 def main() -> None:
     exit_with_parent(int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid())
-    tasks, rules, spill_dir, spill_at = pickle.load(sys.stdin.buffer)
+    tasks, rules, spill_dir, spill_at, last_day = pickle.load(sys.stdin.buffer)
     try:
-        result: object = parse_files(tasks, rules, spill_dir, spill_at)
+        result: object = parse_files(tasks, rules, spill_dir, spill_at, last_day)
     except Exception as exc:  # damaged files are handled inside; this is the same on a retry
         result = ("error", utf8_text(f"{type(exc).__name__}: {exc}"))
     pickle.dump(result, sys.stdout.buffer, protocol=pickle.HIGHEST_PROTOCOL)

@@ -113,11 +113,15 @@ def parse_files(
     rules: EpisodeRules,
     spill_dir: Path | None = None,
     spill_at: int | None = None,
+    last_day: int | None = None,
 ) -> ParseResult:
     """Reads every task's new lines into one tally. Pure apart from reading the files (and,
     past `spill_at` listeners in memory, writing sorted runs into `spill_dir`, merged at the
-    end into `spill_dir/listeners`)."""
+    end into `spill_dir/listeners`). `last_day`: the last day a download can have (days since
+    the epoch; None: tomorrow by this machine's clock)."""
     tally = Tally(rules, spill_at=spill_at, spill_dir=spill_dir)
+    if last_day is not None:
+        tally.last_day = last_day
     done: list[FileDone] = []
     errors: list[str] = []
     # The tally only grows (no reference cycles), and the collector's repeated scans of its

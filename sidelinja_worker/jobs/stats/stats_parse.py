@@ -35,13 +35,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sidelinja_worker.jobs.media_paths import workspace_media_root
 from sidelinja_worker.jobs.silos import UnsafeFile
 from sidelinja_worker.jobs.stats import store as stats_store
-from sidelinja_worker.jobs.stats.counting import AUDIO_EXTENSIONS, EpisodeRules
+from sidelinja_worker.jobs.stats.counting import AUDIO_EXTENSIONS, DAY_S, EpisodeRules
 from sidelinja_worker.jobs.stats.geo import country_lookup
 from sidelinja_worker.jobs.stats.logfiles import LogFile, discover, fingerprint, utf8_text
 from sidelinja_worker.jobs.stats.media import threshold_bytes
 from sidelinja_worker.jobs.stats.parse import FileTask, ParseResult
 from sidelinja_worker.jobs.stats.spill import MAX_LISTENER_BYTES, Record
 from sidelinja_worker.jobs.stats.store import FileSave, ListenRow
+from sidelinja_worker.queue import clock
 from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.durations import parse_duration_s
@@ -183,7 +184,7 @@ async def _parse_and_commit(
                     _row_batches(result, salts, country),
                     days,
                     thresholds,
-                    datetime.now(UTC).date(),
+                    clock.now().date(),
                 )
         if added is not None:
             return {
@@ -258,7 +259,11 @@ async def parse_in_child(
     )
     try:
         spill_at = SPILL_LISTENERS if spill_dir is not None else None
-        out, err = await proc.communicate(pickle.dumps((tasks, rules, spill_dir, spill_at)))
+        # Tomorrow by the database's clock, for logs written by clocks a little ahead.
+        last_day = int(clock.time() // DAY_S) + 1
+        out, err = await proc.communicate(
+            pickle.dumps((tasks, rules, spill_dir, spill_at, last_day))
+        )
     finally:
         if proc.returncode is None:
             proc.kill()
@@ -335,7 +340,7 @@ def _schedule_next(ctx: JobContext, payload: StatsParsePayload, interval_s: floa
     """Enqueues the next run at the next interval boundary, under a key naming the workspace,
     the logs and that time: every run that ends in the same interval schedules the same job,
     and the unique index keeps one."""
-    now_s = datetime.now(UTC).timestamp()
+    now_s = clock.time()  # the database's: it runs the job when its own clock gets there
     next_time = datetime.fromtimestamp((now_s // interval_s + 1) * interval_s, UTC)
     logs_id = hashlib.sha256(payload.logs.encode()).hexdigest()[:12]
     ctx.enqueue_on_success(

@@ -671,19 +671,21 @@ JOIN unnest($1::uuid[], $2::text[]) AS k(workspace_id, unique_key)
 WHERE j.status IN ('pending', 'retry', 'running', 'waiting');
 
 -- name: register_worker
+-- Returns the database's clock, which the worker keeps its own times on (clock.py).
 INSERT INTO job_workers
     (id, hostname, pid, job_types, expires_at, version, concurrency, sessions)
-VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5), $6, $7, $8);
+VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5), $6, $7, $8)
+RETURNING now();
 
 -- name: heartbeat
 -- Renews the lease of every job this worker runs in one row write, and says whether an
--- operator asked it to drain. No row back means another worker declared this one dead and
--- rescued its jobs.
+-- operator asked it to drain, and reads the database's clock (clock.py). No row back means
+-- another worker declared this one dead and rescued its jobs.
 UPDATE job_workers
 SET expires_at = now() + make_interval(secs => $2),
     last_heartbeat_at = now()
 WHERE id = $1
-RETURNING drain_requested_at IS NOT NULL AS drain;
+RETURNING drain_requested_at IS NOT NULL AS drain, now() AS at;
 
 -- name: cancel_requests
 -- Which of the jobs $2, which this worker runs, their rows ask to cancel (the fallback for a
