@@ -8,6 +8,7 @@ from uuid import UUID
 import asyncpg
 
 from sidelinja_worker.jobs.catalog import REGISTRY
+from sidelinja_worker.queue import store
 from tests.helpers import cli, one_line_error
 
 
@@ -59,3 +60,28 @@ async def test_the_pause_list_names_an_admin_token_by_its_label(
     await pool.execute("DELETE FROM admin_tokens")
     shown = await asyncio.to_thread(cli, "pause", url=db_url)
     assert f"by admin token {token} (x)" in shown.stdout, shown.stdout
+
+
+async def test_the_oldest_due_job_leaves_out_the_types_an_operator_paused(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """Before, a paused type's waiting jobs were the oldest due job for as long as the pause
+    lasted: an alert on the gauge fired throughout, and a queue that fell behind meanwhile
+    showed nothing new."""
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, scheduled_for)"
+        " VALUES ($1, 'web_only', '{}', now() - interval '1 hour')",
+        workspace,
+    )
+    assert await store.oldest_due_s(pool) > 3500
+    paused = await asyncio.to_thread(cli, "pause", "web_only", "--reason", "down", url=db_url)
+    assert paused.returncode == 0, paused.stderr
+    assert await store.oldest_due_s(pool) is None
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, scheduled_for)"
+        " VALUES ($1, 'noop', '{}', now() - interval '1 minute')",
+        workspace,
+    )
+    assert 50 < await store.oldest_due_s(pool) < 600
+    [listed] = await store.list_pauses(pool)
+    assert (listed["job_type"], listed["waiting"]) == ("web_only", 1)

@@ -986,13 +986,16 @@ ORDER BY 1, 2;
 
 -- name: oldest_due_s
 -- NULL with no due job. A scheduled_for of -infinity (any plain-SQL writer may set it) cannot
--- be subtracted: left out, such a job alone reads 0.
+-- be subtracted: left out, such a job alone reads 0. Jobs of a type an operator paused wait by
+-- choice and are left out: an alert on the gauge fired for as long as any pause lasted, and
+-- hid a queue that fell behind meanwhile (the pauses list counts their waiting jobs).
 SELECT CASE WHEN count(*) > 0
             THEN coalesce(extract(epoch FROM now() - min(scheduled_for)
                                                   FILTER (WHERE isfinite(scheduled_for))), 0)
        END::float8
 FROM job_queue
-WHERE status IN ('pending', 'retry') AND scheduled_for <= now();
+WHERE status IN ('pending', 'retry') AND scheduled_for <= now()
+  AND NOT EXISTS (SELECT FROM job_type_pauses p WHERE p.job_type = job_queue.job_type);
 
 -- name: notify_queue_state
 -- PostgreSQL's notification queue, cluster-wide: the fraction in use and what job writes have
