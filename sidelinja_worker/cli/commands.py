@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import textwrap
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -26,7 +27,7 @@ from sidelinja_worker.cli import operator as operator_cli
 from sidelinja_worker.cli.session import json_default, opened, parse_uuid, why_not_listening
 from sidelinja_worker.jobs.catalog import REGISTRY
 from sidelinja_worker.jobs.transcripts import pipeline
-from sidelinja_worker.queue import client, embedded, gctune, metrics, migrate, store
+from sidelinja_worker.queue import client, embedded, gctune, metrics, migrate, store, threads
 from sidelinja_worker.queue.db import (
     connect,
     resolve_database,
@@ -93,6 +94,8 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 TYPES_NEEDS_AT = 48  # the column NEEDS starts at in `types`
+# How long a stopped `run` waits for thread work its jobs left running before it exits anyway.
+THREAD_WORK_AT_EXIT_S = 5.0
 
 
 def show_types() -> int:
@@ -181,6 +184,19 @@ async def cmd_run(args: argparse.Namespace) -> int:
             logging.shutdown()
             embedded.release()
             os._exit(EXIT_WORKER_DIED)
+    if left := await threads.wait_idle(THREAD_WORK_AT_EXIT_S):
+        # Work a job's timeout could not stop (a call that never returns) still holds a thread:
+        # asyncio's shutdown and the interpreter's exit would wait for it for ever, and a
+        # `run --burst` from cron never ended. Every job is written or given back by now.
+        say(
+            f"sidelinja-worker: {left} thread(s) of handler work still running after"
+            f" {THREAD_WORK_AT_EXIT_S:g} s (a blocking call that outlived its job); exiting"
+            " without them"
+        )
+        logging.shutdown()
+        embedded.release()
+        sys.stdout.flush()
+        os._exit(0)
     return 0
 
 

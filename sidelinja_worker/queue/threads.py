@@ -8,14 +8,23 @@ say) held every thread, and every other job that needed one (each service answer
 a thread) waited behind them, whatever its workspace; so did the engine's own connects to a
 database named by host name (asyncpg resolves it in a thread). With a thread per slot and a
 few beyond, each job's thread work starts at once and shares the cores with the rest. Threads
-are started as work arrives, so an idle worker keeps only what it used."""
+are started as work arrives, so an idle worker keeps only what it used.
+
+A thread cannot be stopped: a blocking call that never returns (a read from a hung network
+mount, a C library waiting for ever) outlives the job that made it, which its timeout ended.
+The pool counts the work in its threads (`busy`), so that a stopping worker can leave such
+work behind instead of waiting for it for ever: asyncio's shutdown and the interpreter's exit
+both wait for every thread of the pool."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import ParamSpec, TypeVar
 
 # Beyond a thread per slot: the engine's name look-ups, and thread work a cancelled job left
 # running (a thread cannot be stopped; the bounds on each task keep that to seconds).
@@ -24,6 +33,52 @@ THREADS_BEYOND_SLOTS = 8
 # The size each event loop's default pool was given here, so a second worker on the same loop
 # (tests run several) only ever grows it.
 _SIZED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = weakref.WeakKeyDictionary()
+_POOLS: weakref.WeakSet[CountingPool] = weakref.WeakSet()
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class CountingPool(ThreadPoolExecutor):
+    """A ThreadPoolExecutor that knows how much of its work is queued or running."""
+
+    def __init__(self, max_workers: int, thread_name_prefix: str) -> None:
+        super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+        self._lock = threading.Lock()
+        self._busy = 0
+
+    @property
+    def busy(self) -> int:
+        return self._busy
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        with self._lock:
+            self._busy += 1
+        try:
+            future = super().submit(fn, *args, **kwargs)
+        except BaseException:
+            self._done()
+            raise
+        future.add_done_callback(lambda _: self._done())
+        return future
+
+    def _done(self) -> None:
+        with self._lock:
+            self._busy -= 1
+
+
+def busy() -> int:
+    """Thread work queued or running in the pools made here (every loop's)."""
+    return sum(pool.busy for pool in list(_POOLS))
+
+
+async def wait_idle(timeout_s: float, tick_s: float = 0.05) -> int:
+    """Waits up to `timeout_s` for the thread work to end; what is still busy then."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while (left := busy()) and loop.time() < deadline:
+        await asyncio.sleep(tick_s)
+    return left
 
 
 def threads_for(max_concurrent: int) -> int:
@@ -42,8 +97,8 @@ def size_default_pool(max_concurrent: int) -> int:
     have = _SIZED.get(loop, 0)
     if have >= wanted:
         return have
-    loop.set_default_executor(
-        ThreadPoolExecutor(max_workers=wanted, thread_name_prefix="sidelinja-worker")
-    )
+    pool = CountingPool(max_workers=wanted, thread_name_prefix="sidelinja-worker")
+    _POOLS.add(pool)
+    loop.set_default_executor(pool)
     _SIZED[loop] = wanted
     return wanted
