@@ -12,12 +12,21 @@ import asyncio
 import os
 import signal
 import sys
+import threading
 import time
+from typing import Any
 from uuid import UUID
 
 import asyncpg
+import pytest
 
-from tests.helpers import SPAWNED, Spawned, wait_for_sql
+from sidelinja_worker.queue import threads
+from sidelinja_worker.queue import worker as worker_module
+from sidelinja_worker.queue.context import JobContext
+from sidelinja_worker.queue.registry import Registry
+from sidelinja_worker.queue.settings import WorkerSettings
+from sidelinja_worker.queue.worker import Worker, WorkerDied
+from tests.helpers import SPAWNED, Spawned, job_type, wait_for_sql
 
 # `sidelinja-worker` with one more job type, whose thread work never ends (an hour here).
 WORKER = """
@@ -90,3 +99,69 @@ async def test_a_stop_signal_ends_a_worker_whose_handler_thread_never_returns(
     assert proc.returncode == 0, err[-2000:]
     assert time.monotonic() - stopped < 15
     assert await pool.fetchval("SELECT count(*) FROM job_workers") == 0
+
+
+async def test_a_worker_whose_jobs_left_too_many_threads_stuck_ends_itself(
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each of these jobs leaves three threads blocked after its timeout. Before, the worker
+    went on with its pool shrinking: once the stuck threads passed the pool's spare ones,
+    every job that needed a thread waited for one until its own timeout, and the worker
+    looked alive throughout. Now, past the spare threads, it dies (exit 3 from `run`) and its
+    jobs go back as for any death."""
+    monkeypatch.setattr(worker_module, "THREAD_STUCK_S", 0.5)
+    release = threading.Event()
+
+    async def stuck(ctx: JobContext, payload: Any) -> None:
+        await asyncio.gather(*(asyncio.to_thread(release.wait) for _ in range(3)))
+
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, max_attempts)"
+        " SELECT $1, 'stuck', '{}', 1 FROM generate_series(1, 4)",
+        workspace,
+    )
+    worker = Worker(
+        pool,
+        db_url,
+        Registry([job_type("stuck", stuck, timeout_s=0.3)]),
+        WorkerSettings(poll_interval_s=0.05, max_concurrent=2),
+    )
+    try:
+        with pytest.raises(WorkerDied) as died:
+            await asyncio.wait_for(worker.run(), 30)
+        assert died.value.task == "threads"
+        stuck_threads = int(
+            str(died.value).split("threads are held by work of jobs that ended")[0].split()[-1]
+        )
+        assert stuck_threads > 8, str(died.value)
+        assert await pool.fetchval("SELECT array_agg(DISTINCT status::text) FROM job_queue") == [
+            "error"
+        ]
+        assert await pool.fetchval("SELECT count(*) FROM job_workers") == 0
+    finally:
+        release.set()
+
+
+def test_only_the_workers_own_work_for_jobs_it_no_longer_runs_is_left_behind() -> None:
+    """Several workers may share a loop and its pool (tests run several): another worker's
+    work, or the engine's own, is never counted as this one's left behind."""
+    pool = threads.CountingPool(4, "test")
+    release = threading.Event()
+    for owner in (("me", "ended"), ("me", "running"), ("other", "ended"), None):
+        token = threads.OWNER.set(owner)
+        try:
+            pool.submit(release.wait)
+        finally:
+            threads.OWNER.reset(token)
+    assert pool.busy == 4
+
+    def gone(owner: object) -> bool:
+        return isinstance(owner, tuple) and owner[0] == "me" and owner[1] != "running"
+
+    assert pool.left_behind(gone, 0) == 1
+    release.set()
+    pool.shutdown(wait=True)
+    assert pool.busy == 0 and pool.left_behind(gone, 0) == 0

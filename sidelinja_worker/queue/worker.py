@@ -51,9 +51,17 @@ LOST_LEASE = "lost-lease"
 # WorkerDied: the process exits non-zero within ~5 s and its process manager restarts it.
 DIE_WITHIN_S = 4.0
 LAG_TICK_S = 0.5  # how often the event loop's lag is measured
+THREAD_WATCH_S = 1.0  # how often thread work left behind by ended jobs is counted
+# Thread work of a job that ended (cancelled, timed out) that runs on this much longer is
+# taken for stuck: such work normally ends within seconds of its job.
+THREAD_STUCK_S = 60.0
 # Exit codes (README, "Exit codes"): 0 stopped or drained, 1 a second stop signal, 2 bad input
 # or no database, 3 an internal task of the worker died (restart it: the leases rescue its jobs).
 EXIT_WORKER_DIED = 3
+
+
+class ThreadsLeftBehind(Exception):
+    """Too many threads held by work of jobs that have ended (Worker._thread_watch)."""
 
 
 class WorkerDied(Exception):
@@ -215,6 +223,7 @@ class Worker:
             self._supervise(self._writer.run(), "outcomes"),
             self._supervise(self._heartbeat_loop(), "heartbeat"),
             self._supervise(self._timeout_watchdog(), "timeouts"),
+            self._supervise(self._thread_watch(), "threads"),
             self._supervise(
                 rescue_loop(self._pool, self.settings, may_reap=self.may_declare_dead), "rescue"
             ),
@@ -474,6 +483,7 @@ class Worker:
             return
         metrics.picked_up(job.job_type, job.waited_s)
         metrics.CURRENT_JOB.set((job.workspace_id, job.job_type))
+        threads.OWNER.set((self.id, job.id))
         known = self._types.get(job.job_type)
         jt: JobType | None
         if known is not None and job.timeout_s is None:
@@ -620,6 +630,29 @@ class Worker:
                 if deadline <= now and task is not None and job_id not in self._cancel_reasons:
                     self._cancel_reasons[job_id] = executor.TIMED_OUT
                     task.cancel()
+
+    async def _thread_watch(self) -> None:
+        """Ends the worker (crash-only) once more thread work that its jobs left behind has
+        outlived them by THREAD_STUCK_S than the pool has threads beyond a thread per slot: a
+        blocking call that never returns (a read from a hung network mount) keeps its thread
+        after its job's timeout, and with enough of them every job that needs a thread waited
+        for one until its own timeout, failing job after job while the worker looked alive.
+        Restarted, the process has a new pool; the jobs go back as for any death."""
+        while True:
+            await asyncio.sleep(THREAD_WATCH_S)
+            stuck = threads.left_behind(self._thread_owner_gone, THREAD_STUCK_S)
+            if stuck > threads.THREADS_BEYOND_SLOTS:
+                raise ThreadsLeftBehind(
+                    f"{stuck} threads are held by work of jobs that ended over"
+                    f" {THREAD_STUCK_S:g} s ago (blocking calls that never returned); past"
+                    f" {threads.THREADS_BEYOND_SLOTS}, jobs wait for threads that never come"
+                    " back"
+                )
+
+    def _thread_owner_gone(self, owner: object) -> bool:
+        """Whether thread work of `owner` (threads.OWNER) is this worker's, for a job that no
+        longer runs here."""
+        return isinstance(owner, tuple) and owner[0] == self.id and owner[1] not in self._running
 
     async def _reconcile(self) -> None:
         """Compares what the database says we run with what we do run. A job we hold but never
