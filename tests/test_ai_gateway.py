@@ -124,6 +124,20 @@ async def test_transient_errors_retry_with_backoff(
     assert 20 < seconds_from_now(row["scheduled_for"]) <= 30  # the seed's first backoff
 
 
+@pytest.mark.parametrize("retry_after", ["1e9", "-5", "nan"])
+async def test_a_429_whose_retry_after_is_no_delay_pauses_nobody_and_backs_off(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway, retry_after: str
+) -> None:
+    """Retry-After is read as every service's is: an unsigned decimal or a date. Before, the
+    gateway's own reading took any number float() reads: "1e9" paused every worker's calls
+    for the hour it was believed up to, and "-5" retried the job at once, an attempt gone."""
+    ai_gateway.push(error(429, "Rate limit exceeded", retry_after=retry_after))
+    row = await one_clip(pool, db_url, workspace, ai_gateway)
+    assert (row["status"], row["attempts"]) == ("retry", 1)
+    assert 20 < seconds_from_now(row["scheduled_for"]) <= 30  # the seed's first backoff
+    assert await pool.fetchval("SELECT count(*) FROM rate_limits") == 0
+
+
 async def test_a_503_honours_retry_after(
     pool: asyncpg.Pool, db_url: str, workspace: UUID, ai_gateway: FakeAiGateway
 ) -> None:

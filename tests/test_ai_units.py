@@ -15,7 +15,7 @@ from sidelinja_worker.jobs.ai.dictation_cleanup import Note, NoteTask, merge_not
 from sidelinja_worker.jobs.ai.meeting_summarize import Minutes
 from sidelinja_worker.jobs.ai.text import group_for_combine, split_text
 from sidelinja_worker.queue.errors import PermanentError
-from sidelinja_worker.services.ai_errors import describe_error, parse_retry_after
+from sidelinja_worker.services.ai_errors import describe_error
 from sidelinja_worker.services.ai_gateway import parse_answer, strict_schema
 
 
@@ -70,12 +70,6 @@ def test_parse_answer_accepts_a_fenced_answer_and_names_what_is_wrong() -> None:
         parse_answer(Minutes, '{"summary": "s", "decisions": []}')
     with pytest.raises(Exception, match="empty"):
         parse_answer(Minutes, None)
-
-
-def test_retry_after_seconds_and_dates() -> None:
-    assert parse_retry_after("17") == 17.0
-    assert parse_retry_after(None) is None and parse_retry_after("soon") is None
-    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
 
 
 def test_error_text_keeps_the_gateway_message_and_useful_metadata() -> None:

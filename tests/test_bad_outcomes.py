@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import math
 from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from typing import Any
 from uuid import UUID, uuid4
 
 import asyncpg
+import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -30,7 +32,7 @@ from sidelinja_worker.queue.outcomes import OutcomeWriter
 from sidelinja_worker.queue.registry import Registry
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.store import Failure, Release
-from sidelinja_worker.services.classify import parse_retry_after
+from sidelinja_worker.services.classify import parse_retry_after, retry_after_s
 from tests.helpers import (
     contend_unique_key,
     job_type,
@@ -216,6 +218,20 @@ def test_retry_after_numbers_and_dates(value: str) -> None:
     assert seconds is None or (math.isfinite(seconds) and 0 <= seconds <= RETRY_MAX_S)
     if value.isdigit():  # a delta: itself, or the cap
         assert seconds == min(float(value), RETRY_MAX_S)
+
+
+def test_a_retry_after_date_is_read_against_the_answers_own_date() -> None:
+    """A service whose clock is two days behind asks for two minutes: before, its date was in
+    this machine's past, so the job was retried at once (0 s)."""
+    sent = datetime.now(UTC).replace(microsecond=0) - timedelta(days=2)
+    later = format_datetime(sent + timedelta(seconds=120), usegmt=True)
+    answer = httpx.Response(503, headers={"Date": format_datetime(sent, usegmt=True)})
+    answer.headers["Retry-After"] = later
+    assert retry_after_s(answer) == 120
+    # With no Date header, or one that is no date, this machine's clock: in the past.
+    assert retry_after_s(httpx.Response(503, headers={"Retry-After": later})) == 0
+    garbled = httpx.Response(503, headers={"Date": "yesterday", "Retry-After": later})
+    assert retry_after_s(garbled) == 0
 
 
 def test_retry_after_examples() -> None:

@@ -1,25 +1,28 @@
 """What the AI gateway's errors say, for a job's error_msg: the error object of an answer (or a
-stand-in built from a body in another shape), described with the metadata that says what to fix,
-and its Retry-After as seconds. The other services' statuses are read by classify, whose
-Retry-After takes an unsigned decimal and up to 6 h; this one takes any number float() reads (a
-negative one as 0) and up to an hour."""
+stand-in built from a body in another shape), described with the metadata that says what to fix.
+Its Retry-After is read as every service's is (classify.retry_after_s) and believed up to
+MAX_RETRY_AFTER_S."""
 
 from __future__ import annotations
 
-import math
 import reprlib
 from collections.abc import Mapping
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
 
-from sidelinja_worker.services import bounded
+from sidelinja_worker.services import bounded, classify
 
 # A Retry-After beyond this is not believed: the pause is cut to it.
 MAX_RETRY_AFTER_S = 3600.0
 MAX_MESSAGE_CHARS = 400
+
+
+def retry_after_s(resp: httpx.Response) -> float | None:
+    """The answer's Retry-After as every service's is read (classify.retry_after_s: an
+    unsigned decimal or a date, else None), believed up to MAX_RETRY_AFTER_S."""
+    seconds = classify.retry_after_s(resp)
+    return None if seconds is None else min(seconds, MAX_RETRY_AFTER_S)
 
 
 def error_object(resp: httpx.Response) -> dict[str, Any]:
@@ -65,23 +68,3 @@ def _text(value: Any) -> str:
 _SHOWN_ITEMS = 10
 _BOUNDED = reprlib.Repr()
 _BOUNDED.maxstring = _BOUNDED.maxother = MAX_MESSAGE_CHARS
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Retry-After as seconds (delta-seconds or an HTTP date), at most MAX_RETRY_AFTER_S; None
-    when absent or unreadable."""
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        seconds = (when - datetime.now(UTC)).total_seconds()
-    if not math.isfinite(seconds):  # "nan", "inf": not a time
-        return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)

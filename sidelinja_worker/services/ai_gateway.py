@@ -19,9 +19,9 @@ from sidelinja_worker.queue.context import Services
 from sidelinja_worker.queue.errors import PermanentError, RetryJob
 from sidelinja_worker.queue.limits import RateLimiter
 from sidelinja_worker.queue.registry import describe_validation_error
-from sidelinja_worker.services import bounded
+from sidelinja_worker.services import ai_errors, bounded
 from sidelinja_worker.services.ai_answers import Usage, chat_answer, embeddings_answer
-from sidelinja_worker.services.ai_errors import describe_error, error_object, parse_retry_after
+from sidelinja_worker.services.ai_errors import describe_error, error_object
 from sidelinja_worker.services.ai_requests import encoded_body, in_pieces, storable_text
 
 log = logging.getLogger("sidelinja_worker.ai_gateway")
@@ -230,7 +230,7 @@ class AiGateway:
         return resp
 
     async def _raise_for_status(self, resp: httpx.Response) -> None:
-        retry_after_s = parse_retry_after(resp.headers.get("retry-after"))
+        retry_after_s = ai_errors.retry_after_s(resp)
         if resp.status_code == 429 and retry_after_s is not None:
             # The limit is per account, so every worker must hold back, not just this job.
             await self._limiter.pause(RATE_KEY, retry_after_s)

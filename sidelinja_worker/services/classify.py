@@ -17,8 +17,23 @@ MAX_DETAIL_CHARS = 300
 
 
 def retry_after_s(response: httpx.Response) -> float | None:
-    """Retry-After as seconds (delta or HTTP date), None when absent or unreadable."""
-    return parse_retry_after(response.headers.get("retry-after"))
+    """Retry-After as seconds (delta or HTTP date), None when absent or unreadable. A date is
+    read against the answer's own Date header when it has a readable one: both are the
+    service's clock, so neither its error nor this machine's counts (a service two days behind
+    asked for two minutes and got none); without one, against this machine's clock."""
+    return parse_retry_after(response.headers.get("retry-after"), _sent_at(response))
+
+
+def _sent_at(response: httpx.Response) -> datetime | None:
+    """The answer's Date header, aware, or None when absent or unreadable."""
+    value = response.headers.get("date")
+    if not value:
+        return None
+    try:
+        when = parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 # A delta is 1*DIGIT (RFC 9110 §10.2.3); a fraction is tolerated, signs and exponents are not.
