@@ -3,18 +3,22 @@ admin page, each workspace seeing its own numbers only."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 from uuid import UUID
 
 import asyncpg
 import httpx
+import pytest
 
+from sidelinja_worker.queue import metrics
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.queue.metrics import ALL_WORKSPACES
 from sidelinja_worker.queue.registry import Registry
 from tests.admin_fixtures import admin_fixture, token_for  # noqa: F401 (fixture)
-from tests.helpers import insert_jobs, job_type, make_workspace, run_burst
+from tests.helpers import insert_jobs, job_type, make_workspace, run_burst, wait_for
 
 
 async def _ok(_ctx: JobContext, _payload: Any) -> None:
@@ -90,3 +94,38 @@ async def test_the_dashboard_shows_each_token_its_own_numbers(
         "failed-hour": "0",
         "depth": "4",
     }
+
+
+async def test_minutes_that_cannot_be_written_are_kept_within_a_bound(
+    pool: asyncpg.Pool,
+    workspace: UUID,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A flush that PostgreSQL refuses for good (here a trigger of the web app's) kept every
+    minute's rows for ever: one per minute, workspace and type, gigabytes a day on a busy
+    queue, and only a debug line said so. Now the rows past retention and the oldest beyond
+    the bound are dropped, and a warning says why."""
+    monkeypatch.setattr(metrics, "MINUTE_PENDING_MAX", 100)
+    await pool.execute(
+        "CREATE FUNCTION refuse_stats() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$BEGIN RAISE EXCEPTION 'no stats here'; END$$;"
+        " CREATE TRIGGER refuse_stats BEFORE INSERT ON job_minute_stats"
+        " FOR EACH ROW EXECUTE FUNCTION refuse_stats()"
+    )
+    now = time.time() // 60 * 60
+    row = [1, 0] + [0] * (len(metrics.MINUTE_BOUNDS_S) + 1)
+    minutes = [now - 60 * i for i in range(300)] + [now - 3 * 86400 - 60 * i for i in range(10)]
+    metrics._MINUTES.clear()
+    metrics._MINUTES.update({(m, workspace, "noop"): list(row) for m in minutes})
+    try:
+        with pytest.raises(asyncpg.RaiseError, match="no stats here"):
+            await metrics.flush_minutes(pool)
+        assert len(metrics._MINUTES) == 100  # all 310 before
+        assert min(k[0] for k in metrics._MINUTES) == now - 60 * 99  # the newest kept
+        flusher = asyncio.create_task(metrics.minute_loop(pool, every_s=0.01))
+        await wait_for(lambda: "cannot be written" in caplog.text, 10)
+        flusher.cancel()
+        assert "no stats here" in caplog.text
+    finally:
+        metrics._MINUTES.clear()

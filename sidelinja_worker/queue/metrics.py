@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from bisect import bisect_left
 from collections.abc import Iterator
@@ -101,6 +102,11 @@ MINUTE_FLUSH_S = 5.0
 ALL_WORKSPACES = UUID(int=0)  # job_minute_stats' rows for the whole queue
 MINUTE_ERRORS = (*DB_ERRORS, asyncpg.PostgresError)
 MINUTE_KEEP_S = 2 * 86400.0
+# Rows kept for a later flush while writing them fails, at most: a write refused for good (a
+# trigger or a revoked privilege on the table) kept every minute's rows for ever, one per
+# minute, workspace and type, and the worker's memory grew by gigabytes a day on a busy queue.
+MINUTE_PENDING_MAX = 50_000
+MINUTE_WARN_EVERY_S = 600.0  # a flush refused by PostgreSQL is logged at most this often
 # The job a slot task runs, set by the worker around each job: the hooks above know the job
 # type only, and each slot is its own task, so its own context.
 CURRENT_JOB: ContextVar[tuple[UUID, str] | None] = ContextVar("current_job", default=None)
@@ -138,13 +144,28 @@ async def flush_minutes(pool: asyncpg.Pool) -> None:
         for key, counts in rows:  # back, merged with whatever arrived meanwhile
             row = _MINUTES.setdefault(key, [0] * len(counts))
             row[:] = [a + b for a, b in zip(row, counts, strict=True)]
+        _bound_pending()
         raise
+
+
+def _bound_pending() -> int:
+    """Drops the kept rows of minutes past MINUTE_KEEP_S (the prune would delete them), then
+    the oldest beyond MINUTE_PENDING_MAX; how many it dropped."""
+    oldest = clock.time() - MINUTE_KEEP_S
+    dropped = [key for key in _MINUTES if key[0] < oldest]
+    if len(_MINUTES) - len(dropped) > MINUTE_PENDING_MAX:
+        kept = sorted((key for key in _MINUTES if key[0] >= oldest), key=lambda k: k[0])
+        dropped += kept[: len(kept) - MINUTE_PENDING_MAX]
+    for key in dropped:
+        del _MINUTES[key]
+    return len(dropped)
 
 
 async def minute_loop(pool: asyncpg.Pool, every_s: float = MINUTE_FLUSH_S) -> None:
     """Writes the per-minute aggregates every `every_s`, and drops those past MINUTE_KEEP_S
     once an hour."""
     last_prune = 0.0
+    warned = -math.inf
     while True:
         await asyncio.sleep(every_s)
         try:
@@ -152,8 +173,17 @@ async def minute_loop(pool: asyncpg.Pool, every_s: float = MINUTE_FLUSH_S) -> No
             if time.monotonic() - last_prune > 3600:
                 await store.prune_minute_stats(pool, MINUTE_KEEP_S)
                 last_prune = time.monotonic()
-        except MINUTE_ERRORS as exc:  # the charts lag; the worker goes on
+        except DB_ERRORS as exc:  # the charts lag; the worker goes on
             log.debug("minute stats not written yet: %s", exc)
+        except asyncpg.PostgresError as exc:  # refused: said, for it may never pass
+            if time.monotonic() - warned >= MINUTE_WARN_EVERY_S:
+                warned = time.monotonic()
+                log.warning(
+                    "the dashboard's minute stats cannot be written (%d rows kept, at most %d): %s",
+                    len(_MINUTES),
+                    MINUTE_PENDING_MAX,
+                    exc,
+                )
 
 
 def picked_up(job_type: str, waited_s: float) -> None:
