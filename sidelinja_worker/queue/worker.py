@@ -66,7 +66,7 @@ class ThreadsLeftBehind(Exception):
 
 class WorkerDied(Exception):
     """An internal task of the worker (claim loop, outcome writer, heartbeat, listener,
-    watchdog, maintenance) ended with an unexpected error. The worker stopped heartbeating at
+    watchdogs, maintenance) ended with an unexpected error. The worker stopped heartbeating at
     once, gave back the jobs it had claimed but not started, handed the rest to the lease
     rescue and stopped: crash-only. `run` exits with code 3."""
 
