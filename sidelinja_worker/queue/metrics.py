@@ -148,17 +148,13 @@ async def flush_minutes(pool: asyncpg.Pool) -> None:
         raise
 
 
-def _bound_pending() -> int:
-    """Drops the kept rows of minutes past MINUTE_KEEP_S (the prune would delete them), then
-    the oldest beyond MINUTE_PENDING_MAX; how many it dropped."""
+def _bound_pending() -> None:
+    """Keeps the newest MINUTE_PENDING_MAX rows of minutes within MINUTE_KEEP_S (the prune
+    deletes older ones) and drops the rest."""
     oldest = clock.time() - MINUTE_KEEP_S
-    dropped = [key for key in _MINUTES if key[0] < oldest]
-    if len(_MINUTES) - len(dropped) > MINUTE_PENDING_MAX:
-        kept = sorted((key for key in _MINUTES if key[0] >= oldest), key=lambda k: k[0])
-        dropped += kept[: len(kept) - MINUTE_PENDING_MAX]
-    for key in dropped:
-        del _MINUTES[key]
-    return len(dropped)
+    for place, key in enumerate(sorted(_MINUTES, key=lambda k: k[0], reverse=True)):
+        if place >= MINUTE_PENDING_MAX or key[0] < oldest:
+            del _MINUTES[key]
 
 
 async def minute_loop(pool: asyncpg.Pool, every_s: float = MINUTE_FLUSH_S) -> None:

@@ -50,15 +50,14 @@ async def pending(conn: asyncpg.Connection) -> list[Migration]:
     return [m for m in shipped_migrations() if m.version not in done]
 
 
-async def require_utf8(conn: asyncpg.Connection) -> None:
+def require_utf8(conn: asyncpg.Connection) -> None:
     """Raises a UserError unless the database's encoding is UTF8. Jobs carry text in any
     language (a transcript, a name in Sámi, an emoji in a title): in LATIN1 such a result could
     not be stored and its job ended in `error` (the migrations themselves failed on a `…`),
     and SQL_ASCII stores whatever bytes a writer sends, unchecked, so a row could hold text
-    that no UTF-8 reader can decode."""
-    encoding = await conn.fetchval(
-        "SELECT pg_encoding_to_char(encoding) FROM pg_database WHERE datname = current_database()"
-    )
+    that no UTF-8 reader can decode. The server reports its encoding when the session starts,
+    so this asks nothing of it."""
+    encoding = conn.get_settings().server_encoding
     if encoding != "UTF8":
         raise UserError(
             f"the database's encoding is {encoding}; sidelinja-worker needs UTF8 (create it"
@@ -80,7 +79,7 @@ async def apply_all(
     that concurrent runs apply each migration once. Returns what this call applied. `on_wait` is
     called once if another run holds the lock, `on_start` as each migration starts. Refuses a
     database whose encoding is not UTF8 (require_utf8)."""
-    await require_utf8(conn)
+    require_utf8(conn)
     if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", LOCK_KEY):
         if on_wait is not None:
             on_wait()
@@ -112,7 +111,7 @@ async def apply_all(
 async def require_migrated(conn: asyncpg.Connection) -> None:
     """Raises a UserError naming the first pending migration, if any, or the database's
     encoding if it is not UTF8 (require_utf8)."""
-    await require_utf8(conn)
+    require_utf8(conn)
     missing = await pending(conn)
     if missing:
         first = missing[0]

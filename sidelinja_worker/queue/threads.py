@@ -36,10 +36,8 @@ from typing import ParamSpec, TypeVar
 # running (a thread cannot be stopped; the bounds on each task keep that to seconds).
 THREADS_BEYOND_SLOTS = 8
 
-# The size each event loop's default pool was given here, so a second worker on the same loop
-# (tests run several) only ever grows it.
-_SIZED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = weakref.WeakKeyDictionary()
-_POOLS: weakref.WeakSet[CountingPool] = weakref.WeakSet()
+# The default pool each event loop was given here, so a second worker on the same loop (tests
+# run several) only ever grows it.
 _LOOP_POOL: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, CountingPool] = (
     weakref.WeakKeyDictionary()
 )
@@ -56,6 +54,7 @@ class CountingPool(ThreadPoolExecutor):
 
     def __init__(self, max_workers: int, thread_name_prefix: str) -> None:
         super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+        self.size = max_workers
         self._lock = threading.Lock()
         self._work: dict[int, object] = {}  # a key per piece of work -> its owner
         self._orphaned: dict[int, float] = {}  # key -> when its owner was first seen gone
@@ -98,8 +97,9 @@ class CountingPool(ThreadPoolExecutor):
 
 
 def busy() -> int:
-    """Thread work queued or running in the pools made here (every loop's)."""
-    return sum(pool.busy for pool in list(_POOLS))
+    """Thread work queued or running in the running loop's default pool, if made here."""
+    pool = _LOOP_POOL.get(asyncio.get_running_loop())
+    return 0 if pool is None else pool.busy
 
 
 async def wait_idle(timeout_s: float, tick_s: float = 0.05) -> int:
@@ -130,12 +130,10 @@ def size_default_pool(max_concurrent: int) -> int:
     one down."""
     loop = asyncio.get_running_loop()
     wanted = threads_for(max_concurrent)
-    have = _SIZED.get(loop, 0)
-    if have >= wanted:
-        return have
+    have = _LOOP_POOL.get(loop)
+    if have is not None and have.size >= wanted:
+        return have.size
     pool = CountingPool(max_workers=wanted, thread_name_prefix="sidelinja-worker")
-    _POOLS.add(pool)
     _LOOP_POOL[loop] = pool
     loop.set_default_executor(pool)
-    _SIZED[loop] = wanted
     return wanted
