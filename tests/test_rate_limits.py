@@ -121,19 +121,24 @@ async def _all_done(pool: asyncpg.Pool, n: int, timeout_s: float) -> None:
     )
 
 
-@pytest.mark.timeout(240)
-async def test_twenty_per_minute_across_three_workers(
+# The window the limit below counts in: a minute's limit behaves as this one, in a quarter of
+# the time (the test waits one window).
+WINDOW_S = 15.0
+
+
+@pytest.mark.timeout(120)
+async def test_twenty_per_window_across_three_workers(
     pool: asyncpg.Pool, db_url: str, workspace: UUID, server: CountingServer
 ) -> None:
-    await store.set_rate_limit(pool, "svc", 20, 60.0)
+    await store.set_rate_limit(pool, "svc", 20, WINDOW_S)
     await insert_jobs(pool, workspace, 25, job_type_name="call")
     registry = Registry([_calling(server.url, "svc")])
-    await _run_workers(db_url, registry, lambda: _all_done(pool, 25, 180))
+    await _run_workers(db_url, registry, lambda: _all_done(pool, 25, 90))
     times = sorted(t for t, _ in server.arrivals)
     assert len(times) == 25
-    for i, start in enumerate(times):  # no 21st call inside any 60 s window
-        assert sum(1 for t in times[i:] if t - start < 60.0) <= 20
-    assert times[-1] - times[0] >= 60.0
+    for i, start in enumerate(times):  # no 21st call inside any window
+        assert sum(1 for t in times[i:] if t - start < WINDOW_S) <= 20
+    assert times[-1] - times[0] >= WINDOW_S
     # The waiting jobs were deferred (not a failed attempt), not held in a slot or failed.
     assert await pool.fetchval("SELECT max(attempts) FROM job_queue") == 1
 
