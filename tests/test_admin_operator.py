@@ -442,3 +442,32 @@ async def test_a_pause_of_a_type_nobody_knows_is_refused(
         assert (await post("resume", "ghost")).status_code == 303
     paused = await pool.fetch("SELECT job_type FROM job_type_pauses ORDER BY 1")
     assert [r["job_type"] for r in paused] == ["legacy_import", "whisper_transcribe"]
+
+
+async def test_a_platform_retry_follows_no_cancelled_by_into_another_workspace(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A retry of a job a parent's failure cancelled puts back the failed ancestor its
+    `cancelled_by` names, a column any writer of the row may set. A platform operator's retry
+    of workspace A's job naming workspace B's failed job put B's job back (its paid calls ran
+    again). The walk stays in the job's workspace: nothing is retried, B's job stays failed."""
+    a, b, _ = await seed(pool)
+    theirs = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, completed_at)"
+        " VALUES ($1, 'noop', '{}', 'error', now()) RETURNING id",
+        b,
+    )
+    forged = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, cancelled_by,"
+        " completed_at) VALUES ($1, 'noop', '{}', 'cancelled', $2, now()) RETURNING id",
+        a,
+        theirs,
+    )
+    platform = {"authorization": f"Bearer {token_for(db_url, '--all')}", **SAME_SITE}
+    async with httpx.AsyncClient(base_url=admin, headers=platform) as http:
+        csrf = await _csrf(http)
+        sent = await http.post(f"/admin/jobs/{forged}/retry", data={"csrf": csrf})
+        assert sent.status_code < 500, sent.text
+    assert (
+        await pool.fetchval("SELECT status::text FROM job_queue WHERE id = $1", theirs) == "error"
+    )

@@ -175,6 +175,18 @@ async def noop_jobs(conn: asyncpg.Connection, workspace: UUID, n: int) -> list[U
     return [r["id"] for r in rows]
 
 
+async def completed_a_minute_ago(pool: asyncpg.Pool, workspace: UUID, result: str) -> UUID:
+    """A completed noop job with `result` (JSON), created before any job a test adds next."""
+    job: UUID = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload, status, result, completed_at,"
+        " created_at) VALUES ($1, 'noop', '{}', 'completed', $2, now(),"
+        " now() - interval '1 minute') RETURNING id",
+        workspace,
+        result,
+    )
+    return job
+
+
 async def add_chain(conn: asyncpg.Connection, ids: list[UUID]) -> None:
     """The edges of a chain through `ids`, in one statement."""
     await conn.execute(
@@ -1069,12 +1081,7 @@ async def test_an_edge_between_two_workspaces_is_refused_to_every_role(
     workspace to a job of another: the child waited for, was cancelled by, and read the result
     of the other workspace's job (`ctx.parent_results`). An edge joins jobs of one workspace."""
     other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
-    theirs = await pool.fetchval(
-        "INSERT INTO job_queue (workspace_id, job_type, payload, status, result, completed_at,"
-        " created_at) VALUES ($1, 'noop', '{}', 'completed', '{\"secret\": 1}', now(),"
-        " now() - interval '1 minute') RETURNING id",
-        other,
-    )
+    theirs = await completed_a_minute_ago(pool, other, '{"secret": 1}')
     ours = await pool.fetchval(
         "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'peek', '{}')"
         " RETURNING id",
@@ -1108,11 +1115,13 @@ async def test_a_deleted_parent_lets_its_waiting_child_go_on(
     assert (await by_name(pool))["c"]["st"] == "completed"
 
 
+@pytest.mark.parametrize("version", [35, 39])
 async def test_edges_across_workspaces_made_before_the_rule_are_removed_by_its_migration(
-    pool: asyncpg.Pool, workspace: UUID
+    pool: asyncpg.Pool, workspace: UUID, version: int
 ) -> None:
-    """Migration 0035 deletes the edges across workspaces made before it refused them; a child
-    they held waiting is settled on the edges it has left."""
+    """Migration 0035 deletes the edges across workspaces made before it refused them, and 0039
+    those made since by moving an edge or a job; a child they held waiting is settled on the
+    edges it has left."""
     await pool.execute("DROP TRIGGER job_dependencies_in_one_workspace ON job_dependencies")
     other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
     theirs, mine, done = [
@@ -1132,7 +1141,7 @@ async def test_edges_across_workspaces_made_before_the_rule_are_removed_by_its_m
         [theirs, mine, theirs, done],
         [held, held, free, free],
     )
-    (migration,) = [m for m in migrate.shipped_migrations() if m.version == 35]
+    (migration,) = [m for m in migrate.shipped_migrations() if m.version == version]
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute(migration.sql)
     edges = await pool.fetch("SELECT parent_id, child_id FROM job_dependencies")
@@ -1173,6 +1182,74 @@ async def test_a_job_in_a_graph_keeps_its_instant_so_no_cycle_can_form(
     await pool.execute(
         "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)", b, jobs["lone"]["id"]
     )
+
+
+async def test_an_edge_keeps_its_jobs_and_a_job_in_a_graph_its_workspace(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """The graph's checks run when an edge is inserted. A role that sees every workspace could
+    go round them: re-point an edge at another workspace's job, or move a job with its edges
+    to another workspace; either way the child read the other workspace's result as its
+    parent's. An edge keeps its two jobs (its `run_anyway` may change), and a job in a graph
+    keeps its workspace; a job outside any graph may still move."""
+    other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
+    theirs = await completed_a_minute_ago(pool, other, '{"secret": 1}')
+    await pool.execute(graph_sql(workspace, ["a", "c", "lone"], [("a", "c")]))
+    jobs = await by_name(pool)
+    a, c = jobs["a"]["id"], jobs["c"]["id"]
+    with pytest.raises(asyncpg.CheckViolationError, match="cannot be moved"):
+        await pool.execute(
+            "UPDATE job_dependencies SET parent_id = $1 WHERE child_id = $2", theirs, c
+        )
+    with pytest.raises(asyncpg.CheckViolationError, match="cannot be moved"):
+        await pool.execute("UPDATE job_dependencies SET child_id = $1 WHERE child_id = $2", a, c)
+    await pool.execute("UPDATE job_dependencies SET run_anyway = true WHERE child_id = $1", c)
+    for job in (a, c):
+        with pytest.raises(
+            asyncpg.CheckViolationError, match="in a job graph: it keeps its workspace_id"
+        ):
+            await pool.execute("UPDATE job_queue SET workspace_id = $1 WHERE id = $2", other, job)
+    await pool.execute(
+        "UPDATE job_queue SET workspace_id = $1 WHERE id = $2", other, jobs["lone"]["id"]
+    )
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM job_dependencies WHERE parent_id = $1 AND child_id = $2", a, c
+        )
+        == 1
+    )
+
+
+async def test_a_job_reads_no_parent_of_another_workspace_even_past_the_triggers(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """A superuser can write past every trigger (session_replication_role = replica, as a
+    restore does): an edge across workspaces made so still hands the job no result but its
+    own workspace's."""
+    other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
+    results = [
+        await completed_a_minute_ago(pool, other, '{"secret": 1}'),
+        await completed_a_minute_ago(pool, workspace, '{"mine": 1}'),
+    ]
+    ours = await pool.fetchval(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES ($1, 'peek', '{}')"
+        " RETURNING id",
+        workspace,
+    )
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL session_replication_role = replica")
+        await conn.execute(
+            "INSERT INTO job_dependencies (parent_id, child_id) SELECT unnest($1::uuid[]), $2",
+            results,
+            ours,
+        )
+    seen: list[Any] = []
+
+    async def peek(ctx: JobContext, payload: Any) -> None:
+        seen.append([p.result for p in await ctx.parent_results()])
+
+    await run_burst(pool, db_url, Registry([job_type("peek", peek)]))
+    assert seen == [['{"mine": 1}']]  # the raw JSON, as stored
 
 
 @pytest.mark.parametrize("how", ["follow-up", "child"])

@@ -181,11 +181,14 @@ RETURNING id;
 -- What a retry of job $1 puts back: the job itself, or, for a job cancelled by a parent's
 -- failure, the failed ancestor at the top of its `cancelled_by` chain (putting that one back
 -- brings the whole cancelled branch back with it). Bounded: a chain is at most a graph's depth.
-WITH RECURSIVE up(id, status, cancelled_by, depth) AS (
-    SELECT id, status, cancelled_by, 0 FROM job_queue WHERE id = $1
+-- The walk stays in the job's workspace: `cancelled_by` is a column any writer of the row may
+-- set, and a platform operator's retry of a job naming another workspace's failed job put
+-- that one back (the job ends the walk, and nothing is retried).
+WITH RECURSIVE up(id, workspace_id, status, cancelled_by, depth) AS (
+    SELECT id, workspace_id, status, cancelled_by, 0 FROM job_queue WHERE id = $1
     UNION ALL
-    SELECT j.id, j.status, j.cancelled_by, up.depth + 1
-    FROM up JOIN job_queue j ON j.id = up.cancelled_by
+    SELECT j.id, j.workspace_id, j.status, j.cancelled_by, up.depth + 1
+    FROM up JOIN job_queue j ON j.id = up.cancelled_by AND j.workspace_id = up.workspace_id
     WHERE up.status = 'cancelled' AND up.depth < 10000
 )
 SELECT id, status::text AS status, cancelled_by FROM up ORDER BY depth DESC LIMIT 1;

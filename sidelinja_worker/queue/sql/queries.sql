@@ -624,16 +624,20 @@ WHERE j.id = $1;
 -- $2 is counted by its stored size, never decompressed. A parent's type is any text a writer
 -- gave it, megabytes included; no job type is longer than its first 200 characters. At most $3
 -- parents come back, `parents` counting them all: any writer may give a job a million.
+-- Only parents of the job's own workspace: the graph's triggers keep every edge within one,
+-- and a role that may bypass triggers (a restore under session_replication_role) still
+-- cannot hand a job another workspace's results.
 SELECT p.id, left(p.job_type, 200) AS job_type, p.status::text AS status,
        CASE WHEN sum(s.size) OVER (ORDER BY p.created_at, p.id) <= $2 THEN p.result END AS result,
        sum(s.size) OVER () AS total, count(*) OVER () AS parents
-FROM job_dependencies d
-JOIN job_queue p ON p.id = d.parent_id
+FROM job_queue c
+JOIN job_dependencies d ON d.child_id = c.id
+JOIN job_queue p ON p.id = d.parent_id AND p.workspace_id = c.workspace_id
 CROSS JOIN LATERAL (
     SELECT CASE WHEN pg_column_size(p.result) > $2 THEN pg_column_size(p.result)::bigint
                 ELSE coalesce(octet_length(p.result::text), 0)::bigint END AS size
 ) s
-WHERE d.child_id = $1
+WHERE c.id = $1
 ORDER BY p.created_at, p.id
 LIMIT $3;
 
