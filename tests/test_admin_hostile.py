@@ -28,6 +28,7 @@ from tests.admin_fixtures import (  # noqa: F401 (fixture)
 )
 from tests.helpers import insert_jobs, make_workspace, wait_for
 from tests.tcp_proxy import proxy_for
+from tests.test_admin_http import URLENCODED, separators
 
 
 async def test_every_form_is_read_only_up_to_a_few_short_fields(
@@ -54,6 +55,17 @@ async def test_every_form_is_read_only_up_to_a_few_short_fields(
             for path in (f"/admin/jobs/{job}/retry", "/admin/jobs/bulk-retry", "/admin/pauses/x"):
                 refused = await http.post(path, data=form, headers=headers)
                 assert refused.status_code == 400, (path, refused.status_code)
+        for chunked in (False, True):  # separators alone: no field to count, every byte parsed
+            body = separators(web.FORM_BODY_MAX + 1024, chunked)
+            junk_cookie = await http.post(
+                "/admin/logout", content=body, headers={"cookie": f"{auth.COOKIE}=x", **URLENCODED}
+            )
+            assert junk_cookie.status_code == 400, junk_cookie.status_code
+            body = separators(web.FORM_BODY_MAX + 1024, chunked)
+            refused = await http.post(
+                f"/admin/jobs/{job}/retry", content=body, headers={**headers, **URLENCODED}
+            )
+            assert refused.status_code == 400, refused.status_code
         upload = await http.post(
             "/admin/logout", files={"csrf": ("c", b"x")}, headers={"cookie": f"{auth.COOKIE}=x"}
         )

@@ -6,6 +6,7 @@ import asyncio
 import html
 import re
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlencode
 from uuid import UUID, uuid4
@@ -495,13 +496,14 @@ async def test_keyset_pages_cover_jobs_created_at_infinity_once(
     assert set(seen) <= set(everything)
 
 
-async def test_dates_no_datetime_holds_in_utc_are_ignored_like_unreadable_ones(
+async def test_dates_no_datetime_holds_in_utc_are_the_end_of_time_they_pass(
     pool: asyncpg.Pool, db_url: str, admin: str
 ) -> None:
-    """A From, To or page cursor time that reads as a date but leaves Python's years once moved
-    to UTC (year 1 east of UTC, year 9999 west of it), and a To within a day of year 1 beside a
-    payload search (whose window starts a day before it): each is ignored, as an unreadable
-    time is, and the list answers."""
+    """A From or To that reads as a date but leaves Python's years once moved to UTC (year 1
+    east of UTC, year 9999 west of it) is the end of time it passed, a page cursor's is
+    ignored, and a To within a day of year 1 beside a payload search (whose window starts a
+    day before it) is a window too: the list answers. A bulk retry "To year 1" left the To out,
+    and retried every failed job of the filter; it retries none."""
     a, _b, _ = await seed(pool)
     job = await pool.fetchval("SELECT id FROM job_queue WHERE workspace_id = $1 LIMIT 1", a)
     headers = workspace_bearer(db_url, a)
@@ -516,6 +518,14 @@ async def test_dates_no_datetime_holds_in_utc_are_ignored_like_unreadable_ones(
             assert len(re.findall(r'<tr data-job="', page.text)) == 6, query
         window = await http.get("/admin/jobs?status=all&to=0001-01-01T12:00&payload=episode%3D7")
         assert window.status_code == 200 and "No jobs match." in window.text
+        early = await http.get("/admin/jobs?status=all&to=0001-01-01T00:00:00%2B05:00")
+        assert early.status_code == 200 and "No jobs match." in early.text
+        csrf = early.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        form = {"csrf": csrf, "status": "all", "to": "0001-01-01T00:00:00+05:00"}
+        same_site = {"sec-fetch-site": "same-origin"}
+        sent = await http.post("/admin/jobs/bulk-retry", data=form, headers=same_site)
+        assert sent.status_code == 303 and "retried=0" in sent.headers["location"], sent.headers
+    assert await pool.fetchval("SELECT count(*) FROM job_queue WHERE status = 'pending'") == 0
 
 
 async def test_a_from_or_to_that_is_no_time_is_a_400_saying_what_to_type(
@@ -691,7 +701,29 @@ async def test_the_login_form_is_read_only_up_to_a_token_s_size(admin: str) -> N
         # Nor a file (Starlette spools each to disk, of any size).
         upload = await http.post("/admin/login", files={"token": ("t", b"slj_" + b"x" * 100)})
         assert upload.status_code == 400, upload.status_code
+        # Nor a body of separators alone, which holds no field to count: declared, or sent in
+        # chunks with no length (it was read and parsed whole, a 401 after every byte).
+        for chunked in (False, True):
+            body = separators(auth.LOGIN_BODY_MAX + 1024, chunked)
+            refused = await http.post("/admin/login", content=body, headers=URLENCODED)
+            assert refused.status_code == 400, refused.status_code
         assert (await http.post("/admin/login", data={"token": "slj_x"})).status_code == 401
+
+
+URLENCODED = {"content-type": "application/x-www-form-urlencoded"}
+
+
+def separators(n: int, chunked: bool = False) -> bytes | AsyncIterator[bytes]:
+    """A form body of `n` "&" (a multiple of 1 kB when chunked): whole, or in 1 kB chunks with
+    no length declared."""
+    if not chunked:
+        return b"&" * n
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(n // 1024):
+            yield b"&" * 1024
+
+    return chunks()
 
 
 async def test_short_job_links_tell_jobs_made_in_the_same_millisecond_apart(

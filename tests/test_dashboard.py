@@ -96,6 +96,27 @@ async def test_the_dashboard_shows_each_token_its_own_numbers(
     }
 
 
+async def test_run_time_buckets_written_by_hand_keep_the_dashboard_up(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """The worker writes every bucket count, but the table's owner may write a NULL, a negative
+    or a count that sums past an integer: a NULL was a 500 for the workspace's token, an
+    overflowing sum one for every token. Each sum counts as 0 to 2^31-1."""
+    a = await make_workspace(pool)
+    await pool.execute(
+        "INSERT INTO job_minute_stats (minute, workspace_id, job_type, run_buckets)"
+        " SELECT date_trunc('minute', now()) - make_interval(mins => i), $1, t, b"
+        " FROM generate_series(0, 1) i, (VALUES ('nulls', '{NULL,1}'::int[]),"
+        " ('huge', '{2147483647,1}'), ('negative', '{-5,1}')) v(t, b)",
+        a,
+    )
+    headers = {"authorization": f"Bearer {token_for(db_url, '--workspace', str(a))}"}
+    async with httpx.AsyncClient(base_url=admin, headers=headers) as http:
+        page = await http.get("/admin/dashboard")
+    assert page.status_code == 200, page.text[:300]
+    assert page.text.count("<tr data-type=") == 3
+
+
 async def test_minutes_that_cannot_be_written_are_kept_within_a_bound(
     pool: asyncpg.Pool,
     workspace: UUID,

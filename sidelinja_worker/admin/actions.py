@@ -164,9 +164,8 @@ async def login(request: Request) -> Response:
     if not auth.same_origin(request):
         return PlainTextResponse(CROSS_SITE, status_code=403)
     pool = request.app.state.pool
-    # Too big a form is a 400 (Starlette raises it as an HTTPException).
-    form = await request.form(
-        max_files=0, max_fields=auth.LOGIN_FIELDS_MAX, max_part_size=auth.LOGIN_FIELD_MAX
+    form = await read_form(
+        request, auth.LOGIN_FIELDS_MAX, auth.LOGIN_FIELD_MAX, auth.LOGIN_BODY_MAX
     )
     scope = await auth.scope_of(pool, str(form.get("token") or "").strip())
     landing = auth.landing(str(form.get("next") or ""))

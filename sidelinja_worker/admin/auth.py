@@ -30,6 +30,7 @@ SESSION_LIFETIME_S = 8 * 3600  # a working day; fixed from login, not extended b
 # let one request hold a gigabyte.
 LOGIN_FIELD_MAX = 4096
 LOGIN_FIELDS_MAX = 8
+LOGIN_BODY_MAX = 2 * LOGIN_FIELD_MAX  # a token, where to land, and the form's separators
 
 # Pages may not be framed (clickjacking), run only our own script, and leak no URLs.
 HEADERS = [

@@ -18,6 +18,7 @@ DEFAULT_STATUS = "error"  # the seed's use: failed jobs first
 # it reads the rows of the window (see list_jobs in admin.sql).
 PAYLOAD_WINDOW = timedelta(days=1)
 EARLIEST = datetime.min.replace(tzinfo=UTC)
+LATEST = datetime.max.replace(tzinfo=UTC)
 # A number is searched for as typed, never through a float (400 digits are inf, which is no
 # JSON): jsonb compares numbers of any size exactly. Past this many characters it is text, as
 # PostgreSQL's numeric holds at most 16,383 digits after the point.
@@ -53,7 +54,9 @@ def _time(text: Any, field: str | None = None) -> datetime | None:
     Python reads it), in UTC; None when there is none. Text that is no time is BadField for a
     form `field` (a filter left out without a word answered for all time, as if its window
     held) and None for a page cursor, which the app writes itself. A time that has no UTC
-    datetime (year 1 east of UTC, year 9999 west of it) is None."""
+    datetime (year 1 east of UTC, year 9999 west of it) is, for a form field, the end of time
+    it passed, so the window stays a window (left out, it made a bulk retry "To year 1" retry
+    every failed job), and None for a cursor."""
     if not text:
         return None
     try:
@@ -69,7 +72,9 @@ def _time(text: Any, field: str | None = None) -> datetime | None:
         # In UTC: the form shows a time without its zone, and reads such a time back as UTC.
         return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
     except (ValueError, OverflowError):
-        return None
+        if field is None:
+            return None
+        return EARLIEST if value.year == 1 else LATEST
 
 
 def job_filter(params: Mapping[str, Any], scope: Scope) -> JobFilter:

@@ -347,9 +347,12 @@ WHERE workspace_id = $1 AND minute >= $2::timestamptz
 GROUP BY job_type;
 
 -- name: dashboard_buckets
--- Run-time bucket counts per job type since $2 (the last hour), summed in the database.
+-- Run-time bucket counts per job type since $2 (the last hour), summed in the database. The
+-- worker writes no NULL, negative or overflowing count, but the table's owner may: each sum is
+-- kept to 0..2^31-1 (a NULL in a bucket was a 500 for the workspace's token, an overflow one
+-- for everyone's).
 SELECT job_type, array_agg(n ORDER BY k) AS buckets
-FROM (SELECT s.job_type, u.k, sum(u.n)::int AS n
+FROM (SELECT s.job_type, u.k, greatest(least(coalesce(sum(u.n), 0), 2147483647), 0)::int AS n
       FROM job_minute_stats s, unnest(s.run_buckets) WITH ORDINALITY AS u(n, k)
       WHERE s.workspace_id = $1 AND s.minute >= $2::timestamptz
       GROUP BY 1, 2) b
