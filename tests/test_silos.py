@@ -18,6 +18,7 @@ from sidelinja_worker.queue import client, store
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.services.ai_gateway import GuardError
+from sidelinja_worker.services.forgejo import check_repo_name
 from tests.fakes.ai_gateway_server import FakeAiGateway, ai_gateway_fixture  # noqa: F401
 from tests.fakes.fixtures import (  # noqa: F401
     EPISODE_SRT,
@@ -148,6 +149,34 @@ async def test_a_job_cannot_use_a_repository_its_workspace_does_not_list(
     )
     await run_burst(pool, db_url, config=service_config(forgejo=forgejo_fake))
     assert (await _outcome(pool, job_b))[0] == "completed"
+
+
+async def test_a_repository_name_cannot_step_out_of_an_allowed_owner(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, forgejo_fake: FakeForgejo
+) -> None:
+    """`forgejo.repos` may allow a whole owner (`sidelinja/*`). A repository named `..` was sent
+    as it was, and the URL's normalisation took it for a step up: `sidelinja/..` with the path
+    `a/contents/ep.srt` read repository `contents/a`, another owner's. Owner and repository are
+    Forgejo names, and such a job fails for good before any request."""
+    await allow_repos(pool, workspace, "sidelinja/*")
+    forgejo_fake.commit("contents", "a", "main", "ep.srt", EPISODE_SRT.encode())
+    source = {"owner": "sidelinja", "repo": "..", "path": "a/contents/ep.srt"}
+    job = await client.enqueue(
+        pool, workspace, "srt_parse", {"transcript_ref": "x", "forgejo": source}
+    )
+    calls_before = len(forgejo_fake.calls)
+    await run_burst(pool, db_url, config=service_config(forgejo=forgejo_fake))
+    status, attempts, error = await _outcome(pool, job)
+    assert (status, attempts) == ("error", 1), error
+    assert error is not None and "must be a Forgejo name" in error
+    assert len(forgejo_fake.calls) == calls_before
+
+
+@pytest.mark.parametrize("name", ["..", ".", "", "a/b", "a%2Fb", "a b", "ø", "x" * 101])
+def test_a_forgejo_name_is_letters_digits_dash_underscore_and_dot(name: str) -> None:
+    with pytest.raises(ValueError, match="must be a Forgejo name"):
+        check_repo_name(name)
+    assert check_repo_name("Sidelinja.Transcripts_2-x") == "Sidelinja.Transcripts_2-x"
 
 
 async def test_a_transcription_cannot_commit_to_a_repository_its_workspace_does_not_list(

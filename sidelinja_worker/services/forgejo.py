@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -119,8 +120,16 @@ class Forgejo:
         )
 
     def _contents_url(self, file: RepoFile) -> str:
-        owner, repo = quote(file.owner, safe=""), quote(file.repo, safe="")
-        return f"{self._api}/repos/{owner}/{repo}/contents/{quote(file.path.lstrip('/'))}"
+        """The file's URL in the contents API; a name or path that could leave the repository
+        is refused for good (the payload models refuse it first, before anything is paid)."""
+        try:
+            owner, repo = check_repo_name(file.owner), check_repo_name(file.repo)
+            path = check_repo_path(file.path)
+        except ValueError as exc:
+            raise PermanentError(
+                f"Forgejo file {file.owner}/{file.repo}:{file.path}: {exc}"
+            ) from None
+        return f"{self._api}/repos/{owner}/{repo}/contents/{quote(path)}"
 
     async def _call(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
         headers = {"Authorization": f"token {self._token.reveal()}", "Accept": "application/json"}
@@ -205,6 +214,20 @@ def _sha_in(raw: msgspec.Raw) -> str | None:
     except ValueError:
         return None
     return bounded.field_text(found["sha"]) if found is not None else None
+
+
+# A Forgejo owner or repository name, as Forgejo itself allows them: ASCII letters, digits,
+# '-', '_' and '.', and never '.' or '..'. Any other name was sent: `..` is a path step that
+# the URL's normalisation takes, so a repo named `..` under an allowed `owner/*` left the
+# owner (`/repos/sidelinja/../contents/a/contents/b` reads repository `contents/a`).
+REPO_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+
+
+def check_repo_name(name: str) -> str:
+    """An owner or repository name (for payload models, and at every request)."""
+    if not REPO_NAME.fullmatch(name) or name in (".", ".."):
+        raise ValueError("must be a Forgejo name: letters, digits, '-', '_' and '.', not '..'")
+    return name
 
 
 def check_repo_path(path: str) -> str:

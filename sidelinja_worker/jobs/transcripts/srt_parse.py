@@ -18,7 +18,7 @@ from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.registry import JobType
-from sidelinja_worker.services.forgejo import Forgejo, RepoFile, check_repo_path
+from sidelinja_worker.services.forgejo import Forgejo, RepoFile, check_repo_name, check_repo_path
 
 # Ten hours of speech is about 1.5 MB of SRT; anything far beyond is not a transcript.
 MAX_SRT_BYTES = 20 * 1024 * 1024
@@ -27,8 +27,8 @@ MAX_SRT_BYTES = 20 * 1024 * 1024
 class ForgejoSource(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    owner: str = Field(min_length=1, max_length=100)
-    repo: str = Field(min_length=1, max_length=100)
+    owner: Annotated[str, AfterValidator(check_repo_name)]
+    repo: Annotated[str, AfterValidator(check_repo_name)]
     path: Annotated[str, Field(min_length=1, max_length=500), AfterValidator(check_repo_path)]
     ref: str | None = Field(default=None, min_length=1, max_length=250)  # branch, tag or commit
 

@@ -17,7 +17,13 @@ from sidelinja_worker.queue.errors import PermanentError
 from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.registry import JobType
 from sidelinja_worker.services import whisper
-from sidelinja_worker.services.forgejo import Commit, Forgejo, RepoFile, check_repo_path
+from sidelinja_worker.services.forgejo import (
+    Commit,
+    Forgejo,
+    RepoFile,
+    check_repo_name,
+    check_repo_path,
+)
 
 log = logging.getLogger("sidelinja_worker.job")
 
@@ -25,8 +31,8 @@ log = logging.getLogger("sidelinja_worker.job")
 class ForgejoTarget(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    owner: str = Field(min_length=1, max_length=100)
-    repo: str = Field(min_length=1, max_length=100)
+    owner: Annotated[str, AfterValidator(check_repo_name)]
+    repo: Annotated[str, AfterValidator(check_repo_name)]
     path: Annotated[str, Field(min_length=1, max_length=500), AfterValidator(check_repo_path)]
     branch: str | None = Field(default=None, min_length=1, max_length=250)  # None: default branch
 
