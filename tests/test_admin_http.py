@@ -927,6 +927,28 @@ async def test_a_login_goes_to_the_page_the_browser_asked_for(
             assert 'name="next" value="/admin/jobs"' in page, elsewhere
 
 
+async def test_an_action_posted_after_the_session_ran_out_comes_back_to_its_page(
+    pool: asyncpg.Pool, db_url: str, admin: str
+) -> None:
+    """A retry or cancel clicked after the session ended was sent to the login page naming the
+    action's own URL, which the browser then loaded: a 405 (for a bulk retry, "No such job
+    bulk-retry"). The login names the page the form was on, when the browser says it was one
+    of this view's, and the job list otherwise."""
+    a, _b, _ = await seed(pool)
+    job = await pool.fetchval("SELECT id FROM job_queue WHERE workspace_id = $1 LIMIT 1", a)
+    page = f"/admin/jobs/{job}?x=1"
+    expired = {**BROWSER, "cookie": f"{auth.COOKIE}=gone"}
+    async with httpx.AsyncClient(base_url=admin) as http:
+        for referer, back in (
+            (f"{admin}{page}", f"/admin/login?{urlencode({'next': page})}"),
+            ("https://evil.example/admin/jobs", "/admin/login"),
+            (None, "/admin/login"),
+        ):
+            headers = expired if referer is None else {**expired, "referer": referer}
+            sent = await http.post(f"/admin/jobs/{job}/retry", data={"csrf": "x"}, headers=headers)
+            assert (sent.status_code, sent.headers["location"]) == (303, back), referer
+
+
 async def test_with_no_job_due_the_pages_say_nothing_is_due(
     pool: asyncpg.Pool, db_url: str, admin: str
 ) -> None:

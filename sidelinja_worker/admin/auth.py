@@ -121,8 +121,20 @@ LANDING = "/admin/jobs"  # where a login goes when it was asked for no page of t
 def login_url(request: Request) -> str:
     """The login page, naming the page the browser asked for: after the login it goes there,
     not to the job list (a job's link sent in a chat, opened logged out, was lost)."""
-    asked = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    asked = _page_asked(request)
     return "/admin/login" if asked == LANDING else f"/admin/login?{urlencode({'next': asked})}"
+
+
+def _page_asked(request: Request) -> str:
+    """The page a request asked for; for a form posted from a page of this view (an action
+    whose session ran out meanwhile), that page: the action's own URL, loaded after the
+    login, was a 405 ("No such job" for a bulk retry)."""
+    if request.method in ("GET", "HEAD"):
+        return request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    sent_from = urlsplit(request.headers.get("referer", ""))
+    if f"{sent_from.scheme}://{sent_from.netloc}" != f"{request.url.scheme}://{request.url.netloc}":
+        return LANDING
+    return sent_from.path + (f"?{sent_from.query}" if sent_from.query else "")
 
 
 def landing(asked: str) -> str:
