@@ -15,7 +15,12 @@ from sidelinja_worker.queue import metrics, store
 from tests.helpers import insert_jobs, metrics_text, wait_for
 
 
-async def test_loop_lag_is_measured() -> None:
+async def test_loop_lag_is_measured_and_a_blocked_loop_said(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handler that blocks the loop showed only in the gauge; past LOOP_BLOCKED_WARN_S it
+    is a warning too."""
+    monkeypatch.setattr(metrics, "LOOP_BLOCKED_WARN_S", 0.2)
     task = asyncio.create_task(metrics.lag_loop(0.02))
     try:
         await asyncio.sleep(0)  # the task starts: its tick's sleep is under way
@@ -26,6 +31,7 @@ async def test_loop_lag_is_measured() -> None:
 
         await wait_for(lagged)
         assert "sidelinja_event_loop_lag_seconds" in (await _scrape_once())
+        assert any("the event loop was blocked" in r.message for r in caplog.records)
     finally:
         task.cancel()
 

@@ -3,6 +3,7 @@ transaction. One round trip for any number of jobs."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -63,6 +64,17 @@ class NewJob:
             raise ValueError("timeout_s must be positive")
         if self.job_id is not None and self.job_id in self.parents:
             raise ValueError("a job cannot depend on itself")
+        if type(self.payload) is not dict:
+            # Read now, by the caller (a handler's follow-up: its job fails): read later by
+            # the outcome writer, a mapping whose reading raises ended the writer, and the
+            # worker with it.
+            try:
+                payload = dict(self.payload)
+            except Exception as exc:
+                raise ValueError(
+                    f"payload could not be read as a mapping: {type(exc).__name__}"
+                ) from None
+            return dataclasses.replace(self, payload=payload)
         return self
 
 
@@ -116,7 +128,7 @@ async def _enqueue_jobs(conn: store.Conn, checked: list[NewJob], rounds: int) ->
         ids=ids,
         workspace_ids=[_uuid(j.workspace_id) for j in checked],
         job_types=[j.job_type for j in checked],
-        payloads=[j.payload if type(j.payload) is dict else dict(j.payload) for j in checked],
+        payloads=[j.payload for j in checked],  # dicts: checked() reads any other mapping
         priorities=[
             default_priority(j.job_type) if j.priority is None else j.priority for j in checked
         ],

@@ -79,6 +79,11 @@ class Services:
     def http(self) -> httpx.AsyncClient:
         if self._http is None:  # asked for before `prepare_http` finished: built here
             self._http = _new_http_client()
+        elif self._http.is_closed:
+            # A handler closed the shared client (`async with ctx.services.http:`): every
+            # later call of every job failed with "the client has been closed".
+            log.warning("the shared HTTP client was closed by a handler; a new one is made")
+            self._http = _new_http_client()
         return self._http
 
     async def prepare_http(self) -> None:

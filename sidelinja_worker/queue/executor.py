@@ -117,21 +117,32 @@ async def execute(
             )
         return "completed", None
     except RawResultError as exc:
-        return _fail(writer, job, "bad_result", str(exc), permanent=True), exc
+        return _fail(writer, job, "bad_result", text_of(exc), permanent=True), exc
     except TimeoutError as exc:  # the handler's own (an HTTP read, say); ours is a cancellation
         return _fail(writer, job, "transient", "TimeoutError: a call timed out"), exc
     except RetryJob as exc:
-        return _fail(writer, job, "transient", str(exc), after_s=exc.after_s), exc
+        return _fail(writer, job, "transient", text_of(exc), after_s=exc.after_s), exc
     except PermanentError as exc:
-        return _fail(writer, job, "permanent", str(exc), permanent=True), exc
+        return _fail(writer, job, "permanent", text_of(exc), permanent=True), exc
     except Defer as exc:
         until = defer_until(exc.after_s, exc.until)
-        log.info("job %s deferred until %s: %s", job.id, until.isoformat(), exc)
-        writer.released(Release(job.id, until, clean_message(str(exc))))
+        why = clean_message(text_of(exc))
+        log.info("job %s deferred until %s: %s", job.id, until.isoformat(), why)
+        writer.released(Release(job.id, until, why))
         return "deferred", None
-    except asyncio.CancelledError:
-        asyncio.current_task().uncancel()  # type: ignore[union-attr]
-        reason = cancel_reasons.get(job.id)
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        assert task is not None
+        reason: str | None = cancel_reasons.get(job.id)
+        if task.cancelling():
+            task.uncancel()
+        if reason is None:
+            # Not a cancellation of the worker's (each sets its reason first): the handler
+            # raised CancelledError, awaited a task someone cancelled, or its own timer
+            # cancelled this task. Taken for a stop, it put the job back with its attempt
+            # returned, to run again at once, for ever: a failure of the handler's.
+            message = "CancelledError: the handler's own cancellation escaped it"
+            return _fail(writer, job, "transient", message), exc
         if reason == TIMED_OUT:
             message = f"timed out after {timeout_s:g} s"
             _fail(writer, job, "timeout", message)
@@ -147,11 +158,23 @@ async def execute(
     # calls), they went out of the event loop and stopped the worker, with SystemExit(0) at
     # exit code 0, which a process manager takes for a clean stop. The worker's own stop
     # signals never raise them: they are handled on the loop (cli.commands).
-    except (Exception, SystemExit, KeyboardInterrupt) as exc:
+    # Any other BaseException a handler raises (GeneratorExit, a class of its own) is its
+    # failure too: let through, it ended the slot and with it the worker.
+    except BaseException as exc:
         log.warning(
             "job %s (%s) raised %s", job.id, job.job_type, type(exc).__name__, exc_info=True
         )
-        return _fail(writer, job, "transient", f"{type(exc).__name__}: {exc}"), exc
+        return _fail(writer, job, "transient", f"{type(exc).__name__}: {text_of(exc)}"), exc
+
+
+def text_of(exc: BaseException) -> str:
+    """str(exc), whatever the handler's exception does: a __str__ that raises, or returns no
+    str, ended the slot that ran it, and the worker with it."""
+    try:
+        text = str(exc)
+    except Exception:
+        return f"<{type(exc).__name__} whose message could not be read>"
+    return text if isinstance(text, str) else f"<{type(exc).__name__}>"
 
 
 async def _in_span(
@@ -172,7 +195,7 @@ async def _in_span(
             return ended
         finally:
             outcome, error = ended
-            message = clean_message(f"{type(error).__name__}: {error}") if error else None
+            message = clean_message(f"{type(error).__name__}: {text_of(error)}") if error else None
             try:
                 tracing.end_job_span(span, token, outcome, error, message)
             except Exception:  # the outcome is recorded; a slot must not die for its span

@@ -146,22 +146,51 @@ class TextFormatter(logging.Formatter):
         return printable_lines(super().formatException(ei))
 
 
+# A message or traceback longer than this is cut, saying so: a handler's exception may carry
+# megabytes (an answer quoted whole), and each failed attempt wrote all of it to the log.
+TEXT_MAX = 16_000
+
+
+def _bounded(text: str) -> str:
+    if len(text) <= TEXT_MAX:
+        return text
+    return f"{text[:TEXT_MAX]}… [{len(text) - TEXT_MAX:,} more characters cut]"
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": _bounded(record.getMessage()),
             **job_fields(),
         }
         summary = getattr(record, "summary", None)
         if summary is not None:  # collectors read the counts without parsing the message
             line.update(summary)
         if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
+            line["exc"] = _bounded(self.formatException(record.exc_info))
+        try:
+            encoded = orjson.dumps(line, default=str)
+        except TypeError:
+            # A lone surrogate (an undecodable file name in an OSError, a service's answer)
+            # is no UTF-8, and orjson refuses it: the record was lost, and logging's own
+            # complaint went out as dozens of lines that are not JSON.
+            encoded = orjson.dumps(_without_surrogates(line), default=str)
         # orjson escapes C0 controls; C1 and bidi characters act on a terminal too.
-        return printable_json(orjson.dumps(line, default=str).decode())
+        return printable_json(encoded.decode())
+
+
+def _without_surrogates(value: Any) -> Any:
+    """`value` with each lone surrogate in its texts (keys too) as "?"."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_without_surrogates(str(k)): _without_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_without_surrogates(v) for v in value]
+    return _without_surrogates(str(value)) if not isinstance(value, int | float | bool) else value
 
 
 def want_json(stream: Any = None, forced: str | None = None) -> bool:

@@ -235,6 +235,12 @@ async def _refresh_gauges(pool: asyncpg.Pool) -> None:
     NOTIFY_PAUSED.labels("wakeups").set(notify["wakeups_paused"])
 
 
+# A lag this long is said at warning: a handler blocked the loop (time.sleep, a blocking
+# client, CPU work), and with it every job, claim and heartbeat. Only the gauge showed it, and
+# the lease it cost was logged as a rescue that "took too long".
+LOOP_BLOCKED_WARN_S = 1.0
+
+
 async def lag_loop(tick_s: float) -> None:
     """Measures how late the event loop wakes a `tick_s` sleep: the lag every job's pickup and
     every heartbeat pays. Runs for the worker's life, supervised with its other tasks."""
@@ -242,7 +248,14 @@ async def lag_loop(tick_s: float) -> None:
     while True:
         start = loop.time()
         await asyncio.sleep(tick_s)
-        LOOP_LAG.set(max(loop.time() - start - tick_s, 0.0))
+        lag = max(loop.time() - start - tick_s, 0.0)
+        LOOP_LAG.set(lag)
+        if lag >= LOOP_BLOCKED_WARN_S:
+            log.warning(
+                "the event loop was blocked for %.1f s: every job, claim and heartbeat waited"
+                " (a handler's blocking call belongs in a thread: asyncio.to_thread)",
+                lag,
+            )
 
 
 async def gauge_loop(pool: asyncpg.Pool, every_s: float = GAUGE_REFRESH_S) -> None:

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 from uuid import UUID
 
 import asyncpg
+from asyncpg.exceptions._base import DataError as ArgumentError  # asyncpg's "cannot encode"
 
 from sidelinja_worker.queue import clock
 from sidelinja_worker.queue.db import DB_ERRORS, Conn
@@ -256,7 +257,14 @@ async def copy_jobs(conn: Conn, rows: EnqueueRows, with_schedule: bool) -> None:
     if any(rows.traceparents):  # traced enqueues only: the column is left out otherwise
         columns.append("traceparent")
         records = ((*r, tp) for r, tp in zip(records, rows.traceparents, strict=True))
-    await conn.copy_records_to_table("job_queue", records=records, columns=columns)
+    try:
+        await conn.copy_records_to_table("job_queue", records=records, columns=columns)
+    except (TypeError, ValueError, OverflowError) as exc:
+        # COPY encodes each value in Python and says so as a plain TypeError, ValueError or
+        # OverflowError, where the INSERT path gets PostgreSQL's or asyncpg's DataError: taken
+        # for a fault of the writer's, one such value among a job's 64 follow-ups killed the
+        # outcome writer, and the worker with every other job's outcome it held.
+        raise ArgumentError(f"a value COPY cannot send: {exc}") from None
 
 
 async def add_dependencies(conn: Conn, edges: Sequence[tuple[UUID, UUID, bool]]) -> None:

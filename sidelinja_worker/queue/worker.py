@@ -55,6 +55,13 @@ THREAD_WATCH_S = 1.0  # how often thread work left behind by ended jobs is count
 # Thread work of a job that ended (cancelled, timed out) that runs on this much longer is
 # taken for stuck: such work normally ends within seconds of its job.
 THREAD_STUCK_S = 60.0
+# A handler still running this long past its timeout has ignored the cancellation (it catches
+# CancelledError and goes on): its slot never comes back, and the lease it renews keeps its
+# job from any other worker. The worker dies (crash-only) and its jobs go back, counted.
+HANDLER_OVERRUN_S = 60.0
+# At a stop, handlers cancelled once the grace period is over have this long to end; past it,
+# the worker dies as above instead of waiting for them for ever.
+CANCELLED_WITHIN_S = 10.0
 # Exit codes (README, "Exit codes"): 0 stopped or drained, 1 a second stop signal, 2 bad input
 # or no database, 3 an internal task of the worker died (restart it: the leases rescue its jobs).
 EXIT_WORKER_DIED = 3
@@ -62,6 +69,10 @@ EXIT_WORKER_DIED = 3
 
 class ThreadsLeftBehind(Exception):
     """Too many threads held by work of jobs that have ended (Worker._thread_watch)."""
+
+
+class CancellationIgnored(Exception):
+    """A handler went on past its cancellation (Worker._timeout_watchdog, a stop)."""
 
 
 class WorkerDied(Exception):
@@ -466,7 +477,17 @@ class Worker:
                 return
             else:
                 self._job_ready.clear()
-                await self._job_ready.wait()
+                try:
+                    await self._job_ready.wait()
+                except asyncio.CancelledError:
+                    if self._stop.is_set():
+                        raise
+                    # No cancellation of the worker's reaches an idle slot: a handler's timer
+                    # or task cancelled the task it ran in after it returned. The slot ended
+                    # without a word before, one fewer for good (none: a wedged worker).
+                    slot_task.uncancel()
+                    name = slot_task.get_name()
+                    log.warning("%s was cancelled by a handler's leftover; it goes on", name)
 
     def _held_job(self, now: float) -> ClaimedJob | None:
         """The next held job, if one may start at loop time `now`: none once stopping, and none
@@ -500,6 +521,8 @@ class Worker:
                 job, jt, self._writer, self._services, self.id, timeout_s, self._cancel_reasons
             )
         finally:
+            while slot_task.cancelling():  # a cancellation the handler swallowed: spent
+                slot_task.uncancel()
             self._job_time_s += (time.monotonic() - started - self._job_time_s) * 0.1
             del self._running[job.id]
             del self._deadlines[job.id]
@@ -621,15 +644,23 @@ class Worker:
 
     async def _timeout_watchdog(self) -> None:
         """Cancels handlers past their deadline, checking every TIMEOUT_TICK_S: one loop for
-        all jobs instead of a timer armed and disarmed per job on the hot path."""
+        all jobs instead of a timer armed and disarmed per job on the hot path. A handler still
+        running HANDLER_OVERRUN_S past its deadline ignored its cancellation: the worker dies."""
         while True:
             await asyncio.sleep(TIMEOUT_TICK_S)
             now = time.monotonic()
             for job_id, deadline in list(self._deadlines.items()):
                 task = self._running.get(job_id)
-                if deadline <= now and task is not None and job_id not in self._cancel_reasons:
+                if deadline > now or task is None:
+                    continue
+                if job_id not in self._cancel_reasons:
                     self._cancel_reasons[job_id] = executor.TIMED_OUT
                     task.cancel()
+                elif deadline + HANDLER_OVERRUN_S <= now:
+                    raise CancellationIgnored(
+                        f"job {job_id} runs on {HANDLER_OVERRUN_S:g} s past its timeout, its"
+                        " handler ignoring the cancellation: its slot would never come back"
+                    )
 
     async def _thread_watch(self) -> None:
         """Ends the worker (crash-only) once more thread work that its jobs left behind has
@@ -763,6 +794,16 @@ class Worker:
             for job_id, task in list(self._running.items()):
                 self._cancel_reasons.setdefault(job_id, executor.SHUTDOWN)
                 task.cancel()
+            if not await self._jobs_done(CANCELLED_WITHIN_S):
+                # Waited for, they held the stop for ever: a death, whose give-back takes
+                # their jobs back (counted) and does not wait for them.
+                error = CancellationIgnored(
+                    f"{len(self._running)} handler(s) still running {CANCELLED_WITHIN_S:g} s"
+                    f" after their cancellation at the stop (jobs {', '.join(map(str, self._running))})"
+                )
+                self._fatal = WorkerDied("slots", error)
+                log.error("%s; giving back their jobs and exiting", self._fatal)
+                return
         await asyncio.gather(*slots, return_exceptions=True)
         drained = await self._drain_unless_dead(DRAIN_AT_EXIT_S)
         for task in loop_tasks:
