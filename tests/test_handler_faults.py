@@ -9,6 +9,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime, timedelta, tzinfo
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
@@ -276,3 +277,63 @@ def test_a_log_line_with_a_lone_surrogate_or_megabytes_is_one_bounded_json_line(
     line = JsonFormatter().format(record)
     assert line.startswith("{") and line.endswith("}") and "\n" not in line
     assert len(line) < 2 * TEXT_MAX + 1000 and "more characters cut" in line
+
+
+class _RaisingZone(tzinfo):
+    def utcoffset(self, dt: datetime | None) -> timedelta:
+        raise RuntimeError("no offset")
+
+    def dst(self, dt: datetime | None) -> timedelta | None:
+        return None
+
+
+class _WrongZone(tzinfo):
+    def utcoffset(self, dt: datetime | None) -> timedelta:
+        return "+01:00"  # type: ignore[return-value]
+
+    def dst(self, dt: datetime | None) -> timedelta | None:
+        return None
+
+
+async def test_a_datetime_with_a_broken_time_zone_fails_its_own_job(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """orjson writes datetimes itself and trusts their tzinfo: one whose utcoffset() raises
+    killed the worker by a segfault (no log line, every held job left to the lease), and one
+    that returns no timedelta was stored as "+474710:15". Python's isoformat checks both: the
+    job fails as a result that is not JSON, or a follow-up that could not be stored."""
+    when = datetime(2026, 12, 7, 12, 30, 5, 9)
+
+    def returns(value: Any) -> Any:
+        async def handler(ctx: JobContext, payload: Any) -> Any:
+            return value
+
+        return handler
+
+    async def follow_up(ctx: JobContext, payload: Any) -> None:
+        at = when.replace(tzinfo=_RaisingZone())
+        ctx.enqueue_on_success(NewJob(ctx.workspace_id, "fine", payload={"at": at}))
+
+    registry = Registry(
+        [
+            job_type("raising", returns({"at": when.replace(tzinfo=_RaisingZone())})),
+            job_type("wrong", returns([when.replace(tzinfo=_WrongZone())])),
+            job_type("fine", returns({"at": when.replace(tzinfo=UTC), "naive": when})),
+            job_type("follow_up", follow_up),
+        ]
+    )
+    for name in ("raising", "wrong", "fine", "follow_up"):
+        await insert_jobs(pool, workspace, 1, job_type_name=name)
+    await run_burst(pool, db_url, registry)
+    rows = await _jobs(pool)
+    for name in ("raising", "wrong"):
+        assert rows[name]["status"] == "error", dict(rows[name])
+        assert "result that is not JSON" in rows[name]["error_msg"]
+    assert rows["follow_up"]["status"] == "error", dict(rows["follow_up"])
+    assert "could not be stored" in rows["follow_up"]["error_msg"]
+    assert await pool.fetchval("SELECT count(*) FROM job_queue") == 4  # no follow-up went in
+    result = await pool.fetchval("SELECT result FROM job_queue WHERE job_type = 'fine'")
+    assert result == {
+        "at": "2026-12-07T12:30:05.000009+00:00",
+        "naive": "2026-12-07T12:30:05.000009",
+    }

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import orjson
 
+from sidelinja_worker.queue import jsonvalues
 from sidelinja_worker.queue.embedded import default_data_dir, start_embedded
 from sidelinja_worker.queue.errors import UserError
 
@@ -144,7 +145,7 @@ class RawJson(bytes):
 def _encode_jsonb(value: Any) -> bytes:
     if type(value) is RawJson:
         return b"\x01" + value
-    return b"\x01" + orjson.dumps(value)
+    return b"\x01" + jsonvalues.dumps(value)
 
 
 class UndecodableJson(str):

@@ -11,9 +11,7 @@ from contextvars import ContextVar
 from typing import Any
 from uuid import UUID
 
-import orjson
-
-from sidelinja_worker.queue import logs, metrics, store, tracing
+from sidelinja_worker.queue import jsonvalues, logs, metrics, store, tracing
 from sidelinja_worker.queue.backoff import clamp_s, defer_until, retry_delay_s
 from sidelinja_worker.queue.context import JobContext, Services, clean_text
 from sidelinja_worker.queue.db import RawJson
@@ -223,7 +221,7 @@ class RawResultError(Exception):
 
 def _encode_result(result: object) -> RawJson:
     try:
-        raw = orjson.dumps(result)
+        raw = jsonvalues.dumps(result)
     except TypeError as exc:
         raise RawResultError(f"handler returned a result that is not JSON: {exc}") from None
     if len(raw) > MAX_RESULT_BYTES:

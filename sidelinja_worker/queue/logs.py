@@ -28,8 +28,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
-
+from sidelinja_worker.queue import jsonvalues
 from sidelinja_worker.queue.escapes import printable, printable_json, printable_lines
 
 # Set once per job in the job's own task (asyncio copies the context per task), so every
@@ -172,12 +171,12 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             line["exc"] = _bounded(self.formatException(record.exc_info))
         try:
-            encoded = orjson.dumps(line, default=str)
+            encoded = jsonvalues.dumps_lenient(line)
         except TypeError:
             # A lone surrogate (an undecodable file name in an OSError, a service's answer)
             # is no UTF-8, and orjson refuses it: the record was lost, and logging's own
             # complaint went out as dozens of lines that are not JSON.
-            encoded = orjson.dumps(_without_surrogates(line), default=str)
+            encoded = jsonvalues.dumps_lenient(_without_surrogates(line))
         # orjson escapes C0 controls; C1 and bidi characters act on a terminal too.
         return printable_json(encoded.decode())
 
