@@ -1224,8 +1224,8 @@ async def test_a_job_reads_no_parent_of_another_workspace_even_past_the_triggers
     pool: asyncpg.Pool, db_url: str, workspace: UUID
 ) -> None:
     """A superuser can write past every trigger (session_replication_role = replica, as a
-    restore does): an edge across workspaces made so still hands the job no result but its
-    own workspace's."""
+    restore does): an edge across workspaces made so still hands the job no result, relative
+    or child but its own workspace's."""
     other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
     results = [
         await completed_a_minute_ago(pool, other, '{"secret": 1}'),
@@ -1243,13 +1243,27 @@ async def test_a_job_reads_no_parent_of_another_workspace_even_past_the_triggers
             results,
             ours,
         )
+        # and a child elsewhere, of the type the job looks for before adding its own
+        theirs = await conn.fetchval(
+            "INSERT INTO job_queue (workspace_id, job_type, payload, status)"
+            " VALUES ($1, 'srt_parse', '{}', 'completed') RETURNING id",
+            other,
+        )
+        await conn.execute(
+            "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)", ours, theirs
+        )
     seen: list[Any] = []
 
     async def peek(ctx: JobContext, payload: Any) -> None:
         seen.append([p.result for p in await ctx.parent_results()])
+        seen.append(await ctx.children())
+        seen.append(await ctx.has_child("srt_parse"))
 
     await run_burst(pool, db_url, Registry([job_type("peek", peek)]))
-    assert seen == [['{"mine": 1}']]  # the raw JSON, as stored
+    assert seen == [['{"mine": 1}'], [], False]  # the raw JSON, as stored
+    async with pool.acquire() as conn:  # what `jobs show` and `jobs why` list
+        relatives = await store.job_relatives(conn, ours)
+    assert [(r["relation"], r["id"]) for r in relatives] == [("parent", results[1])]
 
 
 @pytest.mark.parametrize("how", ["follow-up", "child"])

@@ -645,26 +645,35 @@ LIMIT $3;
 -- A job's parents and children, for `jobs show`, `jobs why` and `ctx.children()`; each type to
 -- its first 200 characters, as in `parent_results`. At most $2 of each, unfinished ones first
 -- (what `jobs why` names), then by type and id: any writer may give a job a million
--- relatives, and each came back. `more` is how many of that relation are left out.
+-- relatives, and each came back. `more` is how many of that relation are left out. Only
+-- relatives in the job's own workspace, as in `parent_results`.
 (SELECT 'parent' AS relation, p.id, left(p.job_type, 200) AS job_type, p.status::text AS status,
         d.run_anyway, greatest(count(*) OVER () - $2, 0) AS more
- FROM job_dependencies d JOIN job_queue p ON p.id = d.parent_id
- WHERE d.child_id = $1
+ FROM job_queue j
+ JOIN job_dependencies d ON d.child_id = j.id
+ JOIN job_queue p ON p.id = d.parent_id AND p.workspace_id = j.workspace_id
+ WHERE j.id = $1
  ORDER BY p.status IN ('completed', 'error', 'cancelled'), 3, 2
  LIMIT $2)
 UNION ALL
 (SELECT 'child', c.id, left(c.job_type, 200), c.status::text, d.run_anyway,
         greatest(count(*) OVER () - $2, 0)
- FROM job_dependencies d JOIN job_queue c ON c.id = d.child_id
- WHERE d.parent_id = $1
+ FROM job_queue j
+ JOIN job_dependencies d ON d.parent_id = j.id
+ JOIN job_queue c ON c.id = d.child_id AND c.workspace_id = j.workspace_id
+ WHERE j.id = $1
  ORDER BY c.status IN ('completed', 'error', 'cancelled'), 3, 2
  LIMIT $2)
 ORDER BY 1 DESC, 3, 2;
 
 -- name: has_child
--- Whether the job has a child of type $2, looked up without reading its other children.
-SELECT EXISTS (SELECT FROM job_dependencies d JOIN job_queue c ON c.id = d.child_id
-               WHERE d.parent_id = $1 AND c.job_type = $2);
+-- Whether the job has a child of type $2 in its own workspace, looked up without reading its
+-- other children (a child elsewhere, written past the graph's triggers, would keep
+-- whisper_transcribe from adding the one its own workspace needs).
+SELECT EXISTS (SELECT FROM job_queue j
+               JOIN job_dependencies d ON d.parent_id = j.id
+               JOIN job_queue c ON c.id = d.child_id AND c.workspace_id = j.workspace_id
+               WHERE j.id = $1 AND c.job_type = $2);
 
 -- name: find_by_unique_keys
 -- The holders of (workspace, key) pairs: a key is unique within its workspace only.
