@@ -31,13 +31,14 @@ from pathlib import Path
 
 import asyncpg
 import httpx
+import orjson
 import pytest
 import zstandard
 
 from sidelinja_worker.queue.config import Secret
 from sidelinja_worker.queue.errors import PermanentError, RetryJob
 from sidelinja_worker.queue.limits import RateLimiter
-from sidelinja_worker.services import ai_answers, ai_errors, bounded, livekit, whisper
+from sidelinja_worker.services import ai_answers, ai_errors, bounded, classify, livekit, whisper
 from sidelinja_worker.services import ai_gateway as gateway_module
 from sidelinja_worker.services.ai_answers import Usage
 from sidelinja_worker.services.ai_gateway import AiGateway
@@ -856,3 +857,47 @@ async def test_a_lone_surrogate_beside_millions_of_escapes_is_a_body_that_is_not
         await gateway(http, server.url, pool).chat(CHAT)
     figures = (str(caught.value), peak[0] < 100_000_000)
     assert figures == ("AI gateway answered with a body that is not JSON", True), peak
+
+
+TOKEN = "0123456789abcdef0123456789abcdef01234567"  # Forgejo's 40 hex characters
+
+
+def _fragments(secret: str, text: str) -> list[str]:
+    """Every piece of `secret` of six characters or more found in `text`."""
+    return [
+        secret[i:j]
+        for i in range(len(secret))
+        for j in range(i + 6, len(secret) + 1)
+        if secret[i:j] in text
+    ]
+
+
+@pytest.mark.parametrize("before", [8, 19, 33])  # how much of the token fits before the cut
+async def test_a_secret_echoed_across_the_message_s_cut_leaves_no_piece(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, tmp_path: Path, before: int
+) -> None:
+    """A proxy's error page that echoes the request's headers: the token was blanked only
+    whole, after the message was cut to its length, so one straddling the cut left its first
+    characters in error_msg (19 of Forgejo's 40)."""
+    forgejo_cut = classify.MAX_DETAIL_CHARS - before
+    server.answer = Answer(
+        502,
+        [("Content-Type", "text/plain")],
+        b"x" * (forgejo_cut - 6) + (f" token {TOKEN} and more".encode()),
+    )
+    with pytest.raises(RetryJob) as forgejo:
+        await Forgejo(http, server.url, Secret(TOKEN)).read(RepoFile("o", "r", "a.srt"))
+    assert "***" in str(forgejo.value) and _fragments(TOKEN, str(forgejo.value)) == []
+
+    key = "sk-or-v1-" + "a1b2c3d4" * 8
+    prefix = len("AI gateway 400: ")
+    message = "y" * (ai_errors.MAX_MESSAGE_CHARS - prefix - before - 8) + f" Bearer {key}"
+    server.answer = json_answer(
+        orjson.dumps(
+            {"error": {"code": 400, "message": message, "metadata": {"reasons": [message]}}}
+        ),
+        status=400,
+    )
+    with pytest.raises(PermanentError) as ai:
+        await AiGateway(http, server.url, Secret(key), RateLimiter(pool)).chat(CHAT)
+    assert "***" in str(ai.value) and _fragments(key, str(ai.value)) == []

@@ -23,6 +23,7 @@ from sidelinja_worker.services import ai_errors, bounded
 from sidelinja_worker.services.ai_answers import Usage, chat_answer, embeddings_answer
 from sidelinja_worker.services.ai_errors import describe_error, error_object
 from sidelinja_worker.services.ai_requests import encoded_body, in_pieces, storable_text
+from sidelinja_worker.services.classify import scrub
 
 log = logging.getLogger("sidelinja_worker.ai_gateway")
 
@@ -253,9 +254,9 @@ class AiGateway:
         }
 
     def _redact(self, text: str) -> str:
-        """A gateway or provider may echo the request; the key must never reach error_msg."""
-        key = self._key.reveal()
-        return text.replace(key, "***") if key else text
+        """A gateway or provider may echo the request; the key, whole or cut, must never reach
+        error_msg (classify.scrub)."""
+        return scrub(text, [self._key.reveal()])
 
 
 def embeddings_answer_bytes(inputs: int, dimensions: int | None) -> int:

@@ -69,11 +69,24 @@ def detail(response: httpx.Response, keys: Iterable[str], secrets: Iterable[str]
     return scrub(" ".join(text.split())[:MAX_DETAIL_CHARS], secrets)
 
 
+# A run of the characters tokens and keys are made of. A message is cut to its length (and a
+# long value inside it by reprlib, which keeps both ends) wherever the cut falls, so a secret
+# a service echoed can arrive cut in pieces: each piece is such a run, bounded by the cut.
+_TOKEN_RUN = re.compile(r"[A-Za-z0-9_-]{6,}")
+
+
 def scrub(text: str, secrets: Iterable[str]) -> str:
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text
+    """`text` with each secret blanked, and each piece of one a cut left (any run of six or
+    more token characters found inside a secret): blanking whole secrets only, a token that
+    straddled the message's cut left its first 19 of 40 characters in error_msg."""
+    kept = [secret for secret in secrets if secret]
+    for secret in kept:
+        text = text.replace(secret, "***")
+    if not kept:
+        return text
+    return _TOKEN_RUN.sub(
+        lambda m: "***" if any(m.group() in secret for secret in kept) else m.group(), text
+    )
 
 
 def transient_status(service: str, response: httpx.Response, message: str) -> RetryJob:
