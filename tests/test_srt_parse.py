@@ -336,6 +336,21 @@ async def test_windows_1252_files_are_read(
     assert segs[0]["text"] == "Blåbærsyltetøy"
 
 
+async def test_a_utf_8_file_with_one_stray_byte_stays_utf_8(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media_root: Path
+) -> None:
+    """One Latin-1 "é" pasted into a UTF-8 file made the whole file Windows-1252: every æ, ø
+    and å of every cue was stored as mojibake ("BlÃ¥bÃ¦rsyltetÃ¸y"), and the job completed.
+    The stray byte alone is lost."""
+    srt = "1\n00:00:01,000 --> 00:00:02,000\nBlåbærsyltetøy på søndag.\n\n"
+    srt += "2\n00:00:03,000 --> 00:00:04,000\nKaf\x00en er åpen.\n"
+    (media_root / "srt" / "mixed.srt").write_bytes(srt.encode().replace(b"\x00", b"\xe9"))
+    row = await parse_job(pool, db_url, workspace, {"srt_path": "srt/mixed.srt"}, media_root)
+    assert row["status"] == "completed", row["error_msg"]
+    segs = await transcripts_store.get_segments(pool, workspace, "ep-1")
+    assert [s["text"] for s in segs] == ["Blåbærsyltetøy på søndag.", "Kaf\ufffden er åpen."]
+
+
 def test_the_demo_ships_the_sample_episode() -> None:
     demo_file = resources.files("sidelinja_worker.cli").joinpath("demo_data/episode_no.srt")
     demo = demo_file.read_text("utf-8")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import Iterator
 from typing import Annotated, Any
 
@@ -194,12 +195,30 @@ def _pieces(text: str) -> Iterator[str]:
         yield text[start:]
 
 
+# A well-formed UTF-8 sequence of two to four bytes. Windows-1252 text almost never holds one
+# (a letter from C2-F4 followed by one from 80-BF: "Ã¥" written on purpose), UTF-8 text with
+# any letter past ASCII always does.
+_UTF8_SEQUENCE = re.compile(
+    rb"[\xc2-\xdf][\x80-\xbf]|[\xe0-\xef][\x80-\xbf]{2}|[\xf0-\xf4][\x80-\xbf]{3}"
+)
+
+
 def _decode(raw: bytes) -> str:
-    """UTF-8 (a BOM is fine); else Windows-1252, which older Norwegian subtitle tools write."""
+    """UTF-8 (a BOM is fine); else Windows-1252, which older Norwegian subtitle tools write.
+
+    A UTF-8 file with a stray byte (a Latin-1 "é" pasted into one cue, a file cut mid-letter)
+    is still UTF-8: read as Windows-1252, every æ, ø and å of every cue was stored as "Ã¦",
+    "Ã¸", "Ã¥" and the job completed. A file that holds more UTF-8 sequences than bytes that
+    are no UTF-8 is read as UTF-8, each stray byte as U+FFFD."""
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         pass
+    sequences = len(_UTF8_SEQUENCE.findall(raw))
+    if sequences:
+        text = raw.decode("utf-8-sig", "replace")
+        if text.count("\ufffd") < sequences:
+            return text
     try:
         return raw.decode("cp1252")
     except UnicodeDecodeError as exc:
