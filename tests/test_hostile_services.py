@@ -336,6 +336,25 @@ async def test_an_embeddings_list_of_the_wrong_shape_retries(
     assert str(caught.value) == "AI gateway answered with an embeddings list that cannot be read"
 
 
+@pytest.mark.parametrize("indexes", [(0, 1, 0, 1), (9, 7, 8, 6), (0, 1, 2, 2), (1, 2, 3, 4)])
+async def test_embedding_indexes_that_are_not_each_input_once_retry(
+    http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, indexes: tuple[int, ...]
+) -> None:
+    # Indexes numbered per sub-batch (0, 1, 0, 1) were sorted and stored against the wrong
+    # texts, each row with its own text's hash, so never embedded again.
+    items = b", ".join(b'{"index": %d, "embedding": [%d]}' % (i, n) for n, i in enumerate(indexes))
+    server.answer = json_answer(b'{"data": [' + items + b"]}")
+    with pytest.raises(RetryJob) as caught:
+        await gateway(http, server.url, pool).embeddings("m", ["a", "b", "c", "d"])
+    assert str(caught.value) == (
+        "AI gateway returned embedding indexes that are not each of the 4 inputs once"
+    )
+    items = b", ".join(b'{"index": %d, "embedding": [%d]}' % (i, i) for i in (2, 0, 3, 1))
+    server.answer = json_answer(b'{"data": [' + items + b"]}")
+    got = await gateway(http, server.url, pool).embeddings("m", ["a", "b", "c", "d"])
+    assert got.vectors == [[0.0], [1.0], [2.0], [3.0]]
+
+
 async def test_an_error_body_nested_past_the_parsers_limit_keeps_the_statuss_outcome(
     http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, tmp_path: Path
 ) -> None:

@@ -227,7 +227,9 @@ def _embedding_items(data: msgspec.Raw, inputs: int) -> Sequence[msgspec.Raw]:
 
 
 def _embedding_vectors(data: msgspec.Raw, inputs: int) -> list[list[float]]:
-    """Each item's embedding as floats, in the order of the items' indexes. Anything but a
+    """Each item's embedding as floats, in the order of the items' indexes, which are each of
+    0 .. inputs-1 once (an absent index is 0): a gateway that batches inputs and numbers each
+    sub-batch from 0 would store vectors against the wrong texts. Anything but a
     list of finite numbers is refused: json read NaN and Infinity (msgspec refuses both, and
     1e999), and a vector stored with one is never embedded again while its text is unchanged,
     every similarity with it NaN."""
@@ -243,6 +245,8 @@ def _embedding_vectors(data: msgspec.Raw, inputs: int) -> list[list[float]]:
             raise RetryJob(_NOT_A_LIST) from None
         indexed.append((index, item["embedding"]))
     indexed.sort(key=lambda pair: pair[0])
+    if [index for index, _ in indexed] != list(range(inputs)):
+        raise RetryJob(_NOT_EACH_INPUT.format(inputs=inputs))
     return [_vector(embedding) for _, embedding in indexed]
 
 
@@ -258,3 +262,8 @@ def _vector(raw: msgspec.Raw) -> list[float]:
 
 _NOT_NUMBERS = "AI gateway returned an embedding that is not a list of numbers"
 _NOT_A_LIST = "AI gateway answered with an embeddings list that cannot be read"
+# An index repeated or past the inputs would store a vector against another input's text, with
+# that text's hash: never embedded again while the text is unchanged.
+_NOT_EACH_INPUT = (
+    "AI gateway returned embedding indexes that are not each of the {inputs} inputs once"
+)
