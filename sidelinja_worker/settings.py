@@ -93,6 +93,14 @@ def _choice(*choices: str) -> Any:
     return AfterValidator(check)
 
 
+def _stripped(value: Any) -> Any:
+    """A text value without the whitespace around it (None if nothing is left): a URL pasted
+    with a leading space connects, so it must also be read as a URL everywhere else."""
+    if isinstance(value, str):
+        return value.strip() or None
+    return value
+
+
 Duration = Annotated[float, BeforeValidator(_duration)]
 Flag = Annotated[bool, BeforeValidator(_bool)]
 Whole = Annotated[int, BeforeValidator(_whole)]
@@ -115,8 +123,10 @@ def _field(
 
 
 class FileSecrets(PydanticBaseSettingsSource):
-    """NAME_FILE=/path for every secret: the value is the file's content, its final newline
-    dropped (a Kubernetes or Docker secret mounted as a file)."""
+    """NAME_FILE=/path for every secret: the value is the file's content without the whitespace
+    around it (a Kubernetes or Docker secret mounted as a file, written with a final newline or
+    a blank first line). No token, key or URL starts or ends with whitespace; kept, a leading
+    blank line hid a DATABASE_URL's scheme from `redact`, which then printed its password."""
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         meta = meta_of(field)
@@ -126,7 +136,7 @@ class FileSecrets(PydanticBaseSettingsSource):
         if os.environ.get(meta.env):
             raise UserError(f"{meta.env} and {meta.env}_FILE are both set: keep one")
         try:
-            return Path(path).read_text(encoding="utf-8").rstrip("\r\n"), field_name, False
+            return Path(path).read_text(encoding="utf-8").strip(), field_name, False
         except OSError as exc:
             raise UserError(f"{meta.env}_FILE: cannot read {path}: {exc.strerror}") from None
 
@@ -150,7 +160,7 @@ class Settings(BaseSettings):
     )
 
     # Every command
-    database_url: SecretStr | None = _field(
+    database_url: Annotated[SecretStr | None, BeforeValidator(_stripped)] = _field(
         None,
         "DATABASE_URL",
         "the PostgreSQL to use (`postgresql://user:password@host:5432/db`)",

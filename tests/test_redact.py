@@ -44,6 +44,15 @@ SECRET = "Hemmelig"  # in each case below, the password contains this word
         (r"password='Hemmelig \' escaped' host=h", "password=*** host=h"),
         ("host=h sslpassword=Hemmelig", "host=h sslpassword=***"),
         ("password='Hemmelig unterminated", "password=***"),
+        # whitespace around the URL (a secret file's blank first line), which libpq ignores
+        (" postgresql://u:Hemmelig@h/db", "postgresql://u:***@h/db"),
+        ("\n\tpostgresql://u:Hemmelig@h/db\n", "postgresql://u:***@h/db"),
+        # shapes it does not recognise: what lies between user: and @ goes
+        ("postgresql:/u:Hemmelig@h/db", "postgresql:/u:***@h/db"),
+        ("postgresql:u:Hemmelig@h/db", "postgresql:u:***@h/db"),
+        ("postgresql ://u:Hemmelig@h/db", "postgresql :***@h/db"),
+        ("u:Hemmelig@h/db", "u:***@h/db"),
+        ("postgresql:/u:Hemme@lig@h/db", "postgresql:/u:***@h/db"),
     ],
 )
 def test_the_password_is_hidden(url: str, expected: str) -> None:

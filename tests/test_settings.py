@@ -183,6 +183,18 @@ def test_secrets_have_no_flag_come_from_a_file_and_never_print(
         settings.load()
 
 
+def test_whitespace_around_a_database_url_or_a_secret_file_is_dropped(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", " postgresql://u:hemmelig@h/db\n")
+    assert settings.load().database == "postgresql://u:hemmelig@h/db"
+    monkeypatch.delenv("DATABASE_URL")
+    path = tmp_path / "url"
+    path.write_text("\n  postgresql://u:hemmelig@h/db \r\n")
+    monkeypatch.setenv("DATABASE_URL_FILE", str(path))
+    assert settings.load().database == "postgresql://u:hemmelig@h/db"
+
+
 def test_the_engine_reads_the_same_service_variables(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

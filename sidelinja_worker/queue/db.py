@@ -83,16 +83,22 @@ def redact(url: str) -> str:
     and asyncpg take: a URL's user info (postgresql:// or postgres://, percent-encoded or not,
     with @, ?, # or / in it), a `password` or `sslpassword` query parameter (its name
     percent-encoded too), and a keyword/value DSN's `password=` (quoted or not). Where the form
-    is ambiguous it hides too much rather than too little."""
+    is ambiguous it hides too much rather than too little: a shape it does not recognise (a
+    one-slash typo, `postgresql:/u:pw@h`) has anything between `user:` and the last @ blanked,
+    as the program that reads it may still find a password there."""
     import re  # local: this function is the only user
     from urllib.parse import unquote_plus
 
     hidden = "***"
+    # The connection libraries ignore surrounding whitespace (a secret file's blank line), so
+    # the scheme is looked for after it.
+    url = url.strip()
     scheme, sep, rest = url.partition("://")
     if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.:-]*", scheme):
-        return re.sub(
+        dsn = re.sub(
             r"(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)", rf"\g<1>{hidden}", url
         )
+        return _hide_user_info(dsn, hidden)
     # The user info ends at the last @ before the path. A password with an unencoded / in it
     # ends the host part early, so without an @ there the first @ ends it, unless a query
     # parameter (name=value) comes first: then that @ is in the query.
@@ -116,6 +122,24 @@ def redact(url: str) -> str:
             params.append(param)
         rest = f"{path}?{'&'.join(params)}{hash_}{fragment}"
     return f"{scheme}://{rest}"
+
+
+def _hide_user_info(text: str, hidden: str) -> str:
+    """`text` with anything between the first : after its scheme and slashes (if any) and its
+    last @ blanked: the user info of a URL of a shape `redact` does not know. With no : after
+    the scheme, what looked like one may be the user (`u:pw@h`): blanked from its :."""
+    import re  # local: as in redact
+
+    at = text.rfind("@")
+    if at < 0:
+        return text
+    lead = re.match(r"[A-Za-z][A-Za-z0-9+.-]*:/*", text)
+    colon = text.find(":", lead.end() if lead else 0, at)
+    if colon < 0:
+        colon = text.find(":", 0, at)
+    if colon < 0:
+        return text
+    return f"{text[: colon + 1]}{hidden}{text[at:]}"
 
 
 def resolve_database(url: str | None, data_dir: str | None) -> Database:
@@ -166,9 +190,7 @@ async def connect(url: str, **kwargs: Any) -> asyncpg.Connection:
     try:
         conn = await asyncpg.connect(url, server_settings=server_settings(), **kwargs)
     except (*DB_ERRORS, asyncpg.PostgresError) as exc:
-        raise UserError(
-            f"cannot connect to the database at {redact(url)}: {_one_line(exc)}"
-        ) from None
+        raise cannot_connect(url, exc) from None
     await init_connection(conn)
     return conn
 
@@ -222,9 +244,7 @@ async def create_pool(
     # ("cannot switch to state 12"), which passed through as no UserError and ended a
     # starting worker with exit 2 where it goes on with its shared pool.
     except (*DB_ERRORS, asyncpg.PostgresError) as exc:
-        raise UserError(
-            f"cannot connect to the database at {redact(url)}: {_one_line(exc)}"
-        ) from None
+        raise cannot_connect(url, exc) from None
     assert pool is not None
     return pool
 
@@ -253,6 +273,29 @@ async def _reset_on_release(conn: asyncpg.Connection) -> None:
     left open by an error is still rolled back."""
     if conn.is_in_transaction():
         await conn.execute("ROLLBACK")
+
+
+def cannot_connect(url: str, exc: BaseException) -> UserError:
+    """The error of a connection that failed: the URL redacted, and the reason with whatever
+    `redact` hides from the URL blanked in it too, as the server echoes what it was given (a
+    one-slash typo's user:password@host read as a database name)."""
+    return UserError(
+        f"cannot connect to the database at {redact(url)}: {_without(_one_line(exc), url)}"
+    )
+
+
+def _without(text: str, url: str) -> str:
+    """`text` with every piece of `url` that `redact` hides blanked."""
+    from difflib import SequenceMatcher  # local: only a failed connection needs it
+
+    url = url.strip()
+    shown = redact(url)
+    matcher = SequenceMatcher(None, url, shown, autojunk=False)
+    hidden = [url[i1:i2] for tag, i1, i2, _, _ in matcher.get_opcodes() if tag != "equal"]
+    for piece in sorted(hidden, key=len, reverse=True):
+        if piece:
+            text = text.replace(piece, "***")
+    return text
 
 
 def _one_line(exc: BaseException) -> str:
