@@ -330,6 +330,42 @@ async def test_country_from_a_geoip_database(
     assert sorted((r.country, r.downloads) for r in rows) == [("", 1), ("NO", 1), ("SE", 1)]
 
 
+async def test_a_client_ip_that_is_no_address_is_a_bad_line_under_geoip(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
+) -> None:
+    # A proxy that writes 'unknown' or an address with its port: the country lookup raised
+    # ValueError while the rows were hashed, and every run of the log failed.
+    pytest.importorskip("maxminddb")
+    writer_mod = pytest.importorskip("mmdb_writer")
+    netaddr = pytest.importorskip("netaddr")
+    writer = writer_mod.MMDBWriter(
+        ip_version=6, ipv4_compatible=True, database_type="GeoLite2-Country"
+    )
+    writer.insert_network(netaddr.IPSet(["198.51.100.0/24"]), {"country": {"iso_code": "NO"}})
+    writer.to_db_file(str(media / "geo.mmdb"))
+    whole = {"status": 200, "range_": None, "size": SIZE}
+    bad = ["unknown", "198.51.100.2:443", "gggg:db8:1:2::1", "198.51.100.2\x00"]
+    _write(
+        media / "logs" / "access.log",
+        ln(ip="198.51.100.1", **whole),
+        *(ln(ip=ip, **whole) for ip in bad),
+    )
+    job = await client.enqueue(pool, workspace, "stats_parse", {"logs": "logs", "schedule": True})
+    await run_burst(
+        pool,
+        db_url,
+        config=ServiceConfig(
+            {"MEDIA_ROOT": str(media.parent), "GEOIP_DB": str(media / "geo.mmdb")}
+        ),
+    )
+    done = await store.get_job(pool, job)
+    assert done["status"] == "completed", done["error_msg"]
+    assert (done["result"]["bad_lines"], done["result"]["new_downloads"]) == (len(bad), 1)
+    assert "next_run" in done["result"]
+    rows = await stats_store.daily_downloads(pool, workspace)
+    assert [(r.country, r.downloads) for r in rows] == [("NO", 1)]
+
+
 async def test_a_log_whose_name_is_not_utf8_is_counted_and_the_next_run_scheduled(
     pool: asyncpg.Pool, db_url: str, workspace: UUID, media: Path
 ) -> None:

@@ -6,6 +6,7 @@ because a listener's ranges can span several runs."""
 from __future__ import annotations
 
 import ipaddress
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -251,14 +252,20 @@ class Tally:
             if not 0 <= size <= MAX_RESPONSE_BYTES:
                 self.bad_lines += 1
                 continue
-            counted += 1
             ip = req.client_ip
             if not ip:
                 if type(req) is not FullRequest:
-                    self.counted_requests += counted - 1
+                    self.counted_requests += counted
                     return _index(entries, entry)
                 ip = req.remote_ip
-            key = (day, episode, ips.get(ip) or self._ip_key(ip), agent)
+            listener = ips.get(ip)
+            if listener is None:
+                listener = self._ip_key(ip)
+            if not listener:  # no address ('unknown', a port appended): no listener
+                self.bad_lines += 1
+                continue
+            counted += 1
+            key = (day, episode, listener, agent)
             listens[key] = listens.get(key, 0) + size
             if status == 200 or episode not in sizes:
                 self._note_size(entry, episode, key)
@@ -382,17 +389,32 @@ def _day(ts: float | str) -> int:
 
 
 def ip_key(ip: str) -> str:
-    """The unique-listener part of an address: IPv4 whole, IPv6 cut to its /64 (IAB v2.1)."""
+    """The unique-listener part of an address: IPv4 whole, IPv6 cut to its /64 (IAB v2.1);
+    '' for what is no address ('unknown' from a proxy, '198.51.100.1:443', ''): it names no
+    listener, and the country lookup refuses it (which failed every run of the log)."""
     if ":" not in ip:
-        return ip
+        return ip if _is_address(socket.AF_INET, ip) else ""
     head = ip.split("::", 1)[0].split(":")
     if len(head) >= 4 and "." not in ip and "%" not in ip:
-        # The first four groups are written out: no need for the (slow) full parse.
+        # The first four groups are written out: checked by inet_pton (in C), no need for
+        # the (slow) full parse.
+        if not _is_address(socket.AF_INET6, ip):
+            return ""
         return ":".join(h.zfill(4) for h in head[:4]).lower() + "::/64"
     try:
         addr = ipaddress.IPv6Address(ip.split("%", 1)[0])
     except ValueError:
-        return ip
+        return ""
     if addr.ipv4_mapped is not None:
         return str(addr.ipv4_mapped)
     return addr.exploded[:19] + "::/64"
+
+
+def _is_address(family: int, ip: str) -> bool:
+    """Whether `ip` is an address of `family` as written: inet_pton takes no port, no
+    leading zeros and no spaces, at ~0.5 us against ipaddress's ~7 us."""
+    try:
+        socket.inet_pton(family, ip)
+    except (OSError, ValueError):  # ValueError: a NUL in it, or a character not ASCII
+        return False
+    return True

@@ -27,8 +27,13 @@ def country_lookup(db_path: str | None) -> Callable[[str], str]:
     def country(ip: str) -> str:
         hit = cache.get(ip)
         if hit is None:
-            # An IPv6 key is its /64; the network's first address stands for it.
-            record = reader.get(ip.removesuffix("/64"))
+            # An IPv6 key is its /64; the network's first address stands for it. What is no
+            # address has no country: the reader raises ValueError for it, which failed the
+            # run while its rows were hashed, and every run after it.
+            try:
+                record = reader.get(ip.removesuffix("/64"))
+            except ValueError:
+                record = None
             hit = cache[ip] = _iso_code(record)
         return hit
 
