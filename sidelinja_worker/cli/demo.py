@@ -21,6 +21,8 @@ from sidelinja_worker.queue import client, store
 from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.db import Database
+from sidelinja_worker.queue.errors import UserError
+from sidelinja_worker.queue.escapes import printable
 from sidelinja_worker.queue.settings import WorkerSettings
 from sidelinja_worker.queue.worker import EXIT_WORKER_DIED, Worker, WorkerDied
 
@@ -43,6 +45,7 @@ SAMPLES: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
 
 
 async def run_demo(db: Database, pool: asyncpg.Pool, config: ServiceConfig) -> int:
+    await refuse_a_database_in_use(pool)
     await store.ensure_workspace(pool, DEMO_WORKSPACE, "Demo")
     jobs = [
         NewJob(DEMO_WORKSPACE, job_type, payload, **opts) for _, job_type, payload, opts in SAMPLES
@@ -81,10 +84,12 @@ async def run_demo(db: Database, pool: asyncpg.Pool, config: ServiceConfig) -> i
     for (label, job_type, _payload, _opts), job_id in zip(SAMPLES, ids, strict=True):
         row = await store.get_job(pool, job_id)
         assert row is not None
+        # Any role that writes job_queue can rewrite the demo's rows while it runs (the demo
+        # workspace's id is fixed): what they hold prints as text, never as terminal controls.
         outcome = _short(row["result"]) if row["status"] == "completed" else row["error_msg"]
         print(
             f"{label:<11} {job_id!s:<36} {job_type:<12} {row['status']:<10} "
-            f"{row['attempts']:>2}/{row['max_attempts']}  {outcome}"
+            f"{row['attempts']:>2}/{row['max_attempts']}  {printable(outcome)}"
         )
     if died is not None:
         print(
@@ -99,6 +104,21 @@ async def run_demo(db: Database, pool: asyncpg.Pool, config: ServiceConfig) -> i
         f"`sidelinja-worker jobs show {ids[0]}` shows one job whole."
     )
     return 0
+
+
+async def refuse_a_database_in_use(pool: asyncpg.Pool) -> None:
+    """A UserError if any job outside the demo's workspace is in the database, embedded or not.
+    The demo's worker runs every due job of every type, with a throwaway MEDIA_ROOT, and prunes
+    as every worker does: on a database in use it ran, and failed, other workspaces' jobs."""
+    others = await pool.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM job_queue WHERE workspace_id <> $1)", DEMO_WORKSPACE
+    )
+    if others:
+        raise UserError(
+            "demo: this database has jobs outside the demo's workspace, and the demo's worker "
+            "would run them too; run the demo on an empty database (unset DATABASE_URL and set "
+            "SIDELINJA_DATA_DIR to a new folder for an embedded one)"
+        )
 
 
 def _short(result: Any, width: int = 110) -> str:
