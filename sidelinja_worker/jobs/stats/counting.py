@@ -42,6 +42,22 @@ _MAX_DIGITS = 18
 # stored): a site whose catch-all answers 200 to any path lets any client make a new episode
 # with each request. Past it, requests for other paths are not counted.
 MAX_EPISODES = 20_000
+# The longest field values kept. Lines run up to logfiles.MAX_LINE_BYTES (1 MiB), and every
+# value a parse keeps (a cache key, a listener's address or agent, an episode) was kept whole:
+# 1,500 lines of a 1 MiB client_ip each held 1.5 GB in the parse, pickled whole to the worker.
+# An address is at most 45 characters (IPv6 with an IPv4 tail), 64 with a zone: a longer one
+# is a bad line. A User-Agent is cut (listeners are told apart within its first KiB), a path
+# past MAX_PATH_CHARS is no episode, and longer URIs, ranges and hosts are judged but not
+# cached.
+MAX_IP_CHARS = 64
+MAX_AGENT_CHARS = 1024
+MAX_PATH_CHARS = 1024
+_MAX_CACHED_URI = 256
+_MAX_RANGE_CHARS = 64  # 'bytes=' and two 18-digit numbers fit; a probe is shorter
+_MAX_HOST_CHARS = 300  # a DNS name (253) with a port
+# The agents' text one parse holds before it spills its listeners (with their agents) to a
+# run file: many distinct long agents would otherwise fill memory below `spill_at` listeners.
+SPILL_AGENT_BYTES = 16 << 20
 
 # (UTC day as days since 1970-01-01, episode, IP key, User-Agent)
 ListenerKey = tuple[int, str, str, str]
@@ -117,6 +133,8 @@ class Tally:
     spilled_days: set[int] = field(default_factory=set)
     spilled_episodes: set[str] = field(default_factory=set)
     refused_episodes: int = 0  # paths past MAX_EPISODES, each counted once per cache fill
+    agent_bytes: int = 0  # of the agents in `families`, forgotten at each spill
+    _agent_cache_bytes: int = 0  # of the agents in `_agents`
     # The last UTC day a download can have: tomorrow, for clocks a little ahead.
     last_day: int = field(default_factory=lambda: int(time.time() // DAY_S) + 1)
 
@@ -144,8 +162,7 @@ class Tally:
         if stop is not None:
             self._decoder = FULL_DECODER
             self.add_entries(FULL_DECODER.decode_lines(block)[stop:])
-        if self.spill_at is not None and len(self._bytes) >= self.spill_at:
-            self.spill()
+        self._spill_if_full()
 
     def add_lines(self, lines: list[bytes]) -> None:
         good: list[bytes] = []
@@ -163,7 +180,12 @@ class Tally:
         if stop is not None:
             self._decoder = FULL_DECODER
             self.add_entries([FULL_DECODER.decode(line) for line in good[stop:]])
-        if self.spill_at is not None and len(self._bytes) >= self.spill_at:
+        self._spill_if_full()
+
+    def _spill_if_full(self) -> None:
+        if self.spill_at is not None and (
+            len(self._bytes) >= self.spill_at or self.agent_bytes >= SPILL_AGENT_BYTES
+        ):
             self.spill()
 
     def records(self) -> list[Record]:
@@ -197,6 +219,7 @@ class Tally:
         self._whole.clear()
         self.families.clear()
         self._agents.clear()
+        self.agent_bytes = self._agent_cache_bytes = 0
 
     def add_entries(self, entries: Sequence[Entry]) -> int | None:
         """Counts each entry's bytes towards its listener, or drops it by the IAB rules. The hot
@@ -275,6 +298,8 @@ class Tally:
     def _host_allowed(self, req: Request) -> bool:
         # A hosts filter decodes with HostRequest or FullRequest (`decoder_for`).
         host = req.host if isinstance(req, HostRequest) else ""
+        if len(host) > _MAX_HOST_CHARS:  # no host name: not one of ours, and not cached
+            return False
         hit = self._hosts.get(host)
         if hit is None:
             _bound(self._hosts)
@@ -284,34 +309,51 @@ class Tally:
 
     def _episode(self, uri: str) -> str | None:
         path = uri.partition("?")[0]
-        _bound(self._uris)
-        episode = self.rules.episode(path)
+        episode = self.rules.episode(path) if len(path) <= MAX_PATH_CHARS else None
         if episode is not None and episode not in self.paths:
             if len(self.paths) >= MAX_EPISODES:
                 self.refused_episodes += 1
                 episode = None
             else:
                 self.paths[episode] = path
-        self._uris[uri] = episode
+        if len(uri) <= _MAX_CACHED_URI:  # a long query string is judged each time
+            _bound(self._uris)
+            self._uris[uri] = episode
         return episode
 
     def _agent(self, user_agent: str) -> str | None:
-        """The User-Agent string to key listeners by (this first copy of it), None for a bot."""
+        """The User-Agent string to key listeners by (the first copy of it, of at most
+        MAX_AGENT_CHARS), None for a bot. A longer one is judged by its first MAX_AGENT_CHARS,
+        and only they are cached: the key of every listener of that agent is that one copy."""
+        if len(user_agent) > MAX_AGENT_CHARS:
+            user_agent = user_agent[:MAX_AGENT_CHARS]
+            agent = self._agents.get(user_agent, "")
+            if agent != "":
+                return agent
         family = self.agents.family(user_agent)
-        _bound(self._agents)
+        if len(self._agents) >= _CACHE_MAX or self._agent_cache_bytes >= SPILL_AGENT_BYTES:
+            self._agents.clear()  # bots' agents too: the cache is bounded in bytes as well
+            self._agent_cache_bytes = 0
+        self._agent_cache_bytes += len(user_agent)
         if family is None:
             self._agents[user_agent] = None
             return None
-        self.families[user_agent] = family
+        if user_agent not in self.families:
+            self.families[user_agent] = family
+            self.agent_bytes += len(user_agent)
         self._agents[user_agent] = user_agent
         return user_agent
 
     def _is_probe(self, spec: str) -> bool:
+        if len(spec) > _MAX_RANGE_CHARS:  # no probe, and not cached
+            return False
         _bound(self._probes)
         hit = self._probes[spec] = is_probe(spec)
         return hit
 
     def _ip_key(self, ip: str) -> str:
+        if len(ip) > MAX_IP_CHARS:  # no address, and not cached
+            return ""
         _bound(self._ips)
         hit = self._ips[ip] = ip_key(ip)
         return hit

@@ -5,14 +5,17 @@ Workspace settings, under `settings["stats"]` (all optional): `interval` ("1h"),
 ({path: id}), `hosts` ([]); `interval` is at least 60 s and at most 31 days.
 
 Bounds on hostile logs: a line longer than logfiles.MAX_LINE_BYTES (1 MiB) is dropped, one
-whose time is none or no download's (before 1970, after tomorrow) or whose size is past
-counting.MAX_RESPONSE_BYTES (64 GiB) is a bad line, a header's number past 18 digits is none;
-past counting.MAX_EPISODES (20,000) episodes, other paths are not counted; a
-compressed file expanding more than logfiles.MAX_EXPANSION_RATIO (200) times its size (beyond
+whose time is none or no download's (before 1970, after tomorrow), whose size is past
+counting.MAX_RESPONSE_BYTES (64 GiB) or whose client_ip is no address (or longer than
+counting.MAX_IP_CHARS, 64) is a bad line, a header's number past 18 digits is none; a
+User-Agent is cut to counting.MAX_AGENT_CHARS (1 KiB), a path past counting.MAX_PATH_CHARS
+(1 KiB) is no episode; past counting.MAX_EPISODES (20,000) episodes, other paths are not
+counted; a compressed file expanding more than logfiles.MAX_EXPANSION_RATIO (200) times its size (beyond
 16 MiB) fails the job permanently, naming the file; a zstd frame that needs a window over
 logfiles.MAX_ZSTD_WINDOW (8 MiB) is a damaged file; past SPILL_LISTENERS listeners the parse
-spills to sorted files in the system's temporary folder (memory stays ~100 MB whatever the log
-holds; the totals are the same)."""
+(or counting.SPILL_AGENT_BYTES, 16 MiB, of their agents) spills to sorted files in the
+system's temporary folder (memory stays ~100 MB whatever the log holds, ~200 MB with every
+cache full of the longest values it keeps; the totals are the same)."""
 
 from __future__ import annotations
 
