@@ -3,6 +3,9 @@ retitle or recolour the operator's terminal, and a newline would print a row of 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import asyncpg
 
 from tests.helpers import cli
@@ -34,3 +37,29 @@ async def test_pauses_and_limits_written_by_sql_print_as_text(
         assert out.returncode == 0, out.stderr
         assert "\x1b" not in out.stdout and "\x07" not in out.stdout
         assert not any(line.startswith("fake-row") for line in out.stdout.splitlines())
+
+
+async def test_a_database_url_with_escapes_prints_as_text(db_url: str) -> None:
+    for url in (f"{db_url}?application_name={EVIL}", f"postgresql://u@127.0.0.1:1/db{EVIL}"):
+        out = cli("workspace", "list", url=url)
+        assert "\x1b" not in out.stderr and "\x07" not in out.stderr, out.stderr
+        assert not any(line.startswith("fake-row") for line in out.stderr.splitlines())
+        assert "\\x1b]0;pwned" in out.stderr
+
+
+async def test_keys_of_a_jsonl_line_print_as_text(
+    db_url: str, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    workspace = await pool.fetchval(
+        "INSERT INTO workspaces (id, name) VALUES (gen_random_uuid(), 'w') RETURNING id"
+    )
+    key = json.dumps(EVIL)
+    lines = tmp_path / "jobs.jsonl"
+    lines.write_text(
+        f'{{"job_type": "noop", {key}: 1}}\n{{"job_type": "noop", "payload": {{{key}: 1e999}}}}\n'
+    )
+    for more in ((), ("--skip-bad",)):
+        out = cli("enqueue", "--file", str(lines), "--workspace", str(workspace), *more, url=db_url)
+        assert "\x1b" not in out.stderr and "\x07" not in out.stderr, out.stderr
+        assert not any(line.startswith("fake-row") for line in out.stderr.splitlines())
+        assert "\\x1b]0;pwned" in out.stderr

@@ -27,6 +27,7 @@ from sidelinja_worker.cli.session import opened, parse_uuid
 from sidelinja_worker.queue import client, store
 from sidelinja_worker.queue.db import say
 from sidelinja_worker.queue.errors import UserError
+from sidelinja_worker.queue.escapes import printable
 from sidelinja_worker.queue.ids import uuid7s
 
 MAX_LINE_BYTES = 1 << 20  # a payload bigger than this belongs in a file the job reads
@@ -231,7 +232,8 @@ class Reader:
                 raise UserError(f"{where}: {exc}; nothing was enqueued") from None
             self.bad += 1
             if self.bad <= BAD_LINES_SHOWN:
-                print(f"sidelinja-worker: skipped {where}: {exc}", file=sys.stderr)
+                # The reason names the line's keys, which are any text: printed as text.
+                print(f"sidelinja-worker: skipped {where}: {printable(exc)}", file=sys.stderr)
             elif self.bad == BAD_LINES_SHOWN + 1:
                 print("sidelinja-worker: (more bad lines: not listed)", file=sys.stderr)
             return None

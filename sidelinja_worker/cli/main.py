@@ -23,6 +23,7 @@ from sidelinja_worker.cli import operator as operator_cli
 from sidelinja_worker.queue import logs
 from sidelinja_worker.queue.db import DB_ERRORS
 from sidelinja_worker.queue.errors import UserError
+from sidelinja_worker.queue.escapes import printable
 
 EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for a tool whose pipe closed
 # Flags whose value may start with "-": argparse would take `--in -5m` for two flags and say
@@ -166,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args.settings = settings.load(settings.given_flags(args))
     except UserError as exc:
-        print(f"sidelinja-worker: error: {exc}", file=sys.stderr)
+        error(str(exc))
         return 2
     debug = args.settings.debug
     logging.basicConfig(level=args.settings.level, stream=sys.stderr)
@@ -176,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         if debug:
             traceback.print_exc()
-        print(f"sidelinja-worker: error: {exc}", file=sys.stderr)
+        error(str(exc))
         return 2
     except BrokenPipeError as exc:
         if stdout_closed():  # `| head` read what it wanted: not an error, not the database's
@@ -188,10 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         first = str(exc).strip().splitlines()[0]
-        print(
-            f"sidelinja-worker: error: database: {first}; the CLI runs as the schema owner",
-            file=sys.stderr,
-        )
+        error(f"database: {first}; the CLI runs as the schema owner")
         return 2
     except KeyboardInterrupt:
         return 130
@@ -202,8 +200,15 @@ def database_error(exc: BaseException, debug: bool) -> int:
     if debug:
         traceback.print_exc()
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    print(f"sidelinja-worker: error: database: {first}", file=sys.stderr)
+    error(f"database: {first}")
     return 2
+
+
+def error(message: str) -> None:
+    """The one line of an error that ends the command. Its text is from outside as often as not
+    (a DATABASE_URL, a key of a JSONL line, a server's message): escapes and line breaks in it
+    print as text, never as terminal controls or a line of the program's own."""
+    print(f"sidelinja-worker: error: {printable(message)}", file=sys.stderr)
 
 
 def stdout_closed() -> bool:

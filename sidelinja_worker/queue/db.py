@@ -17,6 +17,7 @@ import orjson
 from sidelinja_worker.queue import jsonvalues
 from sidelinja_worker.queue.embedded import default_data_dir, start_embedded
 from sidelinja_worker.queue.errors import UserError
+from sidelinja_worker.queue.escapes import printable
 
 # What runs a query: a connection, or a pool that lends one for the call.
 Conn: TypeAlias = asyncpg.Connection | asyncpg.Pool
@@ -72,10 +73,12 @@ class Database:
     embedded: bool
 
     def describe(self) -> str:
+        """The "using the database" line: as text, since a URL or folder can hold escapes."""
         if self.embedded:
             host = dict(p.split("=", 1) for p in urlsplit(self.url).query.split("&") if "=" in p)
-            return f"using the embedded PostgreSQL in {Path(host.get('host', '?')).parent}"
-        return f"using the database at {redact(self.url)}"
+            folder = Path(host.get("host", "?")).parent
+            return f"using the embedded PostgreSQL in {printable(folder)}"
+        return f"using the database at {printable(redact(self.url))}"
 
 
 def redact(url: str) -> str:
@@ -279,8 +282,9 @@ def cannot_connect(url: str, exc: BaseException) -> UserError:
     """The error of a connection that failed: the URL redacted, and the reason with whatever
     `redact` hides from the URL blanked in it too, as the server echoes what it was given (a
     one-slash typo's user:password@host read as a database name)."""
+    reason = _without(_one_line(exc), url)
     return UserError(
-        f"cannot connect to the database at {redact(url)}: {_without(_one_line(exc), url)}"
+        f"cannot connect to the database at {printable(redact(url))}: {printable(reason)}"
     )
 
 
