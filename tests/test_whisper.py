@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from sidelinja_worker.jobs.transcripts import store as transcripts_store
+from sidelinja_worker.jobs.transcripts import whisper_transcribe
 from sidelinja_worker.queue import client
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.services.whisper import CHUNK_BYTES, _Multipart
@@ -313,7 +314,12 @@ async def test_whisper_errors_are_classified(
             "error",
             "Forgejo answered 413: quota exceeded",
         ),
-        (lambda f, c: f.fail_next.append((502, {})), "retry", "Forgejo answered 502"),
+        (lambda f, c: f.fail_next.extend([(502, {})] * 5), "retry", "Forgejo answered 502"),
+        (
+            lambda f, c: f.fail_next.append((503, {"Retry-After": "600"})),
+            "retry",
+            "Forgejo answered 503",
+        ),
     ],
 )
 async def test_forgejo_errors_are_classified(
@@ -335,6 +341,30 @@ async def test_forgejo_errors_are_classified(
     assert (row["status"], row["attempts"]) == (status, 1)
     assert words in row["error_msg"]
     assert_no_secrets(row)
+
+
+async def test_a_transient_forgejo_failure_at_the_commit_sends_no_second_upload(
+    pool: asyncpg.Pool,
+    db_url: str,
+    workspace: UUID,
+    media_root: Path,
+    whisper_fake: FakeWhisper,
+    forgejo_fake: FakeForgejo,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One 502 (then a 503 with Retry-After: 1) of Forgejo's at the commit failed the job, and
+    its retry sent the audio to whisper again: hours of transcription for a blip. The commit is
+    tried again within the job; whisper is asked once."""
+    monkeypatch.setattr(whisper_transcribe, "COMMIT_RETRY_S", (0.05,) * 3, raising=False)
+    config = service_config(media_root, whisper=whisper_fake, forgejo=forgejo_fake)
+    forgejo_fake.fail_next.extend([(502, {}), (503, {"Retry-After": "1"})])
+    job_id = await enqueue(pool, workspace)
+    await drain(pool, db_url, config=config)
+    row = await job(pool, job_id)
+    assert (row["status"], row["attempts"]) == ("completed", 1), row["error_msg"]
+    assert len(whisper_fake.uploads) == 1
+    assert SRT_PATH in forgejo_fake.repos[("sidelinja", "transcripts")].branches["main"]
+    assert [c.status for c in forgejo_fake.calls][:2] == [502, 503]
 
 
 async def test_a_token_echoed_by_forgejo_is_blanked(

@@ -13,7 +13,7 @@ from sidelinja_worker.jobs.transcripts.governor import Route, choose_whisper
 from sidelinja_worker.jobs.transcripts.subtitles import SrtError, Transcript, parse_srt_off_loop
 from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.context import JobContext
-from sidelinja_worker.queue.errors import PermanentError
+from sidelinja_worker.queue.errors import PermanentError, RetryJob
 from sidelinja_worker.queue.priorities import default_priority
 from sidelinja_worker.queue.registry import JobType
 from sidelinja_worker.services import whisper
@@ -26,6 +26,12 @@ from sidelinja_worker.services.forgejo import (
 )
 
 log = logging.getLogger("sidelinja_worker.job")
+
+# A transient Forgejo failure at the commit is waited out here (these waits, or the answer's
+# Retry-After) before the job itself fails: a retry of the job sends the audio to whisper
+# again, hours of its work for one 503 of Forgejo's.
+COMMIT_RETRY_S = (2.0, 10.0, 30.0)
+COMMIT_WAIT_MAX_S = 60.0  # a Retry-After further out fails the job, which keeps that wait
 
 
 class ForgejoTarget(BaseModel):
@@ -138,6 +144,17 @@ async def _commit(
     target = payload.forgejo
     file = RepoFile(target.owner, target.repo, target.path, target.branch)
     message = f"Transcript {payload.transcript_ref} (whisper {model}, language {payload.language})"
+    for wait_s in COMMIT_RETRY_S:
+        try:
+            return await forgejo.write(file, srt_text.encode(), message)
+        except RetryJob as exc:
+            if exc.after_s is not None:
+                if exc.after_s > COMMIT_WAIT_MAX_S:
+                    raise
+                wait_s = exc.after_s
+            log.info("job %s: %s; committing again in %g s", ctx.job_id, exc, wait_s)
+            await ctx.progress(f"Forgejo svarte ikke; prøver igjen om {wait_s:g} s…", 85)
+            await asyncio.sleep(wait_s)
     return await forgejo.write(file, srt_text.encode(), message)
 
 
