@@ -3,12 +3,16 @@ bounded whatever the line holds."""
 
 from __future__ import annotations
 
+import gzip
 import pickle
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import pytest
+import zstandard
 
-from sidelinja_worker.jobs.stats import counting
+from sidelinja_worker.jobs.silos import open_in_folder
+from sidelinja_worker.jobs.stats import counting, logfiles
 from sidelinja_worker.jobs.stats.counting import EpisodeRules, Tally
 from sidelinja_worker.jobs.stats.parse import FileTask, parse_files
 from tests.test_stats_counting import APPLE, EP, SPOTIFY, line
@@ -71,3 +75,60 @@ def test_distinct_agents_spill_by_their_bytes(
         t.add_block(line(ua=f"{SPOTIFY} {i:04d} " + "x" * 1000))
     assert len(t.runs) >= 2 and len(t.listens) < 20
     assert t.agent_bytes < 8 * 1024 + counting.MAX_AGENT_CHARS
+
+
+class _Counted:
+    """A file that counts the bytes read from it."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        self.read_bytes = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._raw.read(size)
+        self.read_bytes += len(data)
+        return data
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:
+        got = self._raw.readinto(buffer)  # type: ignore[attr-defined]
+        self.read_bytes += got
+        return int(got)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+    def __enter__(self) -> _Counted:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._raw.close()
+
+
+@pytest.mark.parametrize("kind", ["gz", "gz-damaged", "zst"])
+def test_a_fingerprint_reads_a_bounded_head_of_empty_members(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    # Empty members before the first line: the fingerprint read on until text came (and a
+    # damaged tail re-read it all with the stdlib's gzip), minutes of a worker thread for a
+    # file of millions of them, every run.
+    empty = gzip.compress(b"") if kind.startswith("gz") else zstandard.compress(b"")
+    members = 2 * (1 << 20) // len(empty)  # 2 MiB of them, twice the cap
+    tail = line() if kind != "gz-damaged" else gzip.compress(line())[:-9] + b"junk"
+    if kind.startswith("gz") and kind != "gz-damaged":
+        tail = gzip.compress(tail)
+    elif kind == "zst":
+        tail = zstandard.compress(tail)
+    suffix = "zst" if kind == "zst" else "gz"
+    path = tmp_path / f"access-2026-03-01T00-00-00.000.log.{suffix}"
+    path.write_bytes(empty * members + tail)
+    opened: list[_Counted] = []
+
+    def counted(path: Path, folder: Path | None = None) -> BinaryIO:
+        raw = _Counted(open_in_folder(folder or path.parent.resolve(), path))
+        opened.append(raw)
+        return raw  # type: ignore[return-value]
+
+    monkeypatch.setattr(logfiles, "open_raw", counted)
+    with pytest.raises(Exception, match="no log line in its first 1,048,576 compressed bytes"):
+        logfiles.fingerprint(path)
+    assert sum(f.read_bytes for f in opened) <= (1 << 20) + 1

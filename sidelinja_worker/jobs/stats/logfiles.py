@@ -28,6 +28,10 @@ CHUNK_BYTES = 1 << 17
 # A longer "line" is not a Caddy entry; dropping it keeps memory bounded on a hostile file.
 MAX_LINE_BYTES = 1 << 20
 FINGERPRINT_BYTES = 4096
+# The most of a compressed file read for its fingerprint. A log's first line is in its first
+# few KiB; a file of millions of empty gzip or zstd members has none for megabytes, and reading
+# on until text came held a worker thread (which no timeout stops) for minutes, every run.
+FINGERPRINT_INPUT_BYTES = 1 << 20
 # A compressed log expands at most this many times its compressed size (Caddy's JSON lines
 # compress 8-30x with gzip or zstd), beyond a floor for small files; past it the file is not
 # a log but a decompression bomb, and the parse fails naming it.
@@ -53,6 +57,10 @@ def utf8_text(text: str) -> str:
     into the job's result and `podcast_log_files`, and one that cannot be stored failed every
     run (and so stopped the runs' schedule)."""
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+class NoLogText(Exception):
+    """A compressed file with no log line in its first FINGERPRINT_INPUT_BYTES: not read."""
 
 
 class LogBomb(Exception):
@@ -178,14 +186,39 @@ class GzipReader(io.RawIOBase):
 
 def fingerprint(path: Path, folder: Path | None = None) -> str | None:
     """Identifies the log text, not the file: a hash of its first line (or first 4 KiB), which
-    stays the same through rename and compression. None while no complete line exists yet."""
-    with open_stream(path, folder) as stream:
-        head = stream.read(FINGERPRINT_BYTES)
+    stays the same through rename and compression. None while no complete line exists yet.
+    A compressed file is read from its first FINGERPRINT_INPUT_BYTES only: NoLogText when
+    they hold no line and the file goes on past them."""
+    with open_raw(path, folder) as raw:
+        if path.suffix not in (".gz", ".zst"):
+            head = raw.read(FINGERPRINT_BYTES)
+            more = False
+        else:
+            data = raw.read(FINGERPRINT_INPUT_BYTES)
+            more = bool(raw.read(1))
+            head = _compressed_head(data, path.suffix, more)
     cut = head.find(b"\n")
     if cut < 0 and len(head) < FINGERPRINT_BYTES:
+        if more:
+            raise NoLogText(
+                f"no log line in its first {FINGERPRINT_INPUT_BYTES:,} compressed bytes: "
+                "not a log, not read"
+            )
         return None
     first = head if cut < 0 else head[: cut + 1]
     return hashlib.sha256(first).hexdigest()[:32]
+
+
+def _compressed_head(data: bytes, suffix: str, more: bool) -> bytes:
+    """The first FINGERPRINT_BYTES of text in `data`, the start of a compressed file. Where
+    the file goes on past `data`, the end of `data` is no damage: what came before it counts."""
+    with decompress(io.BytesIO(data), suffix) as stream:
+        try:
+            return stream.read(FINGERPRINT_BYTES)
+        except (EOFError, OSError, zstandard.ZstdError):
+            if more:
+                return b""
+            raise
 
 
 def read_blocks(log: LogFile, start: int) -> Iterator[tuple[memoryview, int]]:

@@ -40,7 +40,13 @@ from sidelinja_worker.jobs.silos import UnsafeFile
 from sidelinja_worker.jobs.stats import store as stats_store
 from sidelinja_worker.jobs.stats.counting import AUDIO_EXTENSIONS, DAY_S, EpisodeRules
 from sidelinja_worker.jobs.stats.geo import country_lookup
-from sidelinja_worker.jobs.stats.logfiles import LogFile, discover, fingerprint, utf8_text
+from sidelinja_worker.jobs.stats.logfiles import (
+    LogFile,
+    NoLogText,
+    discover,
+    fingerprint,
+    utf8_text,
+)
 from sidelinja_worker.jobs.stats.media import threshold_bytes
 from sidelinja_worker.jobs.stats.parse import FileTask, ParseResult
 from sidelinja_worker.jobs.stats.spill import MAX_LISTENER_BYTES, Record
@@ -209,7 +215,7 @@ def _fingerprints(logs: list[LogFile]) -> tuple[dict[LogFile, str], list[str]]:
     for log in logs:
         try:
             fp = fingerprint(log.path, log.folder)
-        except UnsafeFile as exc:
+        except (UnsafeFile, NoLogText) as exc:
             refused.append(utf8_text(f"{log.path.name}: {exc}"))
             continue
         except FileNotFoundError:
