@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field, SecretStr, ValidationError
@@ -29,6 +29,7 @@ from sidelinja_worker.admin.gate import READ_TIMEOUT_S, REQUEST_ARRIVAL_S
 from sidelinja_worker.queue.config import ServiceConfig
 from sidelinja_worker.queue.durations import parse_duration_s
 from sidelinja_worker.queue.errors import UserError
+from sidelinja_worker.queue.escapes import printable
 from sidelinja_worker.queue.metrics import DEFAULT_HOST as DEFAULT_METRICS_HOST
 from sidelinja_worker.queue.settings import WorkerSettings
 
@@ -122,6 +123,37 @@ def _field(
     return Field(default, validation_alias=env, json_schema_extra={"meta": meta})  # type: ignore[dict-item]
 
 
+# The most a secret file holds: a URL or a token is far smaller; a bigger file is not a secret.
+SECRET_FILE_MAX_BYTES = 64 * 1024
+
+
+def read_secret(variable: str, path: str) -> str:
+    """The text of the secret file `path`, named by `variable`, or a UserError. Every command
+    loads every secret, so a file that is not one must not stop an unrelated command with a
+    traceback or a hang: only a regular file is read (a FIFO blocked `jobs list` for ever; it
+    is opened without blocking to be looked at), at most SECRET_FILE_MAX_BYTES of it, as UTF-8."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UserError(f"{variable}: cannot read {printable(path)}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UserError(f"{variable}: {printable(path)} is not a regular file")
+        data = os.read(fd, SECRET_FILE_MAX_BYTES + 1)
+    except OSError as exc:
+        raise UserError(f"{variable}: cannot read {printable(path)}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > SECRET_FILE_MAX_BYTES:
+        raise UserError(
+            f"{variable}: {printable(path)} is larger than {SECRET_FILE_MAX_BYTES} bytes"
+        )
+    try:
+        return data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise UserError(f"{variable}: {printable(path)} is not UTF-8 text") from None
+
+
 class FileSecrets(PydanticBaseSettingsSource):
     """NAME_FILE=/path for every secret: the value is the file's content without the whitespace
     around it (a Kubernetes or Docker secret mounted as a file, written with a final newline or
@@ -135,10 +167,7 @@ class FileSecrets(PydanticBaseSettingsSource):
             return None, field_name, False
         if os.environ.get(meta.env):
             raise UserError(f"{meta.env} and {meta.env}_FILE are both set: keep one")
-        try:
-            return Path(path).read_text(encoding="utf-8").strip(), field_name, False
-        except OSError as exc:
-            raise UserError(f"{meta.env}_FILE: cannot read {path}: {exc.strerror}") from None
+        return read_secret(f"{meta.env}_FILE", path), field_name, False
 
     def __call__(self) -> dict[str, Any]:
         values = {}

@@ -190,9 +190,12 @@ def _decode_jsonb(data: bytes) -> Any:
 
 
 async def connect(url: str, **kwargs: Any) -> asyncpg.Connection:
+    """A connection to `url`; a UserError if there is none. A URL asyncpg cannot read (a port
+    past 65535 overflows the socket call, an unclosed [ of an IPv6 host is a ValueError) is
+    such an error too, not a traceback: every command connects here first."""
     try:
         conn = await asyncpg.connect(url, server_settings=server_settings(), **kwargs)
-    except (*DB_ERRORS, asyncpg.PostgresError) as exc:
+    except (*DB_ERRORS, asyncpg.PostgresError, ValueError, OverflowError) as exc:
         raise cannot_connect(url, exc) from None
     await init_connection(conn)
     return conn
