@@ -326,6 +326,35 @@ async def test_an_embeddings_answer_bigger_than_the_vectors_asked_for_is_refused
     assert gateway_module.embeddings_answer_bytes(2048, 3072) == gateway_module.MAX_EMBED_BYTES
 
 
+@pytest.mark.parametrize("dimensions, numbers", [(None, 16_000), (4, 4)])
+async def test_an_embedding_of_more_numbers_than_asked_for_is_refused_unread(
+    http: httpx.AsyncClient,
+    pool: asyncpg.Pool,
+    server: HostileServer,
+    dimensions: int | None,
+    numbers: int,
+) -> None:
+    # The byte cap assumes 48 bytes a number: in 2-byte numbers ("0,") the answer of a default
+    # batch held 24.6 million, a gigabyte of floats, all of them accepted without `dimensions`.
+    # Here two inputs fill their cap with 2-byte numbers; the first vector is refused before
+    # msgspec builds it. A vector of as many numbers as may be stored is read.
+    limit = gateway_module.embeddings_answer_bytes(2, dimensions)
+    count = (limit - 1024) // 4
+    vector = b"[" + b"0," * (count - 1) + b"0]"
+    items = b", ".join(b'{"index": %d, "embedding": %s}' % (i, vector) for i in range(2))
+    server.answer = json_answer(b'{"data": [' + items + b"]}")
+    assert len(server.answer.body) <= limit
+    with peak_memory() as peak, pytest.raises(PermanentError) as caught:
+        await gateway(http, server.url, pool).embeddings("m", ["a", "b"], dimensions=dimensions)
+    figures = (str(caught.value), peak[0] < 50_000_000)
+    assert figures == (f"AI gateway returned an embedding of more than {numbers} numbers", True)
+    vector = b"[" + b"0.5," * (numbers - 1) + b"0.5]"
+    items = b", ".join(b'{"index": %d, "embedding": %s}' % (i, vector) for i in range(2))
+    server.answer = json_answer(b'{"data": [' + items + b"]}")
+    got = await gateway(http, server.url, pool).embeddings("m", ["a", "b"], dimensions=dimensions)
+    assert [len(v) for v in got.vectors] == [numbers, numbers]
+
+
 @pytest.mark.parametrize("data", [b"[null, null]", b'[{"index": "0"}, {"index": 1}]', b'"ab"'])
 async def test_an_embeddings_list_of_the_wrong_shape_retries(
     http: httpx.AsyncClient, pool: asyncpg.Pool, server: HostileServer, data: bytes
@@ -669,7 +698,7 @@ def test_an_embeddings_list_of_the_wrong_length_is_counted_when_small(
     data: bytes, message: str
 ) -> None:
     with pytest.raises(RetryJob, match=message):
-        ai_answers.embeddings_answer(b'{"data": ' + data + b"}", 16)
+        ai_answers.embeddings_answer(b'{"data": ' + data + b"}", 16, 1536)
 
 
 async def test_a_model_name_that_is_not_a_string_is_the_model_asked_for(

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from sidelinja_worker.queue.errors import RetryJob
+from sidelinja_worker.queue.errors import PermanentError, RetryJob
 from sidelinja_worker.services import bounded
 
 # Tokens one call can report: far past any model's context; sums of a few still fit INTEGER.
@@ -163,8 +163,9 @@ _VECTOR = msgspec.json.Decoder(list[float])
 _REFUSED_AT = re.compile(r"\(byte (\d+)\)")
 
 
-def embeddings_answer(content: bytes, inputs: int) -> EmbeddingsAnswer:
-    """The fields of an embeddings answer the worker reads, every other field skipped."""
+def embeddings_answer(content: bytes, inputs: int, numbers: int) -> EmbeddingsAnswer:
+    """The fields of an embeddings answer the worker reads, every other field skipped; a vector
+    of more than `numbers` numbers is a PermanentError."""
     try:
         found = _answer_fields(content, ("error", "data", "model", "usage"))
     except RetryJob:
@@ -178,7 +179,7 @@ def embeddings_answer(content: bytes, inputs: int) -> EmbeddingsAnswer:
         raise RetryJob(_NOT_JSON) from None
     if error is not None:
         return EmbeddingsAnswer(error, [], None, Usage())
-    vectors = _embedding_vectors(found["data"], inputs)
+    vectors = _embedding_vectors(found["data"], inputs, numbers)
     return EmbeddingsAnswer(None, vectors, model or None, _usage(found["usage"]))
 
 
@@ -226,7 +227,7 @@ def _embedding_items(data: msgspec.Raw, inputs: int) -> Sequence[msgspec.Raw]:
     raise RetryJob(f"AI gateway returned {len(items)} embeddings for {inputs} inputs")
 
 
-def _embedding_vectors(data: msgspec.Raw, inputs: int) -> list[list[float]]:
+def _embedding_vectors(data: msgspec.Raw, inputs: int, numbers: int) -> list[list[float]]:
     """Each item's embedding as floats, in the order of the items' indexes, which are each of
     0 .. inputs-1 once (an absent index is 0): a gateway that batches inputs and numbers each
     sub-batch from 0 would store vectors against the wrong texts. Anything but a
@@ -247,10 +248,16 @@ def _embedding_vectors(data: msgspec.Raw, inputs: int) -> list[list[float]]:
     indexed.sort(key=lambda pair: pair[0])
     if [index for index, _ in indexed] != list(range(inputs)):
         raise RetryJob(_NOT_EACH_INPUT.format(inputs=inputs))
-    return [_vector(embedding) for _, embedding in indexed]
+    return [_vector(embedding, numbers) for _, embedding in indexed]
 
 
-def _vector(raw: msgspec.Raw) -> list[float]:
+def _vector(raw: msgspec.Raw, numbers: int) -> list[float]:
+    """The embedding's floats, refused unread when it holds more than `numbers`: the answer's
+    byte cap assumes long numbers, and one of 2-byte numbers ("0,") held 24 times as many, a
+    gigabyte of floats for a batch. Its commas are counted first, as msgspec builds a whole list
+    before comparing its length with a limit (2.3 s and 500 MB for 12 million numbers)."""
+    if bytes(raw).count(b",") >= numbers:
+        raise PermanentError(f"AI gateway returned an embedding of more than {numbers} numbers")
     try:
         vector = _VECTOR.decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError):

@@ -42,7 +42,9 @@ MAX_EMBED_BYTES = 160 * 1024 * 1024
 # each number at most 48 bytes of JSON (24 characters of a float, a separator and a pretty
 # printer's indent), plus the item's and the answer's own fields. Its size is the time its
 # parse holds the GIL, in a thread too (~6 ms a MB here), and with it every job's event loop:
-# 160 MB was a second. Without `dimensions`, pgvector's most (16,000) is assumed.
+# 160 MB was a second. Without `dimensions`, pgvector's most (16,000) is assumed. Shorter
+# numbers fit more of them in these bytes ("0," 24 times as many): each vector's numbers are
+# counted before it is read (ai_answers), none longer than asked for or than pgvector stores.
 EMBED_NUMBER_BYTES = 48
 EMBED_ITEM_BYTES = 1024
 EMBED_ANSWER_BYTES = 64 * 1024
@@ -192,8 +194,10 @@ class AiGateway:
             self.guard.spend(model)
         max_bytes = embeddings_answer_bytes(len(inputs), dimensions)
         content = await self._post_raw("/embeddings", body, EMBED_TIMEOUT_S, max_bytes)
-        # Millions of numbers in a big batch: read in a thread, off the event loop.
-        answer = await bounded.off_loop(embeddings_answer, content, len(inputs))
+        # Millions of numbers in a big batch: read in a thread, off the event loop. No vector
+        # may be longer than asked for, nor than pgvector stores.
+        numbers = min(dimensions or MAX_EMBED_DIMENSIONS, MAX_EMBED_DIMENSIONS)
+        answer = await bounded.off_loop(embeddings_answer, content, len(inputs), numbers)
         if answer.error is not None:
             raise self._classify(200, answer.error, None)
         return Embeddings(answer.vectors, answer.model or model, answer.usage)
