@@ -10,7 +10,9 @@ from uuid import UUID, uuid4
 
 import asyncpg
 import orjson
+import pytest
 
+from sidelinja_worker.jobs import noop
 from sidelinja_worker.queue import store
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.queries import QUERIES
@@ -25,6 +27,7 @@ from tests.helpers import (
     statuses,
     wait_for_sql,
 )
+from tests.test_rls import WEB, RoleMaker, connected, make_role_fixture  # noqa: F401 (fixture)
 
 
 async def test_a_single_job_of_another_workspace_is_not_starved(
@@ -435,3 +438,25 @@ async def test_caps_of_other_types_by_the_thousand_never_stop_a_worker(
     assert (await statuses(pool)) == {"completed": 20}
     limits = await store.limits(pool, ["noop", "whisper_transcribe"])
     assert (limits.type_caps, limits.workspace_capped) == ({"noop": 2}, False)
+
+
+async def test_no_role_holds_up_capped_claims_with_a_lock_of_its_own(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID, make_role: RoleMaker
+) -> None:
+    """The claim lock was an advisory lock, which PostgreSQL lets every role take: a login
+    with no grant at all that held it stopped every claim that counts a cap, in every
+    workspace (the claims timed out for as long as its session lasted). It is a row lock now,
+    which only the tables' owner may take."""
+    await pool.execute("INSERT INTO job_type_limits (job_type, max_running) VALUES ('noop', 2)")
+    nobody = await make_role()
+    async with connected(db_url, nobody) as conn:
+        await conn.execute("SELECT pg_advisory_lock(7226133950251622721)")  # the old key
+        await insert_jobs(pool, workspace, 5)
+        await asyncio.wait_for(run_burst(pool, db_url, Registry([noop.JOB_TYPE])), 20)
+        assert await statuses(pool) == {"completed": 5}
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute("SELECT one FROM job_claim_lock FOR UPDATE")
+        web = await make_role(WEB)
+    async with connected(db_url, web) as conn:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute("SELECT one FROM job_claim_lock FOR UPDATE")

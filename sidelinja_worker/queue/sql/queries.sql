@@ -332,8 +332,10 @@ WHERE ctid = ANY(ARRAY(SELECT ctid FROM chosen))
 
 -- name: lock_limited_claims
 -- Serialises the claims that count running jobs against a cap, cluster-wide, for one
--- transaction. Claims with no cap in play never take it.
-SELECT pg_advisory_xact_lock(7226133950251622721);
+-- transaction. Claims with no cap in play never take it. A row lock, not an advisory one:
+-- any role may take any advisory lock, and a web role's would stop every capped claim
+-- (migration 0040).
+SELECT one FROM job_claim_lock FOR UPDATE;
 
 -- name: limits
 -- Everything a worker caches about limits; re-read on `sidelinja_limits_changed` and every few
