@@ -111,3 +111,46 @@ async def test_once_fits_80_columns_and_breaks_the_header_between_its_parts(
     assert parts[0] == "sidelinja-worker top" and parts[-1] == "Ctrl-C to quit", header
     assert {"queue depth 3", "1 live workers"} <= set(parts), header
     assert any(part.startswith("oldest due ") for part in parts), header
+
+
+def _type_cells(stdout: str) -> list[str]:
+    """The type column of the jobs table of `top --once`."""
+    table = stdout.split("Jobs (", 1)[1].split("Workers", 1)[0]
+    return [line.split("│")[1].strip() for line in table.splitlines() if line.startswith("│")]
+
+
+async def test_once_names_100_types_and_counts_the_rest_in_one_row(
+    db_url: str, pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """A plain-SQL writer's types, waiting and paused, as many as it likes: 100 rows by name,
+    the busiest, and one for the rest."""
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload)"
+        " SELECT $1, 'w_' || lpad(g::text, 3, '0'), '{}' FROM generate_series(0, 149) g",
+        workspace,
+    )
+    await pool.execute(
+        "INSERT INTO job_type_pauses (job_type, paused_by)"
+        " SELECT 'p_' || lpad(g::text, 3, '0'), 'test' FROM generate_series(0, 149) g"
+    )
+    out = cli("top", "--once", url=db_url, env={"COLUMNS": "100"})
+    assert out.returncode == 0, out.stderr
+    cells = _type_cells(out.stdout)
+    assert cells == [f"w_{n:03d}" for n in range(100)] + ["(other types)"], cells
+    (other,) = [line for line in out.stdout.splitlines() if "(other types)" in line]
+    assert other.split("│")[2].strip() == "50", other
+
+
+async def test_once_prints_a_long_job_type_on_one_line(
+    db_url: str, pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload)"
+        " VALUES ($1, 'x' || repeat('ab cd ', 200000), '{}'), ($1, 'noop', '{}')",
+        workspace,
+    )
+    out = cli("top", "--once", url=db_url, env={"COLUMNS": "80"})
+    assert out.returncode == 0, out.stderr
+    cells = _type_cells(out.stdout)
+    assert len(cells) == 2 and cells[0] == "noop" and cells[1].startswith("xab cd"), cells
+    assert cells[1].endswith("…") and len(out.stdout.splitlines()) < 30
