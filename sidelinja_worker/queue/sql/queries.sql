@@ -1161,11 +1161,23 @@ WHERE workspace_id = '00000000-0000-0000-0000-000000000000'
 GROUP BY job_type;
 
 -- name: top_depth
--- Waiting, due and running jobs by type: the pending and running indexes' rows only.
-SELECT job_type,
-       count(*) FILTER (WHERE status IN ('pending', 'retry')) AS waiting,
-       count(*) FILTER (WHERE status IN ('pending', 'retry') AND scheduled_for <= now()) AS due,
-       count(*) FILTER (WHERE status = 'running') AS running
-FROM job_queue
-WHERE status IN ('pending', 'retry', 'running')
-GROUP BY job_type;
+-- Waiting, due and running jobs by type: the pending and running indexes' rows only. A job type
+-- is text of any length and number to a plain-SQL writer: as the dashboard does, each is named
+-- by its first 512 characters, and past the 100 types with the most waiting and running jobs
+-- (cli/top.py's TOP_MAX_TYPES) the rest are one row under a NULL type, so a view of `top` has
+-- a bounded number of rows of bounded size.
+WITH by_type AS (
+    SELECT left(job_type, 512) AS job_type,
+           count(*) FILTER (WHERE status IN ('pending', 'retry')) AS waiting,
+           count(*) FILTER (WHERE status IN ('pending', 'retry') AND scheduled_for <= now()) AS due,
+           count(*) FILTER (WHERE status = 'running') AS running
+    FROM job_queue
+    WHERE status IN ('pending', 'retry', 'running')
+    GROUP BY 1
+), ranked AS (
+    SELECT *, row_number() OVER (ORDER BY waiting + running DESC, job_type) AS place FROM by_type
+)
+SELECT CASE WHEN place <= 100 THEN job_type END AS job_type, sum(waiting)::bigint AS waiting,
+       sum(due)::bigint AS due, sum(running)::bigint AS running
+FROM ranked
+GROUP BY 1;
