@@ -59,3 +59,9 @@ def test_a_secret_file_that_is_not_one_is_one_clear_error(db_url: str, tmp_path:
         error = one_line_error(out)
         assert error.startswith(f"sidelinja-worker: error: {variable}: ") and says in error
         assert out.returncode == 2
+
+
+async def test_prune_refuses_an_uppercase_m(db_url: str) -> None:
+    out = cli("prune", "--dry-run", "--keep-completed", "1M", url=db_url)
+    assert "minutes or months" in one_line_error(out)
+    assert out.returncode == 2

@@ -195,6 +195,16 @@ def test_whitespace_around_a_database_url_or_a_secret_file_is_dropped(
     assert settings.load().database == "postgresql://u:hemmelig@h/db"
 
 
+@pytest.mark.parametrize("text", ["1M", "30M", "1h30M", " 2M "])
+def test_an_uppercase_m_is_refused_as_minutes_or_months(text: str) -> None:
+    with pytest.raises(UserError) as refused:
+        settings.load({"keep_completed": text})
+    message = str(refused.value)
+    assert "--keep-completed / SIDELINJA_KEEP_COMPLETED" in message
+    assert "minutes or months" in message and "m for minutes" in message and "d for days" in message
+    assert settings.load({"keep_completed": "1MS"}).keep_completed == 0.001
+
+
 def test_the_engine_reads_the_same_service_variables(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
