@@ -490,6 +490,8 @@ BODY = b'{"rooms": [' + b", ".join([b'{"name": "studio", "num_participants": 2}'
         ("x-gzip", deflate(BODY, 31)),
         ("deflate", deflate(BODY, 15)),  # with zlib's header, as the RFC says
         ("deflate", deflate(BODY, -15)),  # without, as some servers send it
+        # gzip members one after another are one text (only the first was read, unnoticed).
+        ("gzip", deflate(BODY[:70_000], 31) + deflate(b"", 31) + deflate(BODY[70_000:], 31)),
         ("identity", BODY),
         ("", BODY),
     ],
@@ -513,6 +515,24 @@ async def test_a_compressed_answer_within_its_limit_is_read_whole(
         ("gzip", b"\x1f\x8b\x09" + bytes(100), "cannot be decoded: Error -3 .*unknown compression"),
         ("deflate", b"\xff" * 100, "cannot be decoded: Error -3 .*invalid block type"),
         ("gzip", deflate(BODY, 31), "goes on, over the limit of 215010 bytes"),
+        ("gzip", deflate(BODY[:9], 31) + deflate(BODY, 31), "goes on, over the limit of 215010"),
+        (
+            "gzip",
+            deflate(BODY[:9], 31) + deflate(BODY[:50], 31)[:-9],
+            "the compressed stream ends early",
+        ),
+        ("gzip", deflate(BODY[:9], 31) + b"\x1f", "the compressed stream ends early"),
+        (
+            "gzip",
+            deflate(BODY[:9], 31) + b"GARBAGE",
+            "the body goes on after its compressed stream",
+        ),
+        (
+            "gzip",
+            deflate(BODY[:9], 31) + b"\x00" * 8,
+            "the body goes on after its compressed stream",
+        ),
+        ("deflate", deflate(BODY[:9], 15) * 2, "the body goes on after its compressed stream"),
         ("br", BODY, "Content-Encoding 'br', which is not read here"),
         ("compress", BODY, "Content-Encoding 'compress', which is not read here"),
     ],
@@ -525,6 +545,15 @@ async def test_a_compressed_answer_that_cannot_be_read_within_its_limit_is_refus
         await bounded.send(
             http, "GET", server.url, service="S", max_bytes=len(BODY) - 1, deadline_s=60
         )
+
+
+def test_gzip_members_split_anywhere_are_read_as_one_text() -> None:
+    # A network read may end inside a member's header, or between its two magic bytes.
+    body = deflate(BODY[:100], 31) + deflate(BODY[100:], 31)
+    inflater = bounded._Inflater("gzip")
+    read = b"".join(piece for i in range(len(body)) for piece in inflater.pieces(body[i : i + 1]))
+    inflater.finish()
+    assert read == BODY
 
 
 async def test_an_empty_answer_said_to_be_compressed_is_empty(

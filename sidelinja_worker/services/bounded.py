@@ -102,17 +102,26 @@ async def _send(
 
 
 class _Inflater:
-    """One layer of gzip or deflate, inflated INFLATE_PIECE_BYTES at most per call."""
+    """One layer of gzip or deflate, inflated INFLATE_PIECE_BYTES at most per call. A gzip body
+    may be several members one after another (what `gzip -c a >f; gzip -c b >>f` makes), read
+    as one text: read to its first member's end only, an SRT lost its later cues unnoticed.
+    Anything else after the compressed stream is not what the encoding says."""
 
     def __init__(self, encoding: str) -> None:
+        self._members = encoding != "deflate"
         self._raw_deflate_tried = encoding != "deflate"
         self._inflate = zlib.decompressobj(_WBITS[encoding])
         self._fed = False
+        self._after = b""  # what follows a finished member, too short yet to say what it is
 
     def pieces(self, data: bytes) -> Iterator[bytes]:
         """What `data` inflates to, in pieces; zlib.error when it is not what it claims."""
         self._fed = True
         while True:
+            if self._inflate.eof:
+                data = self._next_member(self._after + data)
+                if not data:
+                    return
             try:
                 piece = self._inflate.decompress(data, INFLATE_PIECE_BYTES)
             except zlib.error:
@@ -123,16 +132,36 @@ class _Inflater:
                 self._inflate = zlib.decompressobj(-zlib.MAX_WBITS)
                 continue
             self._raw_deflate_tried = True
-            if not piece:  # all of `data` taken (a full piece may leave output behind)
+            # At a stream's end the rest of `data` is unused_data, else what a full piece left.
+            data = self._inflate.unused_data if self._inflate.eof else self._inflate.unconsumed_tail
+            if piece:
+                yield piece
+            elif not self._inflate.eof:  # all of `data` taken
                 return
-            yield piece
-            data = self._inflate.unconsumed_tail
+
+    def _next_member(self, rest: bytes) -> bytes:
+        """`rest`, the bytes after a finished stream, when they begin another gzip member (the
+        member then started); b"" when there are none, or too few yet to tell; zlib.error when
+        they are anything else."""
+        self._after = b""
+        if not rest:
+            return b""
+        if self._members and _GZIP_MAGIC.startswith(rest[:2]):
+            if len(rest) < len(_GZIP_MAGIC):
+                self._after = rest
+                return b""
+            self._inflate = zlib.decompressobj(_WBITS["gzip"])
+            return rest
+        raise zlib.error("the body goes on after its compressed stream")
 
     def finish(self) -> None:
         """A zlib.error when the body ended before its compressed stream did (no body at all,
         as of a 204, is none)."""
-        if self._fed and not self._inflate.eof:
+        if self._fed and (self._after or not self._inflate.eof):
             raise zlib.error("the compressed stream ends early")
+
+
+_GZIP_MAGIC = b"\x1f\x8b"  # how every gzip member begins
 
 
 def _inflater(service: str, response: httpx.Response) -> _Inflater | None:
