@@ -44,8 +44,18 @@ class JobType:
             raise PermanentError(f"invalid payload: {describe_validation_error(exc)}") from None
 
 
+# Listing a ValidationError's errors builds every one of them in one call that holds the GIL,
+# and with it the event loop, in a thread too: a model's answer with 200,000 wrong items held it
+# 2.1 s. Past this many (a few milliseconds' worth) they are counted, not listed.
+MAX_LISTED_VALIDATION_ERRORS = 1000
+
+
 def describe_validation_error(exc: ValidationError) -> str:
-    """`field.sub: message; other: message`, short enough for error_msg and one CLI line."""
+    """`field.sub: message; other: message`, short enough for error_msg and one CLI line; for
+    more than MAX_LISTED_VALIDATION_ERRORS errors, only how many there are."""
+    count = exc.error_count()
+    if count > MAX_LISTED_VALIDATION_ERRORS:
+        return f"{count} validation errors for {exc.title}, too many to list"
     parts = []
     for err in exc.errors()[:5]:
         where = ".".join(str(p) for p in err["loc"]) or "(payload)"
