@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from sidelinja_worker import settings
 from sidelinja_worker.admin import store as admin_store
 from sidelinja_worker.cli.main import build_parser
-from sidelinja_worker.queue import maintenance, store
+from sidelinja_worker.queue import maintenance, pools, store
 from sidelinja_worker.queue.backoff import DEFER_MAX_S, RETRY_MAX_S, clamp_s, defer_until
 from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.context import JobContext
@@ -647,3 +647,45 @@ async def test_a_database_that_cannot_take_a_write_now_is_not_a_refused_value(
         await faulty.close()
     row = await pool.fetchrow("SELECT status::text, result FROM job_queue WHERE id = $1", ids[0])
     assert (row["status"], row["result"]) == ("completed", {"kept": True})
+
+
+async def test_a_job_row_locked_by_another_session_holds_up_no_other_outcome(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """Any role may lock its own rows, and the web app's transaction may be left open on its
+    job: the batch statement that wrote every workspace's outcomes waited on that one row, so
+    the others stayed `running` for as long as the lock lasted (and at a stop were lost, their
+    jobs run again). The batch now waits pools.LOCK_WAIT_S, the others are written one by one,
+    and the locked job's outcome waits alone until its row is free."""
+    worker_id, ids = await _claimed(pool, workspace, 6)
+    locked, others = ids[0], ids[1:]
+    writer_pool = await asyncpg.create_pool(
+        db_url, min_size=1, max_size=1, init=init_connection, server_settings=pools.OWN_SESSIONS
+    )
+    holder = await pool.acquire()
+    writer = OutcomeWriter(writer_pool, worker_id)
+    task = asyncio.create_task(writer.run())
+    try:
+        await holder.execute("BEGIN")
+        await holder.execute("SELECT FROM job_queue WHERE id = $1 FOR UPDATE", locked)
+        for job_id in ids:
+            writer.completed(job_id, RawJson(b'{"done": true}'))
+        await wait_for(
+            lambda: pool.fetchval(
+                "SELECT count(*) = $2 FROM job_queue WHERE id = ANY($1) AND status = 'completed'",
+                others,
+                len(others),
+            ),
+            6,
+            "the other jobs completed while the row stays locked",
+        )
+        assert locked in writer.owned_ids()
+        await holder.execute("COMMIT")
+        assert await writer.drain(10)
+    finally:
+        task.cancel()
+        await pool.release(holder)
+        await writer_pool.close()
+    assert await pool.fetchval("SELECT status::text FROM job_queue WHERE id = $1", locked) == (
+        "completed"
+    )

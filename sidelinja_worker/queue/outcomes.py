@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 from uuid import UUID
@@ -26,6 +27,16 @@ log = logging.getLogger("sidelinja_worker.outcomes")
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 5.0
 FLUSH_TIMEOUT_S = 60.0  # a flush that takes longer is treated as a lost connection, and retried
+# A job's row that another session holds locked (the web app's own transaction on its job, left
+# open; a `SELECT ... FOR UPDATE` is any role's right on its rows) kept the whole batch's
+# statement waiting, so every other workspace's outcomes waited with it, and at a stop were
+# lost and their jobs run again. The worker's own sessions wait at most pools.LOCK_WAIT_S for a
+# lock; a batch that waited so long is written row by row, each row waiting ROW_LOCK_WAIT_S,
+# and a row still locked is held back and tried alone, first after HELD_FIRST_S, then twice as
+# long each time up to HELD_MAX_S, so that it never stalls a batch again.
+ROW_LOCK_WAIT_MS = 100
+HELD_FIRST_S = 0.5
+HELD_MAX_S = 30.0
 # An outcome's statement also releases or cancels its job's graph children, ~35 µs each, so a
 # parent of 300,000 children outlasts the statements' usual timeout. With that timeout fixed,
 # its completion failed at every try, every outcome buffered behind it waited for ever, and the
@@ -46,6 +57,9 @@ class OutcomeWriter:
         self._released: list[Release] = []
         self._cancelled: list[UUID] = []
         self._inflight: set[UUID] = set()
+        # Outcomes whose row another session held locked: job id -> (when to try it again,
+        # alone, on the monotonic clock; the wait before that).
+        self._held: dict[UUID, tuple[float, float]] = {}
         # Counts `discard`s: a flush in flight across one puts nothing back.
         self._generation = 0
         self._arrived = asyncio.Event()
@@ -105,6 +119,7 @@ class OutcomeWriter:
         new run's job."""
         self._done, self._failed, self._released, self._cancelled = [], [], [], []
         self._follow_ups.clear()
+        self._held.clear()
         self._generation += 1
         self._empty.set()
 
@@ -134,6 +149,9 @@ class OutcomeWriter:
                 async with asyncio.timeout(max(FLUSH_TIMEOUT_S, 4 * self._timeout_s)):
                     await self._flush()
                 delay, self._timeout_s = RETRY_FIRST_S, self._base_timeout_s
+                if self._held:
+                    wait_s = min(due for due, _ in self._held.values()) - time.monotonic()
+                    asyncio.get_running_loop().call_later(max(wait_s, 0.0), self._arrived.set)
             except DB_ERRORS as exc:
                 if isinstance(exc, TimeoutError):
                     self._timeout_s = store.longer_timeout(self._timeout_s)
@@ -159,10 +177,14 @@ class OutcomeWriter:
 
     async def _flush(self) -> None:
         owner, generation = self.worker_id, self._generation
-        done, self._done = self._done, []
-        failed, self._failed = self._failed, []
-        released, self._released = self._released, []
-        cancelled, self._cancelled = self._cancelled, []
+        done, done_alone, self._done = self._split(self._done, _done_id)
+        failed, failed_alone, self._failed = self._split(self._failed, _failure_id)
+        released, released_alone, self._released = self._split(self._released, _release_id)
+        cancelled, cancelled_alone, self._cancelled = self._split(self._cancelled, _same_id)
+        done += done_alone
+        failed += failed_alone
+        released += released_alone
+        cancelled += cancelled_alone
         self._inflight = (
             {d[0] for d in done}
             | {f.job_id for f in failed}
@@ -172,21 +194,33 @@ class OutcomeWriter:
         try:
             async with self._pool.acquire() as conn:
                 if done:
-                    await self._isolated(conn, owner, "result", done, self._complete, _done_id)
-                    done = []
+                    done = await self._isolated(
+                        conn, owner, "result", done, len(done_alone), self._complete, _done_id
+                    )
                 if failed:
-                    await self._isolated(conn, owner, "failure", failed, self._fail, _failure_id)
-                    failed = []
+                    failed = await self._isolated(
+                        conn, owner, "failure", failed, len(failed_alone), self._fail, _failure_id
+                    )
                 if released:
-                    await self._isolated(
-                        conn, owner, "deferral", released, self._release, _release_id
+                    released = await self._isolated(
+                        conn,
+                        owner,
+                        "deferral",
+                        released,
+                        len(released_alone),
+                        self._release,
+                        _release_id,
                     )
-                    released = []
                 if cancelled:
-                    await self._isolated(
-                        conn, owner, "cancellation", cancelled, self._cancel, _same_id
+                    cancelled = await self._isolated(
+                        conn,
+                        owner,
+                        "cancellation",
+                        cancelled,
+                        len(cancelled_alone),
+                        self._cancel,
+                        _same_id,
                     )
-                    cancelled = []
         finally:
             self._inflight = set()
             if generation != self._generation:  # discarded meanwhile: see `discard`
@@ -198,6 +232,22 @@ class OutcomeWriter:
             self._cancelled[:0] = cancelled
             if not self.pending():
                 self._empty.set()
+
+    def _split(
+        self, items: list[T], job_id: Callable[[T], UUID]
+    ) -> tuple[list[T], list[T], list[T]]:
+        """`items` as (the batch, the held ones due to be tried alone, the held ones not yet
+        due). With nothing held, as on every ordinary flush, the batch is `items` itself."""
+        if not self._held:
+            return items, [], []
+        now = time.monotonic()
+        batch: list[T] = []
+        alone: list[T] = []
+        later: list[T] = []
+        for item in items:
+            held = self._held.get(job_id(item))
+            (batch if held is None else alone if held[0] <= now else later).append(item)
+        return batch, alone, later
 
     async def _fail(self, conn: asyncpg.Connection, owner: UUID, failed: list[Failure]) -> None:
         await store.fail(conn, owner, failed, self._timeout_s)
@@ -215,32 +265,46 @@ class OutcomeWriter:
         conn: asyncpg.Connection,
         owner: UUID,
         what: str,
-        batch: list[T],
+        items: list[T],
+        alone: int,
         write: Callable[[asyncpg.Connection, UUID, list[T]], Awaitable[None]],
         job_id: Callable[[T], UUID],
-    ) -> None:
-        """Writes `batch` in one statement, as worker `owner`; if PostgreSQL refuses it for its
-        values (a NUL in text, `\\u0000` in JSON, a number out of range, a value too big), or a
-        job's follow-up could not be enqueued (its unique key unresolved), writes it row by
-        row, and each row refused again ends its job in `error` saying what was wrong with its
-        outcome, or, for the follow-up, fails its attempt (the holders' race may be over at
-        the next). So one bad outcome never holds up the others, nor stops this writer. A lost
-        connection is not a bad value: it raises, and the whole flush is tried again."""
-        try:
-            await write(conn, owner, batch)
-            return
-        except Exception as exc:
-            if not (refused_value(exc) or isinstance(exc, UniqueKeyUnresolved)):
-                raise
-            log.warning(
-                "a batch of %d job outcomes was refused (%s); writing them one by one",
-                len(batch),
-                one_line(exc),
-            )
-        refused: list[Failure] = []
-        for item in batch:
+    ) -> list[T]:
+        """Writes `items` as worker `owner`: all but the last `alone` (held back before, see
+        ROW_LOCK_WAIT_MS) in one statement, those one by one. If PostgreSQL refuses the batch
+        for its values (a NUL in text, `\\u0000` in JSON, a number out of range, a value too
+        big), or a job's follow-up could not be enqueued (its unique key unresolved), or a row
+        was locked past pools.LOCK_WAIT_S, it writes them row by row, and each row refused
+        again ends its job in `error` saying what was wrong with its outcome, or, for the
+        follow-up, fails its attempt (the holders' race may be over at the next). So one bad
+        outcome never holds up the others, nor stops this writer. Returns the items whose row
+        was still locked, held back to be tried alone later. A lost connection is not a bad
+        value: it raises, and the whole flush is tried again."""
+        batch, one_by_one = items[: len(items) - alone], items[len(items) - alone :]
+        if batch:
             try:
-                await write(conn, owner, [item])
+                await write(conn, owner, batch)
+                batch = []
+            except Exception as exc:
+                locked = isinstance(exc, asyncpg.LockNotAvailableError)
+                if not (locked or refused_value(exc) or isinstance(exc, UniqueKeyUnresolved)):
+                    raise
+                log.warning(
+                    "a batch of %d job outcomes was %s (%s); writing them one by one",
+                    len(batch),
+                    "held up by a locked row" if locked else "refused",
+                    one_line(exc),
+                )
+        refused: list[Failure] = []
+        kept: list[T] = []
+        for item in batch + one_by_one:
+            try:
+                async with conn.transaction():
+                    await conn.execute(f"SET LOCAL lock_timeout = '{ROW_LOCK_WAIT_MS}ms'")
+                    await write(conn, owner, [item])
+                self._held.pop(job_id(item), None)
+            except asyncpg.LockNotAvailableError:
+                kept.append(item)
             except UniqueKeyUnresolved as exc:
                 message = f"its follow-up jobs could not be enqueued: {one_line(exc)}"
                 log.error("job %s: %s", job_id(item), message)
@@ -266,6 +330,20 @@ class OutcomeWriter:
                     failure.job_id,
                     one_line(exc),
                 )
+        self._hold(kept, job_id)
+        return kept
+
+    def _hold(self, kept: list[T], job_id: Callable[[T], UUID]) -> None:
+        now = time.monotonic()
+        for item in kept:
+            _, wait_s = self._held.get(job_id(item), (0.0, HELD_FIRST_S / 2))
+            wait_s = min(wait_s * 2, HELD_MAX_S)
+            self._held[job_id(item)] = (now + wait_s, wait_s)
+            log.warning(
+                "job %s: its row is locked by another session; its outcome waits %g s",
+                job_id(item),
+                wait_s,
+            )
 
 
 T = TypeVar("T")

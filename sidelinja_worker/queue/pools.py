@@ -38,9 +38,15 @@ WORKER_SESSIONS = {
     # for its own transaction.
     "default_transaction_isolation": "read committed",
 }
+# The longest the worker's own statements wait for a lock another session holds. Any role may
+# lock its own rows (`SELECT ... FOR UPDATE` in a transaction left open): an outcome batch
+# that waited on one job's row kept the outcomes of every workspace waiting with it. Past this,
+# the batch is written row by row and the locked row waits alone (outcomes.py).
+LOCK_WAIT_S = 2
 OWN_SESSIONS = {
     **WORKER_SESSIONS,
     "idle_in_transaction_session_timeout": f"{IDLE_IN_TRANSACTION_S}s",
+    "lock_timeout": f"{LOCK_WAIT_S}s",
 }
 
 
