@@ -43,6 +43,7 @@ from tests.helpers import (
     run_burst,
     spawn,
     statuses,
+    wait_for,
 )
 
 PSQL = "/usr/bin/psql"
@@ -1218,6 +1219,52 @@ async def test_an_edge_keeps_its_jobs_and_a_job_in_a_graph_its_workspace(
         )
         == 1
     )
+
+
+async def _graph_of_two(conn: asyncpg.Connection, workspace: UUID) -> None:
+    """Two jobs and an edge between them, as the web app declares a graph: one transaction."""
+    ids = await conn.fetch(
+        "INSERT INTO job_queue (workspace_id, job_type, payload)"
+        " SELECT $1, 'noop', '{}' FROM generate_series(1, 2) RETURNING id",
+        workspace,
+    )
+    await conn.execute(
+        "INSERT INTO job_dependencies (parent_id, child_id) VALUES ($1, $2)",
+        ids[0]["id"],
+        ids[1]["id"],
+    )
+
+
+async def test_a_graph_insert_left_open_holds_up_no_other_workspace_s_graphs(
+    pool: asyncpg.Pool, workspace: UUID
+) -> None:
+    """The lock against two transactions each adding half of a cycle was one for the cluster:
+    a web request that inserted a graph and went on working before its commit held every
+    other workspace's graph inserts (and the worker's follow-ups with edges) as long. It is
+    taken per workspace: only the same workspace's graphs wait."""
+    other = await pool.fetchval("INSERT INTO workspaces (name) VALUES ('other') RETURNING id")
+    async with pool.acquire() as slow, pool.acquire() as quick:
+        async with slow.transaction():
+            await _graph_of_two(slow, workspace)
+            async with quick.transaction():
+                await asyncio.wait_for(_graph_of_two(quick, other), 5)
+            same = asyncio.ensure_future(_graph_of_two_alone(pool, workspace))
+            await wait_for(  # the same workspace's graph waits for the first
+                lambda: pool.fetchval(
+                    "SELECT EXISTS (SELECT FROM pg_locks"
+                    " WHERE locktype = 'advisory' AND NOT granted)"
+                ),
+                5,
+                "the same workspace's graph waiting on the lock",
+            )
+            assert not same.done()
+        await asyncio.wait_for(same, 5)
+    assert await pool.fetchval("SELECT count(*) FROM job_dependencies") == 3
+
+
+async def _graph_of_two_alone(pool: asyncpg.Pool, workspace: UUID) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await _graph_of_two(conn, workspace)
 
 
 async def test_a_job_reads_no_parent_of_another_workspace_even_past_the_triggers(
