@@ -23,6 +23,7 @@ from tests.helpers import (
     job_type,
     make_workspace,
     run_burst,
+    running_worker,
     spawn,
     statuses,
     wait_for_sql,
@@ -485,3 +486,50 @@ async def test_rows_set_running_by_a_writer_take_no_room_under_a_type_cap(
         )
         == 3
     )
+
+
+async def test_jobs_claimed_ahead_go_back_when_every_slot_runs_on(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """A worker used to short jobs claims ahead of its slots. A claim that brought two long
+    jobs and forty short ones of other workspaces filled both slots with the long ones, and the
+    forty waited, held, for as long as those ran (their timeouts: hours) while another worker
+    had nothing to do. Held jobs go back to the queue once every slot has run on for
+    HELD_WAIT_S, and the other worker runs them."""
+    let_go = asyncio.Event()
+
+    async def long(ctx: JobContext, payload: Any) -> None:
+        await let_go.wait()
+
+    registry = Registry([noop.JOB_TYPE, job_type("long", long), job_type("quick", _quick)])
+    other = await make_workspace(pool)
+    async with running_worker(pool, db_url, registry, max_concurrent=2) as first:
+        await insert_jobs(pool, workspace, 200)  # short jobs: it learns to claim ahead
+        await wait_for_sql(pool, "SELECT count(*) = 200 FROM job_queue WHERE status = 'completed'")
+        await pool.execute(
+            "INSERT INTO job_queue (workspace_id, job_type, payload, priority)"
+            " SELECT $1::uuid, 'long', '{}'::jsonb, 5 FROM generate_series(1, 2)"
+            " UNION ALL SELECT $2::uuid, 'quick', '{}'::jsonb, 1 FROM generate_series(1, 40)",
+            workspace,
+            other,
+        )
+        await wait_for_sql(
+            pool,
+            "SELECT count(*) = 42 FROM job_queue WHERE status = 'running' AND worker_id = $1",
+            first.id,
+        )
+        try:
+            async with running_worker(pool, db_url, Registry([job_type("quick", _quick)])):
+                await wait_for_sql(
+                    pool,
+                    "SELECT count(*) = 40 FROM job_queue"
+                    " WHERE job_type = 'quick' AND status = 'completed'",
+                    timeout_s=15,
+                )
+        finally:
+            let_go.set()
+    assert await pool.fetchval("SELECT max(attempts) FROM job_queue WHERE job_type = 'quick'") == 1
+
+
+async def _quick(ctx: JobContext, payload: Any) -> None:
+    pass

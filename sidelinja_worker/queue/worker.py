@@ -59,6 +59,13 @@ THREAD_STUCK_S = 60.0
 # CancelledError and goes on): its slot never comes back, and the lease it renews keeps its
 # job from any other worker. The worker dies (crash-only) and its jobs go back, counted.
 HANDLER_OVERRUN_S = 60.0
+# Jobs claimed ahead (prefetch) wait for a slot. A claim of short jobs that brought a few long
+# ones filled every slot with those, and the held jobs of every workspace waited behind them
+# for as long as they ran (hours, by their timeouts) while other workers had nothing to do.
+# Held jobs go back to the queue, their attempts returned, once every slot has been busy and
+# no job has started for this long; the worker then claims nothing ahead until its jobs are
+# short again.
+HELD_WAIT_S = 1.0
 # At a stop, handlers cancelled once the grace period is over have this long to end; past it,
 # the worker dies as above instead of waiting for them for ever.
 CANCELLED_WITHIN_S = 10.0
@@ -123,6 +130,7 @@ class Worker:
         self._deadlines: dict[UUID, float] = {}  # job id -> monotonic time its timeout ends
         self._job_ready = asyncio.Event()  # wakes the slots: a held job is waiting
         self._job_time_s = 1.0  # moving average of handler run time; starts "long"
+        self._started_s = 0.0  # when the last job started (monotonic)
         self._cancel_reasons: dict[UUID, str] = {}
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
@@ -234,6 +242,7 @@ class Worker:
             self._supervise(self._writer.run(), "outcomes"),
             self._supervise(self._heartbeat_loop(), "heartbeat"),
             self._supervise(self._timeout_watchdog(), "timeouts"),
+            self._supervise(self._held_watch(), "held jobs"),
             self._supervise(self._thread_watch(), "threads"),
             self._supervise(
                 rescue_loop(self._pool, self.settings, may_reap=self.may_declare_dead), "rescue"
@@ -512,7 +521,7 @@ class Worker:
         else:  # a timeout of its own, or a type this worker does not know
             jt = self._registry.get(job.job_type)
             timeout_s = executor.timeout_for(job, jt, self.settings.max_timeout_s)
-        started = time.monotonic()
+        self._started_s = started = time.monotonic()
         self._deadlines[job.id] = started + timeout_s
         self._running[job.id] = slot_task  # cancelling it cancels this job (see executor)
         try:
@@ -661,6 +670,31 @@ class Worker:
                         f"job {job_id} runs on {HANDLER_OVERRUN_S:g} s past its timeout, its"
                         " handler ignoring the cancellation: its slot would never come back"
                     )
+
+    async def _held_watch(self) -> None:
+        """Gives held jobs back to the queue when every slot has run on for HELD_WAIT_S."""
+        while True:
+            await asyncio.sleep(HELD_WAIT_S / 4)
+            if (
+                not self._ready
+                or self._stop.is_set()
+                or len(self._running) < self.settings.max_concurrent
+                or time.monotonic() - self._started_s < HELD_WAIT_S
+            ):
+                continue
+            held = [Release(job.id, None) for job in self._ready]
+            self._ready.clear()
+            self._job_time_s = max(self._job_time_s, HELD_WAIT_S)  # no more claims ahead
+            try:
+                await store.release(self._lease_pool, self.id, held)
+            except DB_ERRORS as exc:  # still ours in the table: release_lost gives them back
+                log.warning("giving back %d held jobs failed (%s)", len(held), one_line(exc))
+                continue
+            log.info(
+                "gave back %d held jobs: every slot has run the same jobs for %g s",
+                len(held),
+                HELD_WAIT_S,
+            )
 
     async def _thread_watch(self) -> None:
         """Ends the worker (crash-only) once more thread work that its jobs left behind has
