@@ -26,7 +26,12 @@ from sidelinja_worker.queue.client import NewJob
 from sidelinja_worker.queue.context import JobContext
 from sidelinja_worker.queue.db import RawJson, init_connection
 from sidelinja_worker.queue.errors import Defer, RetryJob, UserError
-from sidelinja_worker.queue.executor import MAX_PAYLOAD_BYTES, MAX_RESULT_BYTES, timeout_for
+from sidelinja_worker.queue.executor import (
+    MAX_PAYLOAD_BYTES,
+    MAX_PAYLOAD_CONTAINERS,
+    MAX_RESULT_BYTES,
+    timeout_for,
+)
 from sidelinja_worker.queue.jobs import ClaimedJob
 from sidelinja_worker.queue.outcomes import OutcomeWriter
 from sidelinja_worker.queue.registry import Registry
@@ -689,3 +694,31 @@ async def test_a_job_row_locked_by_another_session_holds_up_no_other_outcome(
     assert await pool.fetchval("SELECT status::text FROM job_queue WHERE id = $1", locked) == (
         "completed"
     )
+
+
+async def test_a_payload_of_countless_arrays_fails_its_job_undecoded(
+    pool: asyncpg.Pool, db_url: str, workspace: UUID
+) -> None:
+    """A payload within the byte cap made of arrays (4 MB of `[]`: 1.4 million of them) was
+    decoded on the event loop, holding it 0.8-5 s a job: every other job, claim and heartbeat
+    waited. Arrays and objects are counted in the database first; past the cap the job fails
+    for good, undecoded, and a payload under it runs."""
+    await pool.execute(
+        "INSERT INTO job_queue (workspace_id, job_type, payload) VALUES"
+        " ($1, 'noop', jsonb_build_object('name', 'many',"
+        "   'list', ('[' || repeat('[],', $2::int) || '[]]')::jsonb)),"
+        " ($1, 'noop', jsonb_build_object('name', 'some',"
+        "   'list', ('[' || repeat('[],', 50000) || '[]]')::jsonb))",
+        workspace,
+        MAX_PAYLOAD_CONTAINERS,
+    )
+    await run_burst(pool, db_url)
+    rows = {
+        r["name"]: r
+        for r in await pool.fetch(
+            "SELECT payload->>'name' AS name, status::text AS st, error_msg FROM job_queue"
+        )
+    }
+    assert rows["some"]["st"] == "completed", rows["some"]["error_msg"]
+    assert rows["many"]["st"] == "error"
+    assert f"over the cap of {MAX_PAYLOAD_CONTAINERS:,}" in rows["many"]["error_msg"]

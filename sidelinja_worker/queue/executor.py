@@ -38,6 +38,10 @@ MAX_RESULT_BYTES = 16 * 1024 * 1024
 # hundreds of megabytes, and a slot must not parse that. Big input belongs in a file or a
 # table the payload names.
 MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
+# Arrays and objects a payload may hold (counted as its text's `[` and `{`, those in strings
+# too): decoding makes a Python object of each on the event loop, and 4 MB of `[]` (1.4 million)
+# held the loop 0.8-5 s. 100,000 decode in ~50 ms.
+MAX_PAYLOAD_CONTAINERS = 100_000
 # An error message is cut to this many characters before it is stored.
 MAX_MESSAGE_CHARS = 4000
 
@@ -203,14 +207,21 @@ async def _in_span(
 
 
 async def _left_behind_payload(services: Services, job_id: UUID) -> Any:
-    found = await store.job_payload(services.pool, job_id, MAX_PAYLOAD_BYTES)
+    found = await store.job_payload(
+        services.pool, job_id, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_CONTAINERS
+    )
     if found is None:
         raise LookupError(f"job {job_id} is gone")
-    size, payload = found
+    size, containers, payload = found
     if payload is None and size > MAX_PAYLOAD_BYTES:  # else JSON null, for the type to refuse
         raise PermanentError(
             f"payload of {size:,} bytes of JSON, over the cap of {MAX_PAYLOAD_BYTES:,}: store"
             " big input elsewhere and pass a reference"
+        )
+    if payload is None and containers > MAX_PAYLOAD_CONTAINERS:
+        raise PermanentError(
+            f"payload of up to {containers:,} arrays and objects, over the cap of"
+            f" {MAX_PAYLOAD_CONTAINERS:,}: store big input elsewhere and pass a reference"
         )
     return payload
 

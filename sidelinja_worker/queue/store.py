@@ -273,11 +273,15 @@ async def add_dependencies(conn: Conn, edges: Sequence[tuple[UUID, UUID, bool]])
         await conn.execute(Q["add_dependencies"], list(parents), list(children), list(anyway))
 
 
-async def job_payload(conn: Conn, job_id: UUID, max_bytes: int) -> tuple[int, Any] | None:
-    """(size as JSON text, payload or None when over `max_bytes`) of a payload the claim left
-    behind; None when the job is gone."""
-    row = await conn.fetchrow(Q["job_payload"], job_id, max_bytes, timeout=STATEMENT_TIMEOUT_S)
-    return None if row is None else (row["size"], row["payload"])
+async def job_payload(
+    conn: Conn, job_id: UUID, max_bytes: int, max_containers: int
+) -> tuple[int, int, Any] | None:
+    """(size as JSON text, arrays and objects at most, payload or None when over `max_bytes` or
+    `max_containers`) of a payload the claim left behind; None when the job is gone."""
+    row = await conn.fetchrow(
+        Q["job_payload"], job_id, max_bytes, max_containers, timeout=STATEMENT_TIMEOUT_S
+    )
+    return None if row is None else (row["size"], row["containers"], row["payload"])
 
 
 async def parent_results(

@@ -617,14 +617,23 @@ SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::bool[])
 ON CONFLICT DO NOTHING;
 
 -- name: job_payload
--- A payload the claim left behind: its size as JSON text, and the payload itself only when
--- that size is within $2. A value stored bigger than $2 is refused before it is decompressed.
-SELECT s.size, CASE WHEN s.size <= $2 THEN j.payload END AS payload
+-- A payload the claim left behind: its size as JSON text, its arrays and objects (every `[`
+-- and `{` of its text, those inside strings too: an upper bound), and the payload itself only
+-- when that size is within $2 and those within $3. A value stored bigger than $2 is refused
+-- before it is decompressed. Each array or object is a Python object to make when decoded, on
+-- the event loop: 4 MB of `[]` took the loop 0.8-5 s.
+SELECT s.size, c.containers,
+       CASE WHEN s.size <= $2 AND c.containers <= $3 THEN j.payload END AS payload
 FROM job_queue j
 CROSS JOIN LATERAL (
     SELECT CASE WHEN pg_column_size(j.payload) > $2 THEN pg_column_size(j.payload)::bigint
                 ELSE octet_length(j.payload::text)::bigint END AS size
 ) s
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN s.size > $2 THEN 0
+                ELSE length(t.text) - length(translate(t.text, '[{', '')) END AS containers
+    FROM (SELECT j.payload::text AS text) t
+) c
 WHERE j.id = $1;
 
 -- name: parent_results
