@@ -463,31 +463,6 @@ async def test_no_role_holds_up_capped_claims_with_a_lock_of_its_own(
             await conn.execute("SELECT one FROM job_claim_lock FOR UPDATE")
 
 
-async def test_rows_set_running_by_a_writer_take_no_room_under_a_type_cap(
-    pool: asyncpg.Pool, db_url: str, workspace: UUID
-) -> None:
-    """Any workspace's writer may set its own rows `running`, with no worker behind them: two
-    such rows of a type capped at 2 kept every other workspace's jobs of that type waiting
-    until the rescue found them (a minute), and for ever if the writer kept making more. Only
-    jobs running under a live lease count against a cap."""
-    await pool.execute("INSERT INTO job_type_limits (job_type, max_running) VALUES ('noop', 2)")
-    other = await make_workspace(pool)
-    await pool.execute(
-        "INSERT INTO job_queue (workspace_id, job_type, payload, status, started_at)"
-        " SELECT $1, 'noop', '{}', 'running', now() FROM generate_series(1, 2)",
-        other,
-    )
-    await insert_jobs(pool, workspace, 3)
-    await asyncio.wait_for(run_burst(pool, db_url, Registry([noop.JOB_TYPE])), 30)
-    assert (
-        await pool.fetchval(
-            "SELECT count(*) FROM job_queue WHERE workspace_id = $1 AND status = 'completed'",
-            workspace,
-        )
-        == 3
-    )
-
-
 async def test_jobs_claimed_ahead_go_back_when_every_slot_runs_on(
     pool: asyncpg.Pool, db_url: str, workspace: UUID
 ) -> None:

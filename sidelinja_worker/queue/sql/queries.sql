@@ -77,20 +77,14 @@ WHERE ctid = ANY(ARRAY(SELECT ctid FROM picked))
 
 -- name: claim_capped
 -- `claim` with job type caps: a type with a cap has room for `cap - running` more, counted
--- exactly because the caller holds the claim lock (lock_limited_claims). Only jobs running
--- under a live lease count: any workspace's writer may set its own rows `running` with no
--- worker, and such rows of a capped type kept every workspace's jobs of that type waiting
--- until the rescue found them, again and again as the writer made more. Four times the claim
+-- exactly because the caller holds the claim lock (lock_limited_claims). Four times the claim
 -- is locked as candidates, so that a capped type at the head of the queue does not leave the
 -- claim empty while other types' jobs wait behind it.
 WITH type_room AS (
     SELECT t.job_type,
            coalesce((SELECT greatest(l.max_running - (
                          SELECT count(*) FROM job_queue r
-                         WHERE r.status = 'running' AND r.job_type = l.job_type
-                           AND EXISTS (SELECT FROM job_workers w
-                                       WHERE w.id = r.worker_id AND w.expires_at > now())),
-                         0)
+                         WHERE r.status = 'running' AND r.job_type = l.job_type), 0)
                      FROM job_type_limits l WHERE l.job_type = t.job_type), $2) AS room
     FROM unnest($3::text[]) AS t(job_type)
     WHERE NOT EXISTS (SELECT FROM job_type_pauses p WHERE p.job_type = t.job_type)
@@ -249,10 +243,7 @@ WITH RECURSIVE type_room AS (
     SELECT t.job_type,
            coalesce((SELECT greatest(l.max_running - (
                          SELECT count(*) FROM job_queue r
-                         WHERE r.status = 'running' AND r.job_type = l.job_type
-                           AND EXISTS (SELECT FROM job_workers w
-                                       WHERE w.id = r.worker_id AND w.expires_at > now())),
-                         0)
+                         WHERE r.status = 'running' AND r.job_type = l.job_type), 0)
                      FROM job_type_limits l WHERE l.job_type = t.job_type), $2) AS room
     FROM unnest($3::text[]) AS t(job_type)
     WHERE NOT EXISTS (SELECT FROM job_type_pauses p WHERE p.job_type = t.job_type)
@@ -984,9 +975,7 @@ SELECT
         AS live_workers,
     (SELECT max_running FROM job_type_limits l WHERE l.job_type = j.job_type) AS type_cap,
     (SELECT coalesce(array_agg(r.id ORDER BY r.started_at), '{}') FROM job_queue r
-     WHERE r.status = 'running' AND r.job_type = j.job_type
-       AND EXISTS (SELECT FROM job_workers w
-                   WHERE w.id = r.worker_id AND w.expires_at > now())) AS type_running,
+     WHERE r.status = 'running' AND r.job_type = j.job_type) AS type_running,
     (SELECT max_running FROM workspace_limits l WHERE l.workspace_id = j.workspace_id)
         AS workspace_cap,
     (SELECT count(*) FROM job_queue r
