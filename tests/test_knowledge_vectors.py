@@ -293,8 +293,8 @@ async def test_saving_a_batch_of_long_vectors_does_not_stall_the_event_loop(
     # Writing out pgvector's text form is ~1 µs a number here: a batch of 64 vectors of 16,000
     # numbers (what a model may answer without `dimensions`) held the event loop 1.3 s. Here
     # 64 vectors of 4,000 numbers, 0.25 s on the loop, in a thread now. The thread holds the
-    # GIL between the loop's turns, so a step may still wait for it: 0.04-0.09 s measured,
-    # the most on a slow machine while the suite ran.
+    # GIL between the loop's turns, so a step may still wait for it: 0.085 s in one run of the
+    # whole suite on a slow machine.
     ws = await make_workspace(vpool, "a")
     items = [
         knowledge_store.NewEmbedding(f"r{i}", bytes(32), [i + 0.123456789] * 4000)
